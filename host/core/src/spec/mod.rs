@@ -1,0 +1,184 @@
+//! `ClusterPolicy` (`nvidia.com/v1`, cluster-scoped) spec and status types.
+//!
+//! Field names, shapes and "nil means default" rules follow the upstream CRD
+//! (`clusterpolicies.nvidia.com`, GPU Operator v26.7; see `shared/upstream/clusterpolicies-crd.yaml`).
+//! Every field any transform reads is typed here. The host always hands plugins the policy's
+//! *original* `spec` JSON, so fields this crate does not model are preserved for site plugins.
+//!
+//! Optional leaves are `Option<_>`: `None` is upstream's nil pointer, whose meaning is given by
+//! the `is_*`/`*_or_default` methods (e.g. [`ComponentSpec::enabled_or`]).
+
+mod components;
+mod status;
+
+pub use components::*;
+pub use status::*;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "kube")]
+use kube::CustomResource;
+#[cfg(feature = "kube")]
+use schemars::JsonSchema;
+
+/// The ClusterPolicy spec. One ClusterPolicy (the oldest) drives the whole cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(CustomResource, JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "nvidia.com",
+        version = "v1",
+        kind = "ClusterPolicy",
+        plural = "clusterpolicies",
+        status = "ClusterPolicyStatus",
+        printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPolicySpec {
+    /// Operator-wide settings (`runtimeClass`, …).
+    #[serde(default)]
+    pub operator: OperatorSpec,
+    /// Settings common to every operand DaemonSet.
+    #[serde(default)]
+    pub daemonsets: DaemonsetsSpec,
+    /// The NVIDIA driver.
+    #[serde(default)]
+    pub driver: DriverSpec,
+    /// The container toolkit.
+    #[serde(default)]
+    pub toolkit: ToolkitSpec,
+    /// The device plugin (also the image of config-manager and MPS).
+    #[serde(default)]
+    pub device_plugin: DevicePluginSpec,
+    /// The metrics exporter.
+    #[serde(default)]
+    pub dcgm_exporter: DcgmExporterSpec,
+    /// Standalone DCGM host engine.
+    #[serde(default)]
+    pub dcgm: DcgmSpec,
+    /// Node status exporter.
+    #[serde(default)]
+    pub node_status_exporter: ComponentSpec,
+    /// GPU Feature Discovery.
+    #[serde(default)]
+    pub gfd: ComponentSpec,
+    /// MIG strategy.
+    #[serde(default)]
+    pub mig: MigSpec,
+    /// MIG manager.
+    #[serde(default)]
+    pub mig_manager: MigManagerSpec,
+    /// Deprecated, unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psp: Option<EnabledSpec>,
+    /// Pod Security Admission labels on the operator namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psa: Option<EnabledSpec>,
+    /// The validator (readiness chain).
+    #[serde(default)]
+    pub validator: ValidatorSpec,
+    /// GPUDirect Storage (nvidia-fs).
+    #[serde(default)]
+    pub gds: ComponentSpec,
+    /// GDRCopy.
+    #[serde(default)]
+    pub gdrcopy: ComponentSpec,
+    /// Sandbox (VM) workloads.
+    #[serde(default)]
+    pub sandbox_workloads: SandboxWorkloadsSpec,
+    /// VFIO manager.
+    #[serde(default)]
+    pub vfio_manager: DriverManagedSpec,
+    /// vGPU manager.
+    #[serde(default)]
+    pub vgpu_manager: DriverManagedSpec,
+    /// KubeVirt sandbox device plugin.
+    #[serde(default)]
+    pub sandbox_device_plugin: ComponentSpec,
+    /// Kata sandbox device plugin.
+    #[serde(default)]
+    pub kata_sandbox_device_plugin: ComponentSpec,
+    /// vGPU device manager.
+    #[serde(default)]
+    pub vgpu_device_manager: VgpuDeviceManagerSpec,
+    /// Container Device Interface.
+    #[serde(default)]
+    pub cdi: CdiSpec,
+    /// Deprecated kata manager (never enabled).
+    #[serde(default)]
+    pub kata_manager: ComponentSpec,
+    /// Confidential-computing manager.
+    #[serde(default)]
+    pub cc_manager: CcManagerSpec,
+    /// Host paths.
+    #[serde(default)]
+    pub host_paths: HostPathsSpec,
+}
+
+/// Why a ClusterPolicy spec is rejected before anything is rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct SpecError {
+    /// Field path, e.g. `spec.cdi.nriPluginEnabled`.
+    pub path: String,
+    /// Why.
+    pub message: String,
+}
+
+impl ClusterPolicySpec {
+    /// Parse a spec from JSON, naming the offending field on error
+    /// (e.g. `spec.mig.strategy: unknown variant "double", expected one of none, single, mixed`).
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, SpecError> {
+        serde_path_to_error::deserialize(value).map_err(|e| SpecError {
+            path: join_path("spec", &e.path().to_string()),
+            message: e.into_inner().to_string(),
+        })
+    }
+
+    /// Cross-field rules upstream enforces at start (fatal there, an `Error` condition here):
+    /// `cdi.nriPluginEnabled` requires `cdi.enabled` and `toolkit.enabled`.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.cdi.nri_plugin_enabled() {
+            if !self.cdi.enabled() {
+                return Err(SpecError {
+                    path: "spec.cdi.nriPluginEnabled".into(),
+                    message: "the NRI plugin requires cdi.enabled=true".into(),
+                });
+            }
+            if !self.toolkit.common.enabled_or(true) {
+                return Err(SpecError {
+                    path: "spec.cdi.nriPluginEnabled".into(),
+                    message: "the NRI plugin requires toolkit.enabled=true".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether sandbox workloads are enabled (`sandboxWorkloads.enabled`, nil = false).
+    pub fn sandbox_enabled(&self) -> bool {
+        self.sandbox_workloads.enabled.unwrap_or(false)
+    }
+
+    /// The runtime class operands use (`operator.runtimeClass`, default `nvidia`).
+    pub fn runtime_class(&self) -> &str {
+        match self.operator.runtime_class.as_deref() {
+            Some(rc) if !rc.is_empty() => rc,
+            _ => "nvidia",
+        }
+    }
+}
+
+fn join_path(prefix: &str, rest: &str) -> String {
+    if rest.is_empty() || rest == "." {
+        prefix.to_string()
+    } else {
+        format!("{prefix}.{rest}")
+    }
+}
+
+#[cfg(test)]
+mod tests;

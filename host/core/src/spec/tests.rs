@@ -1,0 +1,53 @@
+use super::*;
+use serde_json::json;
+
+#[test]
+fn upstream_sample_parses_with_null_validator_plugin() {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/upstream/clusterpolicy-sample.yaml"
+    ))
+    .unwrap();
+    let doc: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let spec = ClusterPolicySpec::from_json(&doc["spec"]).unwrap();
+    assert_eq!(spec.mig.strategy, Some(MigStrategy::Single));
+    assert_eq!(spec.validator.common.env[0].name, "WITH_WORKLOAD");
+    assert_eq!(spec.validator.plugin, EnvOnlySpec::default());
+    assert_eq!(spec.dcgm.common.enabled, Some(true));
+    assert_eq!(spec.driver.licensing_config.nls_enabled, Some(true));
+    assert_eq!(spec.runtime_class(), "nvidia");
+}
+
+#[test]
+fn unknown_enum_value_names_the_field() {
+    let err = ClusterPolicySpec::from_json(&json!({"mig": {"strategy": "double"}})).unwrap_err();
+    assert_eq!(err.path, "spec.mig.strategy");
+    assert!(
+        err.message.contains("unknown variant `double`"),
+        "{}",
+        err.message
+    );
+    let err = ClusterPolicySpec::from_json(&json!({"driver": {"kernelModuleType": "closed"}}))
+        .unwrap_err();
+    assert_eq!(err.path, "spec.driver.kernelModuleType");
+}
+
+#[test]
+fn nri_requires_cdi_and_toolkit() {
+    let s =
+        ClusterPolicySpec::from_json(&json!({"cdi": {"enabled": false, "nriPluginEnabled": true}}))
+            .unwrap();
+    assert_eq!(s.validate().unwrap_err().path, "spec.cdi.nriPluginEnabled");
+    let s = ClusterPolicySpec::from_json(
+        &json!({"cdi": {"nriPluginEnabled": true}, "toolkit": {"enabled": false}}),
+    )
+    .unwrap();
+    assert!(
+        s.validate()
+            .unwrap_err()
+            .message
+            .contains("toolkit.enabled")
+    );
+    let s = ClusterPolicySpec::from_json(&json!({"cdi": {"nriPluginEnabled": true}})).unwrap();
+    assert_eq!(s.validate(), Ok(()));
+}
