@@ -1,0 +1,99 @@
+//! Running a chain of plugins over the objects of one state.
+
+use kiln_core::context::TransformContext;
+use serde_json::Value;
+
+use crate::capture::PluginLog;
+use crate::error::PluginError;
+use crate::host::PluginHost;
+use crate::outcome::{Rendered, describe};
+
+/// One step of a chain: a plugin name, optionally pinned by SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginRef {
+    /// Plugin name (drop-in file name or bundled name).
+    pub name: String,
+    /// Lowercase or uppercase hex SHA-256 the plugin's wasm must have.
+    pub sha256: Option<String>,
+}
+
+impl PluginRef {
+    /// An unpinned reference.
+    pub fn named(name: impl Into<String>) -> Self {
+        PluginRef {
+            name: name.into(),
+            sha256: None,
+        }
+    }
+}
+
+/// An object a plugin of the chain left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Omitted {
+    /// Position of the object in the chain's input.
+    pub index: usize,
+    /// `kind/name` of the object.
+    pub object: String,
+    /// The plugin that omitted it.
+    pub plugin: String,
+}
+
+/// What a chain produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainOutput {
+    /// The objects that survived, in input order, as the last plugin left them.
+    pub objects: Vec<Value>,
+    /// The objects left out, and by which plugin.
+    pub omitted: Vec<Omitted>,
+    /// Each plugin's log, in chain order.
+    pub logs: Vec<(String, PluginLog)>,
+}
+
+impl PluginHost {
+    /// Runs `chain` over `objects`: each plugin sees the previous one's result, and an object
+    /// one plugin omits is neither shown to later plugins nor returned.
+    ///
+    /// # Errors
+    /// The first [`PluginError`] of any step (lookup, pin, call or output), naming its plugin.
+    pub fn run_chain(
+        &self,
+        chain: &[PluginRef],
+        objects: Vec<Value>,
+        spec: &Value,
+        ctx: &TransformContext,
+    ) -> Result<ChainOutput, PluginError> {
+        let mut indices: Vec<usize> = (0..objects.len()).collect();
+        let mut current = objects;
+        let mut omitted = Vec::new();
+        let mut logs = Vec::with_capacity(chain.len());
+        for step in chain {
+            let plugin = self.plugin(&step.name, step.sha256.as_deref())?;
+            let out = self.call(&plugin, &current, spec, ctx)?;
+            logs.push((step.name.clone(), out.log));
+            let mut next = Vec::with_capacity(current.len());
+            let mut next_indices = Vec::with_capacity(current.len());
+            for ((index, before), rendered) in indices.into_iter().zip(current).zip(out.rendered) {
+                match rendered {
+                    Rendered::Keep(after) => {
+                        next.push(after);
+                        next_indices.push(index);
+                    }
+                    Rendered::Omit => {
+                        omitted.push(Omitted {
+                            index,
+                            object: describe(&before),
+                            plugin: step.name.clone(),
+                        });
+                    }
+                }
+            }
+            current = next;
+            indices = next_indices;
+        }
+        Ok(ChainOutput {
+            objects: current,
+            omitted,
+            logs,
+        })
+    }
+}

@@ -1,0 +1,112 @@
+//! Limits and locations of the plugin host.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default cap on one linear memory of a plugin: 64 MiB.
+pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 64 << 20;
+/// Default fuel per call: 500 million units (roughly that many Wasm instructions).
+pub const DEFAULT_FUEL: u64 = 500_000_000;
+/// Default wall-clock deadline per call: 2 s.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
+/// Default cap on the total bytes of patch text one call may return: 16 MiB.
+pub const DEFAULT_OUTPUT_LIMIT_BYTES: usize = 16 << 20;
+/// Default cap on the captured log of one call (log lines, stdout and stderr together): 64 KiB.
+pub const DEFAULT_LOG_LIMIT_BYTES: usize = 64 << 10;
+/// Default Wasm stack of a call: 1 MiB.
+pub const DEFAULT_MAX_WASM_STACK_BYTES: usize = 1 << 20;
+/// Default drop-in directory for site plugins.
+pub const DEFAULT_DROP_IN_DIR: &str = "/etc/kiln/plugins";
+/// How often the epoch ticker advances the engine's epoch; the deadline's resolution.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Limits and locations of a [`crate::PluginHost`].
+///
+/// Every limit applies to every call; there is no way to call a plugin without them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Cap, in bytes, on each linear memory of a plugin instance (default 64 MiB). Growing past
+    /// it fails the call with [`crate::PluginError::MemoryLimit`].
+    pub memory_limit_bytes: usize,
+    /// Fuel per call, deterministic (default 500 M). Running out fails the call with
+    /// [`crate::PluginError::OutOfFuel`]. Instantiation counts against it.
+    pub fuel: u64,
+    /// Wall-clock deadline per call (default 2 s, resolution [`EPOCH_TICK`]). Exceeding it fails
+    /// the call with [`crate::PluginError::DeadlineExceeded`].
+    pub deadline: Duration,
+    /// Cap, in bytes, on the total patch text of one call (default 16 MiB).
+    pub output_limit_bytes: usize,
+    /// Cap, in bytes, on the captured log of one call: `log` lines, stdout and stderr together
+    /// (default 64 KiB). Output past it is dropped and the log is marked truncated.
+    pub log_limit_bytes: usize,
+    /// Wasm stack size, in bytes (default 1 MiB). Overflowing it fails the call with
+    /// [`crate::PluginError::StackExhausted`].
+    pub max_wasm_stack_bytes: usize,
+    /// Directory searched first for `<name>.wasm` (default `/etc/kiln/plugins`); `None` for
+    /// bundled plugins only.
+    pub drop_in_dir: Option<PathBuf>,
+    /// Directory of precompiled artifacts (default `$XDG_CACHE_HOME/kiln/plugins` or
+    /// `~/.cache/kiln/plugins`); `None`, or a directory that cannot be created, disables the disk
+    /// cache. It must be writable only by the operator: its files are loaded as native code.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            memory_limit_bytes: DEFAULT_MEMORY_LIMIT_BYTES,
+            fuel: DEFAULT_FUEL,
+            deadline: DEFAULT_DEADLINE,
+            output_limit_bytes: DEFAULT_OUTPUT_LIMIT_BYTES,
+            log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
+            max_wasm_stack_bytes: DEFAULT_MAX_WASM_STACK_BYTES,
+            drop_in_dir: Some(PathBuf::from(DEFAULT_DROP_IN_DIR)),
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+impl HostConfig {
+    /// The defaults without any filesystem: no drop-in directory and no disk cache.
+    pub fn in_memory() -> Self {
+        HostConfig {
+            drop_in_dir: None,
+            cache_dir: None,
+            ..HostConfig::default()
+        }
+    }
+
+    /// The epoch deadline in ticks of [`EPOCH_TICK`], rounded up, at least 1.
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        let tick = EPOCH_TICK.as_nanos();
+        (self.deadline.as_nanos().div_ceil(tick)).max(1) as u64
+    }
+}
+
+/// `$XDG_CACHE_HOME/kiln/plugins`, else `$HOME/.cache/kiln/plugins`, else none.
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("kiln").join("plugins"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_rounds_up_to_ticks() {
+        let mut cfg = HostConfig::in_memory();
+        assert_eq!(cfg.deadline_ticks(), 200);
+        cfg.deadline = Duration::from_millis(15);
+        assert_eq!(cfg.deadline_ticks(), 2);
+        cfg.deadline = Duration::ZERO;
+        assert_eq!(cfg.deadline_ticks(), 1);
+    }
+}

@@ -1,0 +1,387 @@
+//! [`PluginHost`]: plugin lookup, loading and the sandboxed call.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use kiln_core::context::TransformContext;
+use serde_json::Value;
+use wasmtime::component::Linker;
+use wasmtime::{Engine, Store};
+
+use crate::bindings::{OperandTransform, OperandTransformPre, make_context};
+use crate::cache::{CacheHit, ComponentCache, sha256_hex};
+use crate::capture::PluginLog;
+use crate::config::HostConfig;
+use crate::engine::{EpochTicker, make_engine};
+use crate::error::{GuestError, PluginError};
+use crate::outcome::{Rendered, apply_outcomes};
+use crate::sandbox::{CallState, first_forbidden_import, imports_of, make_linker};
+use crate::trap::classify;
+
+/// Where a plugin's bytes came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// `<drop-in dir>/<name>.wasm`.
+    DropIn(PathBuf),
+    /// Compiled into the binary.
+    Bundled,
+}
+
+/// A plugin ready to run: compiled, audited, linked, and its name checked.
+pub struct LoadedPlugin {
+    name: Arc<str>,
+    digest: String,
+    source: PluginSource,
+    cache_hit: CacheHit,
+    imports: Vec<String>,
+    pre: OperandTransformPre<CallState>,
+}
+
+impl LoadedPlugin {
+    /// The name it was loaded by (and that its `name()` export returns).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Lowercase hex SHA-256 of its wasm bytes.
+    pub fn sha256(&self) -> &str {
+        &self.digest
+    }
+    /// Where its bytes came from.
+    pub fn source(&self) -> &PluginSource {
+        &self.source
+    }
+    /// Where its compiled code came from when it was loaded.
+    pub fn cache_hit(&self) -> CacheHit {
+        self.cache_hit
+    }
+    /// Full names of its imports (all within the allowed surface).
+    pub fn imports(&self) -> &[String] {
+        &self.imports
+    }
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .field("sha256", &self.digest)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of one plugin call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformOutput {
+    /// One decision per input object, in input order.
+    pub rendered: Vec<Rendered>,
+    /// What the plugin logged (bounded).
+    pub log: PluginLog,
+}
+
+/// Runs operand plugins, each call in a fresh sandbox.
+///
+/// One engine per host; each plugin is compiled once (cached by content digest in memory and
+/// on disk) and pre-linked; every call gets a fresh store with the memory cap, fuel and epoch
+/// deadline of the [`HostConfig`]. `Send + Sync`: share it through an `Arc`. A failed call
+/// leaves nothing behind, so the next call works.
+pub struct PluginHost {
+    pub(crate) config: HostConfig,
+    pub(crate) engine: Engine,
+    linker: Linker<CallState>,
+    cache: ComponentCache,
+    bundled: HashMap<String, &'static [u8]>,
+    plugins: RwLock<HashMap<String, Arc<LoadedPlugin>>>,
+    _ticker: EpochTicker,
+}
+
+impl PluginHost {
+    /// A host with limits `config` and the given bundled plugins (name, wasm bytes), e.g.
+    /// `kiln_bundled_plugins::BUNDLED`.
+    ///
+    /// # Errors
+    /// [`PluginError::EngineSetup`] when Wasmtime refuses the configuration.
+    pub fn new(config: HostConfig, bundled: &[(&str, &'static [u8])]) -> Result<Self, PluginError> {
+        let engine = make_engine(&config)?;
+        let linker = make_linker(&engine).map_err(|e| PluginError::EngineSetup {
+            message: format!("{e:#}"),
+        })?;
+        let cache = ComponentCache::new(&engine, config.cache_dir.clone());
+        let _ticker = EpochTicker::start(&engine)?;
+        Ok(PluginHost {
+            bundled: bundled.iter().map(|(n, b)| (n.to_string(), *b)).collect(),
+            config,
+            engine,
+            linker,
+            cache,
+            plugins: RwLock::default(),
+            _ticker,
+        })
+    }
+
+    pub(crate) fn linker(&self) -> &Linker<CallState> {
+        &self.linker
+    }
+
+    /// The host's limits.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// The precompiled-artifact path for wasm with SHA-256 `sha256`, when a disk cache is used.
+    pub fn artifact_path(&self, sha256: &str) -> Option<PathBuf> {
+        self.cache.artifact_path(sha256)
+    }
+
+    /// Resolves `name` (drop-in directory first, then the bundled plugins), checks the pin,
+    /// compiles or fetches it from cache, audits its imports, links it and checks its name.
+    /// Always re-reads the drop-in file; later [`PluginHost::transform`] calls use the result.
+    ///
+    /// # Errors
+    /// [`PluginError::InvalidName`], [`PluginError::InvalidPin`], [`PluginError::NotFound`],
+    /// [`PluginError::ReadFailed`], [`PluginError::DigestMismatch`], [`PluginError::LoadFailed`],
+    /// [`PluginError::ForbiddenImport`], [`PluginError::NameMismatch`], or any call error of
+    /// its `name()` export.
+    pub fn load(&self, name: &str, pin: Option<&str>) -> Result<Arc<LoadedPlugin>, PluginError> {
+        check_name(name)?;
+        let pin = pin.map(|p| check_pin(name, p)).transpose()?;
+        let (bytes, source) = self.read(name)?;
+        let digest = sha256_hex(&bytes);
+        if let Some(expected) = pin
+            && expected != digest
+        {
+            return Err(PluginError::DigestMismatch {
+                plugin: name.to_string(),
+                expected,
+                actual: digest,
+            });
+        }
+        if let Some(p) = self.cached(name)
+            && p.digest == digest
+            && p.source == source
+        {
+            return Ok(p);
+        }
+        let (component, cache_hit) = self.cache.get_or_compile(name, &digest, &bytes)?;
+        let loaded = Arc::new(self.link(name, digest, source, cache_hit, &component)?);
+        let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+        plugins.insert(name.to_string(), loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The loaded plugin `name`, loading it on first use; with a pin, reloads when the loaded
+    /// one has another digest.
+    ///
+    /// # Errors
+    /// As [`PluginHost::load`].
+    pub fn plugin(&self, name: &str, pin: Option<&str>) -> Result<Arc<LoadedPlugin>, PluginError> {
+        match self.cached(name) {
+            Some(p) if pin.is_none_or(|pin| pin.eq_ignore_ascii_case(&p.digest)) => Ok(p),
+            _ => self.load(name, pin),
+        }
+    }
+
+    /// Runs plugin `name` on `objects` and applies and validates its patches.
+    ///
+    /// # Errors
+    /// Any [`PluginError`] naming the plugin: lookup and load errors, then call errors (trap,
+    /// fuel, deadline, memory, stack, exit), the guest's own refusal
+    /// ([`PluginError::Guest`]), and output errors (count, size, patch, result).
+    pub fn transform(
+        &self,
+        name: &str,
+        objects: &[Value],
+        spec: &Value,
+        ctx: &TransformContext,
+    ) -> Result<TransformOutput, PluginError> {
+        let plugin = self.plugin(name, None)?;
+        self.call(&plugin, objects, spec, ctx)
+    }
+
+    /// Runs an already loaded plugin (see [`PluginHost::transform`]).
+    ///
+    /// # Errors
+    /// As [`PluginHost::transform`], without the lookup errors.
+    pub fn call(
+        &self,
+        plugin: &LoadedPlugin,
+        objects: &[Value],
+        spec: &Value,
+        ctx: &TransformContext,
+    ) -> Result<TransformOutput, PluginError> {
+        let texts: Vec<String> = objects.iter().map(Value::to_string).collect();
+        let spec = spec.to_string();
+        let ctx = make_context(ctx);
+        let mut store = self.new_store(&plugin.name);
+        let result = plugin
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| instance.call_transform(&mut store, &texts, &spec, &ctx));
+        let log = store.data().log.finish();
+        let outcomes = match result {
+            Err(err) => {
+                return Err(classify(
+                    &plugin.name,
+                    &self.config,
+                    store.data(),
+                    &log,
+                    err,
+                ));
+            }
+            Ok(Err(error)) => {
+                return Err(PluginError::Guest {
+                    plugin: plugin.name.to_string(),
+                    error: GuestError::from(error),
+                });
+            }
+            Ok(Ok(outcomes)) => outcomes,
+        };
+        let rendered = apply_outcomes(
+            &plugin.name,
+            objects,
+            outcomes,
+            self.config.output_limit_bytes,
+        )?;
+        Ok(TransformOutput { rendered, log })
+    }
+
+    /// A fresh store for one call of `plugin`, with every limit set.
+    fn new_store(&self, plugin: &Arc<str>) -> Store<CallState> {
+        let state = CallState::new(
+            plugin.clone(),
+            self.config.memory_limit_bytes,
+            self.config.log_limit_bytes,
+        );
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.memory);
+        // Fuel is enabled on the engine, so this cannot fail.
+        let _ = store.set_fuel(self.config.fuel);
+        store.set_epoch_deadline(self.config.deadline_ticks());
+        store.epoch_deadline_trap();
+        store
+    }
+
+    fn cached(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        self.plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    fn read(&self, name: &str) -> Result<(Vec<u8>, PluginSource), PluginError> {
+        let drop_in = self
+            .config
+            .drop_in_dir
+            .as_ref()
+            .map(|d| d.join(format!("{name}.wasm")));
+        if let Some(path) = &drop_in {
+            match std::fs::read(path) {
+                Ok(bytes) => return Ok((bytes, PluginSource::DropIn(path.clone()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(PluginError::ReadFailed {
+                        plugin: name.to_string(),
+                        path: path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        match self.bundled.get(name) {
+            Some(bytes) => Ok((bytes.to_vec(), PluginSource::Bundled)),
+            None => Err(PluginError::NotFound {
+                plugin: name.to_string(),
+                drop_in,
+            }),
+        }
+    }
+
+    /// Audits, links and name-checks a compiled component.
+    fn link(
+        &self,
+        name: &str,
+        digest: String,
+        source: PluginSource,
+        cache_hit: CacheHit,
+        component: &wasmtime::component::Component,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let load_failed = |e: wasmtime::Error| PluginError::LoadFailed {
+            plugin: name.to_string(),
+            message: format!("{e:#}"),
+        };
+        if let Some(import) = first_forbidden_import(&self.engine, component) {
+            return Err(PluginError::ForbiddenImport {
+                plugin: name.to_string(),
+                import,
+            });
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(load_failed)?;
+        let pre = OperandTransformPre::new(pre).map_err(load_failed)?;
+        let plugin: Arc<str> = name.into();
+        let exported = self.call_name(&plugin, &pre)?;
+        if exported != name {
+            return Err(PluginError::NameMismatch {
+                plugin: name.to_string(),
+                exported,
+            });
+        }
+        let imports = imports_of(&self.engine, component);
+        Ok(LoadedPlugin {
+            name: plugin,
+            digest,
+            source,
+            cache_hit,
+            imports,
+            pre,
+        })
+    }
+
+    /// Calls the `name` export in a fresh sandbox.
+    pub(crate) fn call_name(
+        &self,
+        plugin: &Arc<str>,
+        pre: &OperandTransformPre<CallState>,
+    ) -> Result<String, PluginError> {
+        let mut store = self.new_store(plugin);
+        let result = pre
+            .instantiate(&mut store)
+            .and_then(|i: OperandTransform| i.call_name(&mut store));
+        result.map_err(|err| {
+            let log = store.data().log.finish();
+            classify(plugin, &self.config, store.data(), &log, err)
+        })
+    }
+}
+
+/// A plugin name must be usable as a file name: non-empty, no path separators, not `.`/`..`.
+fn check_name(name: &str) -> Result<(), PluginError> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && name.len() <= 253;
+    if ok {
+        Ok(())
+    } else {
+        Err(PluginError::InvalidName {
+            plugin: name.to_string(),
+        })
+    }
+}
+
+/// A pin is a SHA-256 in hex; returned lowercased.
+fn check_pin(name: &str, pin: &str) -> Result<String, PluginError> {
+    if pin.len() == 64 && pin.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(pin.to_ascii_lowercase())
+    } else {
+        Err(PluginError::InvalidPin {
+            plugin: name.to_string(),
+            pin: pin.to_string(),
+        })
+    }
+}

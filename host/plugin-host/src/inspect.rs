@@ -1,0 +1,89 @@
+//! Checking a wasm file without installing it (`kiln plugin check FILE.wasm`).
+
+use std::sync::Arc;
+
+use crate::bindings::OperandTransformPre;
+use crate::cache::sha256_hex;
+use crate::config::HostConfig;
+use crate::error::PluginError;
+use crate::host::PluginHost;
+use crate::sandbox::{exports_of, first_forbidden_import, imports_of};
+
+/// The name used in errors about an inspected file, whose real name is not known yet.
+pub const INSPECTED: &str = "(inspected file)";
+
+/// What [`inspect`] found out about a wasm file.
+#[derive(Debug)]
+pub struct PluginReport {
+    /// Lowercase hex SHA-256 of the bytes (what a pin must say).
+    pub sha256: String,
+    /// Full names of the component's imports.
+    pub imports: Vec<String>,
+    /// Full names of the component's exports.
+    pub exports: Vec<String>,
+    /// What its `name()` export returned, when it could be called.
+    pub name: Option<String>,
+    /// Why the host would refuse it; none when it would be accepted.
+    pub refusal: Option<PluginError>,
+}
+
+impl PluginReport {
+    /// Whether the host would load it (under the name it reports).
+    pub fn accepted(&self) -> bool {
+        self.refusal.is_none()
+    }
+}
+
+/// Compiles `bytes` with default limits, lists its imports and exports, and checks it the way
+/// [`PluginHost::load`] would: allowed imports, the world's exports, a callable `name()`.
+///
+/// # Errors
+/// [`PluginError::EngineSetup`], or [`PluginError::LoadFailed`] when the bytes are not a
+/// component at all; every other problem is reported in [`PluginReport::refusal`].
+pub fn inspect(bytes: &[u8]) -> Result<PluginReport, PluginError> {
+    let host = PluginHost::new(HostConfig::in_memory(), &[])?;
+    host.inspect(bytes)
+}
+
+impl PluginHost {
+    /// [`inspect`] with this host's engine and limits.
+    ///
+    /// # Errors
+    /// As [`inspect`].
+    pub fn inspect(&self, bytes: &[u8]) -> Result<PluginReport, PluginError> {
+        let component =
+            wasmtime::component::Component::from_binary(&self.engine, bytes).map_err(|e| {
+                PluginError::LoadFailed {
+                    plugin: INSPECTED.into(),
+                    message: format!("{e:#}"),
+                }
+            })?;
+        let mut report = PluginReport {
+            sha256: sha256_hex(bytes),
+            imports: imports_of(&self.engine, &component),
+            exports: exports_of(&self.engine, &component),
+            name: None,
+            refusal: None,
+        };
+        if let Some(import) = first_forbidden_import(&self.engine, &component) {
+            report.refusal = Some(PluginError::ForbiddenImport {
+                plugin: INSPECTED.into(),
+                import,
+            });
+            return Ok(report);
+        }
+        let pre = self
+            .linker()
+            .instantiate_pre(&component)
+            .and_then(OperandTransformPre::new)
+            .map_err(|e| PluginError::LoadFailed {
+                plugin: INSPECTED.into(),
+                message: format!("{e:#}"),
+            });
+        match pre.and_then(|pre| self.call_name(&Arc::from(INSPECTED), &pre)) {
+            Ok(name) => report.name = Some(name),
+            Err(e) => report.refusal = Some(e),
+        }
+        Ok(report)
+    }
+}

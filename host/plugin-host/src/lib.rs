@@ -1,0 +1,66 @@
+//! kiln's plugin host: runs operand transforms as sandboxed WebAssembly components.
+//!
+//! A plugin implements the `kiln:operand/operand-transform` world (`wit/operand.wit`): it gets
+//! a state's objects, the ClusterPolicy spec and the cluster facts, and answers one outcome
+//! (an RFC 6902 JSON Patch, or *omit*) per object. The host applies and validates the patches.
+//!
+//! ```text
+//! name ──► drop-in dir / bundled ──► sha256 (pin?) ──► compile or cache (memory, disk)
+//!      ──► import audit ──► link (InstancePre) ──► name() check ──► LoadedPlugin
+//! call ──► fresh Store (memory cap, fuel, epoch deadline, empty WASI) ──► transform()
+//!      ──► outcomes ──► json-patch ──► identity / DaemonSet checks ──► Rendered
+//! ```
+//!
+//! Plugins get **no capabilities** and are deterministic: the only imports they may have are
+//! the world's `log` and the WASI io/cli surface a `std` Rust guest needs
+//! ([`ALLOWED_WASI_INTERFACES`]), linked to an empty context; anything else is refused at load
+//! with [`PluginError::ForbiddenImport`].
+//!
+//! ```no_run
+//! use kiln_plugin_host::{HostConfig, PluginHost, Rendered};
+//! # fn main() -> Result<(), kiln_plugin_host::PluginError> {
+//! let host = PluginHost::new(HostConfig::default(), &[])?;
+//! let ctx = kiln_core::context::TransformContext::default();
+//! let objects = vec![serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})];
+//! let out = host.transform("device-plugin", &objects, &serde_json::json!({}), &ctx)?;
+//! assert_eq!(out.rendered.len(), 1);
+//! # Ok(()) }
+//! ```
+
+mod bindings;
+mod cache;
+mod capture;
+mod chain;
+mod config;
+mod engine;
+mod error;
+mod host;
+mod inspect;
+mod outcome;
+mod sandbox;
+mod trap;
+
+pub use cache::{CacheHit, sha256_hex};
+pub use capture::{LogLine, LogSource, PluginLog};
+pub use chain::{ChainOutput, Omitted, PluginRef};
+pub use config::{
+    DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL, DEFAULT_LOG_LIMIT_BYTES,
+    DEFAULT_MAX_WASM_STACK_BYTES, DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OUTPUT_LIMIT_BYTES,
+    EPOCH_TICK, HostConfig,
+};
+pub use error::{GuestError, PluginError};
+pub use host::{LoadedPlugin, PluginHost, PluginSource, TransformOutput};
+pub use inspect::{INSPECTED, PluginReport, inspect};
+pub use outcome::Rendered;
+pub use sandbox::{ALLOWED_WASI_INTERFACES, is_allowed_import};
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn host_is_send_and_sync() {
+        assert_send_sync::<super::PluginHost>();
+        assert_send_sync::<super::LoadedPlugin>();
+    }
+}

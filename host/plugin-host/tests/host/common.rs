@@ -1,0 +1,157 @@
+//! Shared fixtures: the hostile `.wat` plugins, the Rust test guest, inputs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kiln_core::context::TransformContext;
+use kiln_plugin_host::{HostConfig, PluginHost};
+use serde_json::{Value, json};
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A hostile fixture as a component: `tests/fixtures/<file>.wat` spliced into `shell.wat`
+/// under plugin name `name`.
+pub fn hostile(file: &str, name: &str) -> Vec<u8> {
+    let dir = crate_dir().join("tests/fixtures");
+    let core = std::fs::read_to_string(dir.join(format!("{file}.wat"))).unwrap();
+    let shell = std::fs::read_to_string(dir.join("shell.wat")).unwrap();
+    let text = shell
+        .replace("@CORE@", &core)
+        .replace("@NAMELEN@", &name.len().to_string())
+        .replace("@NAME@", name);
+    wat::parse_str(&text).unwrap_or_else(|e| panic!("{file}.wat: {e}"))
+}
+
+/// A standalone fixture component (`tests/fixtures/<file>.wat`).
+pub fn standalone(file: &str) -> Vec<u8> {
+    wat::parse_file(
+        crate_dir()
+            .join("tests/fixtures")
+            .join(format!("{file}.wat")),
+    )
+    .unwrap()
+}
+
+/// The Rust std + serde_json test guest (`tests/guests/good`), built once per test run for
+/// wasm32-wasip2 into `target/test-guests`.
+pub fn good_wasm() -> &'static [u8] {
+    static WASM: OnceLock<Vec<u8>> = OnceLock::new();
+    WASM.get_or_init(|| build_guest("good"))
+}
+
+fn build_guest(name: &str) -> Vec<u8> {
+    let manifest = crate_dir()
+        .join("tests/guests")
+        .join(name)
+        .join("Cargo.toml");
+    let target_dir = crate_dir().join("../../target/test-guests");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "--release",
+        "--quiet",
+        "--target",
+        "wasm32-wasip2",
+        "--manifest-path",
+    ])
+    .arg(&manifest)
+    .env("CARGO_TARGET_DIR", &target_dir);
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WRAPPER",
+        "CARGO_MAKEFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("run cargo to build the test guest");
+    assert!(
+        status.success(),
+        "building test guest {name} failed (is the wasm32-wasip2 target installed?)"
+    );
+    let artifact = format!("kiln_test_guest_{}.wasm", name.replace('-', "_"));
+    std::fs::read(target_dir.join("wasm32-wasip2/release").join(artifact)).unwrap()
+}
+
+/// A scratch directory holding a drop-in dir and a cache dir.
+pub struct Dirs {
+    pub _root: tempfile::TempDir,
+    pub drop_in: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl Dirs {
+    pub fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let drop_in = root.path().join("plugins");
+        let cache = root.path().join("cache");
+        std::fs::create_dir_all(&drop_in).unwrap();
+        Dirs {
+            _root: root,
+            drop_in,
+            cache,
+        }
+    }
+
+    /// Installs `bytes` as drop-in plugin `name`.
+    pub fn install(&self, name: &str, bytes: &[u8]) {
+        std::fs::write(self.drop_in.join(format!("{name}.wasm")), bytes).unwrap();
+    }
+
+    /// Default limits, this drop-in dir, no disk cache.
+    pub fn config(&self) -> HostConfig {
+        HostConfig {
+            drop_in_dir: Some(self.drop_in.clone()),
+            cache_dir: None,
+            ..HostConfig::default()
+        }
+    }
+}
+
+/// A host over `dirs` with the good guest installed as drop-in `good`.
+pub fn host_with_good(dirs: &Dirs, config: HostConfig) -> PluginHost {
+    dirs.install("good", good_wasm());
+    PluginHost::new(config, &[]).unwrap()
+}
+
+/// A minimal valid DaemonSet.
+pub fn daemonset(name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": "gpu-operator", "labels": {"app": name}},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": name, "image": "nvcr.io/nvidia/x:1"}]}
+            }
+        }
+    })
+}
+
+/// A ConfigMap without labels.
+pub fn config_map(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "gpu-operator"}})
+}
+
+/// The default context for state `device-plugin`.
+pub fn ctx() -> TransformContext {
+    TransformContext {
+        state: "device-plugin".into(),
+        ..TransformContext::default()
+    }
+}
+
+/// Asserts that the good guest still works on `host` (after a fault).
+pub fn assert_good_works(host: &PluginHost) {
+    let out = host
+        .transform("good", &[daemonset("ds")], &json!({}), &ctx())
+        .expect("good plugin call after a fault");
+    assert_eq!(out.rendered.len(), 1);
+}

@@ -1,0 +1,181 @@
+//! Hostile plugins (`tests/fixtures/*.wat`): each fails with its own error, and the host keeps
+//! working after each one.
+
+use std::time::{Duration, Instant};
+
+use kiln_plugin_host::{HostConfig, PluginError, PluginHost};
+use serde_json::json;
+
+use crate::common::*;
+
+/// Installs fixture `file` as plugin `name` next to the good guest and calls it once.
+fn run_hostile(file: &str, config: impl FnOnce(&Dirs) -> HostConfig) -> (PluginHost, PluginError) {
+    let dirs = Dirs::new();
+    let name = file.replace('_', "-");
+    dirs.install(&name, &hostile(file, &name));
+    let host = host_with_good(&dirs, config(&dirs));
+    let err = host
+        .transform(&name, &[daemonset("ds")], &json!({}), &ctx())
+        .unwrap_err();
+    assert_eq!(err.plugin(), Some(name.as_str()), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!("plugin {name:?}")),
+        "{err}"
+    );
+    assert_good_works(&host);
+    (host, err)
+}
+
+#[test]
+fn infinite_loop_runs_out_of_fuel() {
+    let (_, err) = run_hostile("infinite_loop", Dirs::config);
+    assert!(
+        matches!(
+            err,
+            PluginError::OutOfFuel {
+                fuel: 500_000_000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn infinite_loop_with_ample_fuel_hits_the_deadline() {
+    let deadline = Duration::from_millis(200);
+    let started = Instant::now();
+    let (_, err) = run_hostile("infinite_loop", |d| HostConfig {
+        fuel: u64::MAX,
+        deadline,
+        ..d.config()
+    });
+    assert!(
+        matches!(err, PluginError::DeadlineExceeded { deadline: d, .. } if d == deadline),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn memory_growth_past_the_cap_is_refused() {
+    let (_, err) = run_hostile("memory_hog", Dirs::config);
+    assert!(
+        matches!(
+            err,
+            PluginError::MemoryLimit {
+                limit_bytes: 67_108_864,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn unbounded_recursion_exhausts_the_stack() {
+    let (_, err) = run_hostile("recursion", Dirs::config);
+    assert!(matches!(err, PluginError::StackExhausted { .. }), "{err:?}");
+}
+
+#[test]
+fn unreachable_is_a_trap() {
+    let (_, err) = run_hostile("trap", Dirs::config);
+    match err {
+        PluginError::Trap { message, .. } => assert!(message.contains("unreachable"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn output_that_is_not_json_is_an_invalid_patch() {
+    let (_, err) = run_hostile("not_json", Dirs::config);
+    match err {
+        PluginError::InvalidPatch {
+            index,
+            object,
+            message,
+            ..
+        } => {
+            assert_eq!((index, object.as_str()), (0, "DaemonSet/ds"));
+            assert!(message.contains("not an RFC 6902 JSON Patch"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn removing_the_selector_is_an_invalid_result() {
+    let (_, err) = run_hostile("drop_selector", Dirs::config);
+    match err {
+        PluginError::InvalidResult { index, message, .. } => {
+            assert_eq!(index, 0);
+            assert_eq!(
+                message,
+                r#"/spec/selector changed from {"matchLabels":{"app":"ds"}} to nothing"#
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_100_mib_output_cannot_be_produced_under_the_memory_cap() {
+    let (_, err) = run_hostile("huge_output", Dirs::config);
+    assert!(matches!(err, PluginError::MemoryLimit { .. }), "{err:?}");
+}
+
+#[test]
+fn a_100_mib_output_is_refused_by_the_output_cap() {
+    let (_, err) = run_hostile("huge_output", |d| HostConfig {
+        memory_limit_bytes: 256 << 20,
+        output_limit_bytes: 1 << 20,
+        ..d.config()
+    });
+    assert!(
+        matches!(
+            err,
+            PluginError::OutputTooLarge {
+                limit_bytes: 1_048_576,
+                actual_bytes: 104_857_600,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn wasi_filesystem_and_socket_imports_are_refused_at_load() {
+    let dirs = Dirs::new();
+    dirs.install("fs", &standalone("forbidden_filesystem"));
+    dirs.install("net", &standalone("forbidden_socket"));
+    let host = host_with_good(&dirs, dirs.config());
+    let err = host.load("fs", None).unwrap_err();
+    match &err {
+        PluginError::ForbiddenImport { plugin, import } => {
+            assert_eq!(
+                (plugin.as_str(), import.as_str()),
+                ("fs", "wasi:filesystem/preopens@0.2.6")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string().contains("wasi:filesystem/preopens@0.2.6"),
+        "{err}"
+    );
+    let err = host
+        .transform("net", &[daemonset("ds")], &json!({}), &ctx())
+        .unwrap_err();
+    match &err {
+        PluginError::ForbiddenImport { plugin, import } => {
+            assert_eq!(
+                (plugin.as_str(), import.as_str()),
+                ("net", "wasi:sockets/tcp-create-socket@0.2.6")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_good_works(&host);
+}

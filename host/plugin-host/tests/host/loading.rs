@@ -1,0 +1,160 @@
+//! Lookup, pinning, name checks and the artifact cache.
+
+use kiln_plugin_host::{
+    CacheHit, HostConfig, PluginError, PluginHost, PluginSource, inspect, sha256_hex,
+};
+use serde_json::json;
+
+use crate::common::*;
+
+fn leak(bytes: Vec<u8>) -> &'static [u8] {
+    Box::leak(bytes.into_boxed_slice())
+}
+
+#[test]
+fn pins_are_checked() {
+    let dirs = Dirs::new();
+    let host = host_with_good(&dirs, dirs.config());
+    let digest = sha256_hex(good_wasm());
+    let loaded = host.load("good", Some(&digest.to_uppercase())).unwrap();
+    assert_eq!(loaded.sha256(), digest);
+
+    let wrong = "0".repeat(64);
+    match host.load("good", Some(&wrong)).unwrap_err() {
+        PluginError::DigestMismatch {
+            plugin,
+            expected,
+            actual,
+        } => {
+            assert_eq!(
+                (plugin.as_str(), expected.as_str(), actual.as_str()),
+                ("good", wrong.as_str(), digest.as_str())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        host.load("good", Some("abc")),
+        Err(PluginError::InvalidPin { .. })
+    ));
+}
+
+#[test]
+fn drop_in_wins_over_bundled_and_bundled_is_the_fallback() {
+    let dirs = Dirs::new();
+    let bundled_bytes = leak(hostile("trap", "trap"));
+    let bundled = [("good", good_wasm()), ("trap", bundled_bytes)];
+    // "good" is bundled only; "trap" is bundled as a trapping plugin but replaced by a drop-in.
+    dirs.install("trap", &hostile("not_json", "trap"));
+    let host = PluginHost::new(dirs.config(), &bundled).unwrap();
+
+    let good = host.load("good", None).unwrap();
+    assert_eq!(good.source(), &PluginSource::Bundled);
+    let trap = host.load("trap", None).unwrap();
+    assert_eq!(
+        trap.source(),
+        &PluginSource::DropIn(dirs.drop_in.join("trap.wasm"))
+    );
+    let err = host
+        .transform("trap", &[daemonset("ds")], &json!({}), &ctx())
+        .unwrap_err();
+    assert!(
+        matches!(err, PluginError::InvalidPatch { .. }),
+        "drop-in not used: {err:?}"
+    );
+
+    match host.load("missing", None).unwrap_err() {
+        PluginError::NotFound { plugin, drop_in } => {
+            assert_eq!(plugin, "missing");
+            assert_eq!(drop_in, Some(dirs.drop_in.join("missing.wasm")));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        host.load("../etc/passwd", None),
+        Err(PluginError::InvalidName { .. })
+    ));
+}
+
+#[test]
+fn a_component_with_another_name_is_refused() {
+    let dirs = Dirs::new();
+    dirs.install("other", good_wasm());
+    let host = host_with_good(&dirs, dirs.config());
+    match host.load("other", None).unwrap_err() {
+        PluginError::NameMismatch { plugin, exported } => {
+            assert_eq!((plugin.as_str(), exported.as_str()), ("other", "good"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_good_works(&host);
+}
+
+#[test]
+fn garbage_is_a_load_failure() {
+    let dirs = Dirs::new();
+    dirs.install("junk", b"not wasm at all");
+    let host = host_with_good(&dirs, dirs.config());
+    assert!(matches!(
+        host.load("junk", None),
+        Err(PluginError::LoadFailed { .. })
+    ));
+    assert!(matches!(
+        inspect(b"not wasm"),
+        Err(PluginError::LoadFailed { .. })
+    ));
+}
+
+#[test]
+fn a_second_host_loads_from_the_disk_cache() {
+    let dirs = Dirs::new();
+    let config = HostConfig {
+        cache_dir: Some(dirs.cache.clone()),
+        ..dirs.config()
+    };
+    let digest = sha256_hex(good_wasm());
+
+    let first = host_with_good(&dirs, config.clone());
+    let started = std::time::Instant::now();
+    let loaded = first.load("good", None).unwrap();
+    let compile = started.elapsed();
+    assert_eq!(loaded.cache_hit(), CacheHit::Compiled);
+    let artifact = first.artifact_path(&digest).unwrap();
+    assert!(artifact.is_file(), "{artifact:?} missing");
+    assert!(
+        artifact
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(&digest)
+    );
+    // Loading again in the same host uses the loaded plugin.
+    assert_eq!(
+        first.load("good", None).unwrap().cache_hit(),
+        CacheHit::Compiled
+    );
+    drop(first);
+
+    let second = PluginHost::new(config, &[]).unwrap();
+    let started = std::time::Instant::now();
+    let loaded = second.load("good", None).unwrap();
+    let cached = started.elapsed();
+    assert_eq!(loaded.cache_hit(), CacheHit::Disk);
+    println!("load of the good guest: compile {compile:?}, from disk cache {cached:?}");
+    assert_good_works(&second);
+}
+
+#[test]
+fn an_unwritable_cache_dir_falls_back_to_memory() {
+    let dirs = Dirs::new();
+    let file = dirs.drop_in.join("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    let config = HostConfig {
+        cache_dir: Some(file.join("sub")),
+        ..dirs.config()
+    };
+    let host = host_with_good(&dirs, config);
+    assert!(host.artifact_path("x").is_none());
+    assert_good_works(&host);
+}
