@@ -70,8 +70,10 @@ pub struct ConfigMapKeys {
     pub keys: Vec<String>,
 }
 
-/// Every cluster fact a transform may read (WIT record `context`).
+/// Every cluster fact a transform may read (WIT record `context`). Deserializing fills missing
+/// fields from [`Default`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TransformContext {
     /// State being rendered (`device-plugin`, …).
     pub state: String,

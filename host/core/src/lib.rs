@@ -12,6 +12,7 @@ pub mod context;
 pub mod plan;
 pub mod spec;
 pub mod state;
+pub mod testcase;
 
 pub use context::{ContainerRuntime, NodeOs, TransformContext};
 pub use spec::{ClusterPolicySpec, SpecError};

@@ -44,6 +44,12 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn cases() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
+        assert!(kiln_plugin_sdk::testing::run_cases::<Dcgm>(&dir) >= 2);
+    }
+
+    #[test]
     fn sets_image_env_and_runtime_class() {
         let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": "nvidia-dcgm", "namespace": "gpu-operator"},

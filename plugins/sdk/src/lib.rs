@@ -47,3 +47,48 @@ pub fn log_warn(message: &str) {
     #[cfg(not(target_arch = "wasm32"))]
     let _ = message;
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+/// Native runner for the case files under `plugins/<name>/cases/` (see `kiln_core::testcase`).
+pub mod testing {
+    use std::path::Path;
+
+    use kiln_core::testcase::Case;
+
+    use crate::{Operand, TransformError, apply_native};
+
+    /// Run every `*.yaml` case in `dir` through `O` natively; panics listing every failing case.
+    /// Returns how many cases ran (callers assert it is non-zero).
+    pub fn run_cases<O: Operand>(dir: &Path) -> usize {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        let mut failures = Vec::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let raw: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let mut ctx = case.context.clone();
+            ctx.state = O::NAME.to_string();
+            let result = match apply_native::<O>(&case.objects, &case.spec, &ctx) {
+                Ok(out) => case.check(&out),
+                Err(e) => {
+                    let (kind, path) = match &e {
+                        TransformError::InvalidField { path, .. } => ("invalid-field", Some(path.as_str())),
+                        TransformError::InvalidObject(_) => ("invalid-object", None),
+                        TransformError::Failed(_) => ("failed", None),
+                    };
+                    case.check_error(kind, path, &e.to_string())
+                }
+            };
+            if let Err(msg) = result {
+                failures.push(format!("{} ({}): {msg}", f.display(), case.name));
+            }
+        }
+        assert!(failures.is_empty(), "failing cases:\n{}", failures.join("\n"));
+        files.len()
+    }
+}
