@@ -17,6 +17,7 @@ pub mod common;
 pub mod env;
 pub mod error;
 pub mod image;
+pub mod monitoring;
 mod macros;
 pub mod pod;
 mod run;
