@@ -1,0 +1,50 @@
+//! Subcommands, one module each; every one is a clap struct with `run`.
+
+mod plugin;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// kiln: a Kubernetes GPU operator whose operand transforms are sandboxed Wasm plugins.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Render a ClusterPolicy into every object the operator would apply, offline.
+    Render(render::RenderArgs),
+    /// Inspect and try plugins.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+}
+
+impl Cli {
+    /// Run the chosen subcommand; errors are printed to stderr with their causes.
+    pub fn run(self) -> ExitCode {
+        let result = match self.command {
+            Command::Render(a) => a.run(),
+            Command::Plugin(p) => p.run(),
+        };
+        match result {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// A plugin host over the bundled plugins and, if given, a drop-in directory.
+pub(crate) fn plugin_host(
+    plugins_dir: Option<std::path::PathBuf>,
+) -> anyhow::Result<std::sync::Arc<kiln_plugin_host::PluginHost>> {
+    let cfg = kiln_plugin_host::HostConfig { drop_in_dir: plugins_dir, ..Default::default() };
+    Ok(std::sync::Arc::new(kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?))
+}

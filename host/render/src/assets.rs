@@ -1,0 +1,70 @@
+//! The state bundles under `assets/state-<name>/`, embedded in the binary at build time.
+//!
+//! Files are read in sorted path order (the numeric prefixes fix the apply order, as upstream);
+//! a file whose name contains `openshift` is used only on OpenShift.
+
+use include_dir::{Dir, include_dir};
+use kiln_core::State;
+use serde_json::Value;
+
+static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../assets");
+
+/// Why a state's bundle cannot be loaded (a build defect: assets are checked by tests).
+#[derive(Debug, thiserror::Error)]
+pub enum AssetError {
+    /// No `assets/state-<name>` folder.
+    #[error("no assets folder for state {0}")]
+    MissingFolder(State),
+    /// A file is not valid YAML of one object.
+    #[error("assets/{path}: {message}")]
+    Invalid {
+        /// File path under `assets/`.
+        path: String,
+        /// Parser message.
+        message: String,
+    },
+}
+
+/// One object of a bundle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Asset {
+    /// Path under `assets/`, e.g. `state-dcgm/0500_daemonset.yaml`.
+    pub path: String,
+    /// The object as JSON.
+    pub object: Value,
+}
+
+/// The objects of `state`, in apply order; `openshift` files only when `openshift` is true.
+///
+/// # Errors
+/// [`AssetError`] when the folder is missing or a file does not parse.
+pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetError> {
+    let dir = ASSETS.get_dir(state.folder()).ok_or(AssetError::MissingFolder(state))?;
+    let mut files: Vec<_> = dir
+        .files()
+        .filter(|f| f.path().extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|f| openshift || !f.path().to_string_lossy().contains("openshift"))
+        .collect();
+    files.sort_by_key(|f| f.path());
+    files
+        .into_iter()
+        .map(|f| {
+            let path = f.path().to_string_lossy().into_owned();
+            let text = f.contents_utf8().unwrap_or_default();
+            let object: Value = serde_yaml_ng::from_str(text)
+                .map_err(|e| AssetError::Invalid { path: path.clone(), message: e.to_string() })?;
+            Ok(Asset { path, object })
+        })
+        .collect()
+}
+
+/// Names of the `state-*` folders present in the embedded assets (for consistency tests).
+pub fn folders() -> Vec<String> {
+    let mut v: Vec<String> = ASSETS
+        .dirs()
+        .filter_map(|d| d.path().file_name()?.to_str().map(str::to_string))
+        .filter(|n| n.starts_with("state-"))
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,49 @@
+//! Defaults for facts `kiln render` cannot read from a cluster: fallback images and the
+//! render context.
+
+use kiln_core::context::TransformContext;
+
+/// kiln's own image: the validator, device plugin, GFD and exporter operands run its
+/// subcommands unless a policy names another image.
+pub const KILN_IMAGE: &str = "ghcr.io/kiln-gpu/kiln:v0.1.0";
+
+/// Fallback images by upstream operator env-var name: kiln's image for the operands kiln
+/// provides, NVIDIA's GPU Operator v26.7 chart defaults for the rest. A component whose
+/// repository/image/version are all empty in the policy uses these (upstream reads the same
+/// names from the operator's environment).
+pub fn fallback_images() -> Vec<(String, String)> {
+    const NV: &str = "nvcr.io/nvidia";
+    const CN: &str = "nvcr.io/nvidia/cloud-native";
+    [
+        ("VALIDATOR_IMAGE", KILN_IMAGE.to_string()),
+        ("DEVICE_PLUGIN_IMAGE", KILN_IMAGE.to_string()),
+        ("GFD_IMAGE", KILN_IMAGE.to_string()),
+        ("DCGM_EXPORTER_IMAGE", KILN_IMAGE.to_string()),
+        ("DRIVER_IMAGE", format!("{NV}/driver:595.91.07")),
+        ("DRIVER_MANAGER_IMAGE", format!("{CN}/k8s-driver-manager:v0.12.0")),
+        ("CONTAINER_TOOLKIT_IMAGE", format!("{NV}/k8s/container-toolkit:v1.20.0")),
+        ("DCGM_IMAGE", format!("{CN}/dcgm:4.6.0-1-ubuntu24.04")),
+        ("MIG_MANAGER_IMAGE", format!("{CN}/k8s-mig-manager:v0.15.0")),
+        ("GDS_IMAGE", format!("{CN}/nvidia-fs:2.29.4")),
+        ("GDRCOPY_IMAGE", format!("{CN}/gdrdrv:v2.6")),
+        ("VGPU_DEVICE_MANAGER_IMAGE", format!("{CN}/vgpu-device-manager:v0.5.0")),
+        ("VFIO_MANAGER_IMAGE", format!("{CN}/k8s-driver-manager:v0.12.0")),
+        ("SANDBOX_DEVICE_PLUGIN_IMAGE", format!("{NV}/kubevirt-gpu-device-plugin:v1.6.0")),
+        ("KATA_SANDBOX_DEVICE_PLUGIN_IMAGE", format!("{CN}/nvidia-sandbox-device-plugin:v0.0.5")),
+        ("CC_MANAGER_IMAGE", format!("{CN}/k8s-cc-manager:v0.4.3")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The context `kiln render` uses unless flags say otherwise: containerd, Kubernetes v1.36,
+/// namespace `gpu-operator`, Ubuntu 22.04 GPU nodes, the ServiceMonitor CRD present, and
+/// [`fallback_images`].
+pub fn render_context() -> TransformContext {
+    TransformContext {
+        has_service_monitor_crd: true,
+        fallback_images: fallback_images(),
+        ..TransformContext::default()
+    }
+}

@@ -1,0 +1,110 @@
+//! Renders a ClusterPolicy into the objects of every enabled state, exactly as the operator
+//! would apply them (what `helm template` is to Helm).
+//!
+//! ```text
+//! Policy ─► enabled states (kiln_core::plan) ─► per state: assets/state-<name> (embedded)
+//!        ─► placeholders (namespace, RBAC subjects) ─► plugin chain: standard, then site plugins
+//!        ─► RenderedState { objects, omitted }
+//! ```
+//!
+//! A state that fails (a plugin fault, a bad field) yields its own error and does not stop the
+//! states after it.
+
+pub mod assets;
+pub mod defaults;
+pub mod output;
+pub mod placeholders;
+pub mod policy;
+pub mod site;
+
+use std::sync::Arc;
+
+use kiln_core::State;
+use kiln_core::context::TransformContext;
+use kiln_plugin_host::{Omitted, PluginError, PluginHost};
+use serde_json::Value;
+
+pub use policy::{Policy, PolicyError};
+
+/// Why one state could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The state's assets are broken (a build defect).
+    #[error(transparent)]
+    Asset(#[from] assets::AssetError),
+    /// A plugin of the state's chain failed; the error names the plugin.
+    #[error("state {state}: {source}")]
+    Plugin {
+        /// The state.
+        state: State,
+        /// What the plugin did wrong.
+        #[source]
+        source: PluginError,
+    },
+}
+
+/// The rendered objects of one state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedState {
+    /// The state.
+    pub state: State,
+    /// Objects to apply, in apply order.
+    pub objects: Vec<Value>,
+    /// Objects a plugin left out (the operator deletes them if they exist).
+    pub omitted: Vec<Omitted>,
+}
+
+/// Renders policies with one shared plugin host.
+#[derive(Clone)]
+pub struct Renderer {
+    host: Arc<PluginHost>,
+}
+
+impl Renderer {
+    /// A renderer over `host` (which holds the bundled and drop-in plugins).
+    pub fn new(host: Arc<PluginHost>) -> Self {
+        Renderer { host }
+    }
+
+    /// The plugin host.
+    pub fn host(&self) -> &PluginHost {
+        &self.host
+    }
+
+    /// Render one state: load its assets, fill placeholders, run its plugin chain.
+    ///
+    /// # Errors
+    /// [`RenderError`] naming the state and, for plugin faults, the plugin.
+    pub fn render_state(
+        &self,
+        state: State,
+        policy: &Policy,
+        base: &TransformContext,
+    ) -> Result<RenderedState, RenderError> {
+        let mut ctx = base.clone();
+        ctx.state = state.name().to_string();
+        let objects: Vec<Value> = assets::load_state(state, ctx.openshift_version.is_some())?
+            .into_iter()
+            .map(|a| {
+                let mut o = a.object;
+                placeholders::fill(&mut o, &ctx.operator_namespace);
+                o
+            })
+            .collect();
+        let chain = policy.plugins.chain(state);
+        let out = self
+            .host
+            .run_chain(&chain, objects, &policy.spec_json, &ctx)
+            .map_err(|source| RenderError::Plugin { state, source })?;
+        tracing::debug!(%state, objects = out.objects.len(), omitted = out.omitted.len(), "rendered state");
+        Ok(RenderedState { state, objects: out.objects, omitted: out.omitted })
+    }
+
+    /// Render every state `policy` enables, in apply order; each state's result is independent.
+    pub fn render(&self, policy: &Policy, base: &TransformContext) -> Vec<(State, Result<RenderedState, RenderError>)> {
+        kiln_core::plan::enabled_states(&policy.spec)
+            .into_iter()
+            .map(|s| (s, self.render_state(s, policy, base)))
+            .collect()
+    }
+}

@@ -1,0 +1,107 @@
+//! A ClusterPolicy document as `kiln render` and the operator receive it.
+
+use kiln_core::spec::{ClusterPolicySpec, SpecError};
+use serde_json::Value;
+
+use crate::site::{PLUGINS_ANNOTATION, PluginConfig};
+
+/// Why a ClusterPolicy document is rejected. Messages name the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The document is not a mapping.
+    #[error("not a Kubernetes object (expected a mapping with apiVersion, kind, metadata, spec)")]
+    NotAnObject,
+    /// `apiVersion` is not `nvidia.com/v1`.
+    #[error("apiVersion: expected nvidia.com/v1, got {0:?}")]
+    ApiVersion(String),
+    /// `kind` is not `ClusterPolicy`.
+    #[error("kind: expected ClusterPolicy, got {0:?}")]
+    Kind(String),
+    /// A spec field is invalid.
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    /// The `kiln.dev/plugins` annotation is invalid.
+    #[error("metadata.annotations: {0}")]
+    Plugins(String),
+}
+
+/// A parsed ClusterPolicy: its name, the original spec JSON (handed to plugins untouched, so
+/// fields kiln does not model survive), the typed spec, and the site plugin configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec` exactly as written (`{}` when absent).
+    pub spec_json: Value,
+    /// The typed spec.
+    pub spec: ClusterPolicySpec,
+    /// Site plugins and pins from the `kiln.dev/plugins` annotation.
+    pub plugins: PluginConfig,
+}
+
+impl Policy {
+    /// Validate and parse a ClusterPolicy object (`apiVersion: nvidia.com/v1`, `kind:
+    /// ClusterPolicy`), including the cross-field rules of [`ClusterPolicySpec::validate`].
+    ///
+    /// # Errors
+    /// [`PolicyError`], naming the field.
+    pub fn from_object(doc: &Value) -> Result<Policy, PolicyError> {
+        let obj = doc.as_object().ok_or(PolicyError::NotAnObject)?;
+        let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        if api != "nvidia.com/v1" {
+            return Err(PolicyError::ApiVersion(api.to_string()));
+        }
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+        if kind != "ClusterPolicy" {
+            return Err(PolicyError::Kind(kind.to_string()));
+        }
+        let spec_json = match obj.get("spec") {
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(v) => v.clone(),
+        };
+        let spec = ClusterPolicySpec::from_json(&spec_json)?;
+        spec.validate()?;
+        let meta = obj.get("metadata");
+        let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
+        let plugins = match meta.and_then(|m| m.pointer(&format!("/annotations/{}", escape(PLUGINS_ANNOTATION)))) {
+            Some(Value::String(s)) => PluginConfig::parse(s).map_err(PolicyError::Plugins)?,
+            Some(other) => return Err(PolicyError::Plugins(format!("{PLUGINS_ANNOTATION} must be a string, got {other}"))),
+            None => PluginConfig::default(),
+        };
+        Ok(Policy { name, spec_json, spec, plugins })
+    }
+}
+
+/// JSON-pointer escaping of one token (`/` → `~1`).
+fn escape(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rejects_wrong_identity_and_names_fields() {
+        assert_eq!(Policy::from_object(&json!([])).unwrap_err(), PolicyError::NotAnObject);
+        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v2", "kind": "ClusterPolicy"})).unwrap_err();
+        assert_eq!(e.to_string(), "apiVersion: expected nvidia.com/v1, got \"nvidia.com/v2\"");
+        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "Pod"})).unwrap_err();
+        assert_eq!(e.to_string(), "kind: expected ClusterPolicy, got \"Pod\"");
+        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "spec": {"mig": {"strategy": "double"}}}))
+        .unwrap_err();
+        assert!(e.to_string().starts_with("spec.mig.strategy: unknown variant `double`"), "{e}");
+    }
+
+    #[test]
+    fn reads_plugins_annotation() {
+        let p = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "p", "annotations": {"kiln.dev/plugins": "dcgm:\n  then: [{name: extra}]\n"}}}))
+        .unwrap();
+        assert_eq!(p.name, "p");
+        assert_eq!(p.plugins.chain(kiln_core::State::Dcgm).len(), 2);
+        assert_eq!(p.spec_json, json!({}));
+    }
+}

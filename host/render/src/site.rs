@@ -1,0 +1,114 @@
+//! Where a ClusterPolicy names site plugins and pins: the annotation `kiln.dev/plugins`.
+//!
+//! An annotation leaves every upstream field untouched (the upstream CRD prunes unknown spec
+//! fields, and existing policies keep working). Its value is YAML (or JSON), keyed by state:
+//!
+//! ```yaml
+//! metadata:
+//!   annotations:
+//!     kiln.dev/plugins: |
+//!       device-plugin:
+//!         pin: 3f5a…            # optional sha256 of the standard `device-plugin` plugin
+//!         then:                 # site plugins run after it, in order
+//!           - name: site-tolerations
+//!             sha256: 9c1e…     # optional pin
+//! ```
+//! Site plugins are looked up by name in the drop-in directory (`/etc/kiln/plugins/<name>.wasm`),
+//! then among the bundled plugins.
+
+use std::collections::BTreeMap;
+
+use kiln_core::State;
+use kiln_plugin_host::PluginRef;
+use serde::Deserialize;
+
+/// The annotation holding the site plugin configuration.
+pub const PLUGINS_ANNOTATION: &str = "kiln.dev/plugins";
+
+/// Plugins of one state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatePlugins {
+    /// sha256 (hex) the standard plugin must have.
+    #[serde(default)]
+    pub pin: Option<String>,
+    /// Site plugins run after the standard one, in order.
+    #[serde(default)]
+    pub then: Vec<SitePlugin>,
+}
+
+/// One site plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SitePlugin {
+    /// Plugin name (`<name>.wasm` in the drop-in directory).
+    pub name: String,
+    /// Optional sha256 (hex) pin.
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+/// The parsed annotation: plugins per state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginConfig(BTreeMap<State, StatePlugins>);
+
+impl PluginConfig {
+    /// Parse the annotation value.
+    ///
+    /// # Errors
+    /// A message naming the annotation and the offending key (unknown state, unknown field,
+    /// invalid YAML, a pin that is not 64 hex digits).
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let raw: BTreeMap<String, StatePlugins> = serde_yaml_ng::from_str(value)
+            .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
+        let mut map = BTreeMap::new();
+        for (key, plugins) in raw {
+            let state: State =
+                key.parse().map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
+            let pins = plugins.pin.iter().chain(plugins.then.iter().filter_map(|p| p.sha256.as_ref()));
+            for pin in pins {
+                if pin.len() != 64 || !pin.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "annotation {PLUGINS_ANNOTATION}: {key}: pin {pin:?} is not a sha256 (64 hex digits)"
+                    ));
+                }
+            }
+            map.insert(state, plugins);
+        }
+        Ok(PluginConfig(map))
+    }
+
+    /// The chain for `state`: its standard plugin (pinned if configured), then the site plugins.
+    pub fn chain(&self, state: State) -> Vec<PluginRef> {
+        let cfg = self.0.get(&state);
+        let mut chain =
+            vec![PluginRef { name: state.name().to_string(), sha256: cfg.and_then(|c| c.pin.clone()) }];
+        for p in cfg.into_iter().flat_map(|c| &c.then) {
+            chain.push(PluginRef { name: p.name.clone(), sha256: p.sha256.clone() });
+        }
+        chain
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_chain_and_rejects_bad_input() {
+        let pin = "a".repeat(64);
+        let cfg = PluginConfig::parse(&format!(
+            "device-plugin:\n  pin: {pin}\n  then:\n    - name: site-x\n    - name: site-y\n      sha256: {pin}\n"
+        ))
+        .unwrap();
+        let chain = cfg.chain(State::DevicePlugin);
+        assert_eq!(chain.len(), 3);
+        assert_eq!(chain[0].name, "device-plugin");
+        assert_eq!(chain[0].sha256.as_deref(), Some(pin.as_str()));
+        assert_eq!(chain[1], PluginRef::named("site-x"));
+        assert_eq!(cfg.chain(State::Dcgm), vec![PluginRef::named("dcgm")]);
+        assert!(PluginConfig::parse("bogus-state: {}").unwrap_err().contains("unknown state \"bogus-state\""));
+        assert!(PluginConfig::parse("dcgm: {pin: abc}").unwrap_err().contains("not a sha256"));
+        assert!(PluginConfig::parse("dcgm: {extra: 1}").unwrap_err().contains("unknown field `extra`"));
+    }
+}

@@ -1,0 +1,172 @@
+//! kiln-render integration tests: one binary (link time matters on 2 cores).
+//!
+//! - the `State` enum, the assets folders, the plugin crates and the bundled plugins agree;
+//! - every transform case file (`plugins/*/cases/*.yaml`) passes through the compiled Wasm
+//!   plugin, not only natively;
+//! - golden renders of the upstream sample policy and of the Helm-defaults policy.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use kiln_core::State;
+use kiln_core::testcase::Case;
+use kiln_plugin_host::{GuestError, HostConfig, PluginError, PluginHost, Rendered};
+use kiln_render::{Policy, Renderer, defaults, output};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn host() -> Arc<PluginHost> {
+    static HOST: OnceLock<Arc<PluginHost>> = OnceLock::new();
+    HOST.get_or_init(|| {
+        Arc::new(PluginHost::new(HostConfig::in_memory(), kiln_bundled_plugins::BUNDLED).expect("plugin host"))
+    })
+    .clone()
+}
+
+fn plugin_dirs() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(repo().join("plugins"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "sdk")
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn states_assets_plugins_and_bundle_agree() {
+    let mut states: Vec<String> = State::ALL.iter().map(|s| s.name().to_string()).collect();
+    states.sort();
+    let folders: Vec<String> =
+        kiln_render::assets::folders().iter().map(|f| f.trim_start_matches("state-").to_string()).collect();
+    assert_eq!(folders, states, "assets/state-* folders vs State::ALL");
+    assert_eq!(plugin_dirs(), states, "plugins/* crates vs State::ALL");
+    let mut bundled: Vec<String> = kiln_bundled_plugins::BUNDLED.iter().map(|(n, _)| n.to_string()).collect();
+    bundled.sort();
+    assert_eq!(bundled, states, "bundled plugins vs State::ALL");
+    for s in State::ALL {
+        let loaded = host().load(s.name(), None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.name(), s.name());
+        assert!(!kiln_render::assets::load_state(s, true).unwrap().is_empty(), "{s} has no objects");
+    }
+}
+
+fn guest_error_parts(e: &PluginError) -> Option<(&'static str, Option<&str>, String)> {
+    match e {
+        PluginError::Guest { error, .. } => Some(match error {
+            GuestError::InvalidField { path, message } => ("invalid-field", Some(path.as_str()), format!("{path}: {message}")),
+            GuestError::InvalidObject(m) => ("invalid-object", None, m.clone()),
+            GuestError::Failed(m) => ("failed", None, m.clone()),
+        }),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_transform_case_passes_through_the_wasm_plugin() {
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for plugin in plugin_dirs() {
+        let dir = repo().join("plugins").join(&plugin).join("cases");
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut files: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect();
+        files.sort();
+        for f in files {
+            let raw: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let mut ctx = case.context.clone();
+            ctx.state = plugin.clone();
+            let result = match host().transform(&plugin, &case.objects, &case.spec, &ctx) {
+                Ok(out) => {
+                    let got: Vec<Option<Value>> = out
+                        .rendered
+                        .into_iter()
+                        .map(|r| match r {
+                            Rendered::Keep(v) => Some(v),
+                            Rendered::Omit => None,
+                        })
+                        .collect();
+                    case.check(&got)
+                }
+                Err(e) => match guest_error_parts(&e) {
+                    Some((kind, path, msg)) => case.check_error(kind, path, &msg),
+                    None => Err(format!("host error: {e}")),
+                },
+            };
+            ran += 1;
+            if let Err(m) = result {
+                failures.push(format!("{} ({}): {m}", f.display(), case.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(ran >= 60, "only {ran} case files found");
+}
+
+fn render_file(path: &Path) -> Vec<Value> {
+    let doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let policy = Policy::from_object(&doc).unwrap();
+    let renderer = Renderer::new(host());
+    let mut objects = Vec::new();
+    for (state, r) in renderer.render(&policy, &defaults::render_context()) {
+        let r = r.unwrap_or_else(|e| panic!("{state}: {e}"));
+        objects.extend(r.objects);
+    }
+    objects
+}
+
+fn assert_golden(name: &str, objects: &[Value]) {
+    let text = output::yaml_stream(objects).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    if std::env::var_os("KILN_BLESS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with KILN_BLESS=1 to create it, then review it)", path.display()));
+    pretty_assertions::assert_eq!(want, text, "{name} drifted; review and re-bless with KILN_BLESS=1");
+}
+
+#[test]
+fn golden_render_of_the_upstream_sample() {
+    let objects = render_file(&repo().join("../shared/upstream/clusterpolicy-sample.yaml"));
+    let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "DaemonSet").count(), 9, "{kinds:?}");
+    assert_golden("upstream-sample.yaml", &objects);
+}
+
+#[test]
+fn golden_render_of_the_helm_defaults() {
+    let objects = render_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/helm-defaults-policy.yaml"));
+    assert_golden("helm-defaults.yaml", &objects);
+}
+
+#[test]
+fn the_deploy_sample_renders_every_default_state() {
+    let objects = render_file(&repo().join("deploy/samples/clusterpolicy.yaml"));
+    let ds: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        ds,
+        [
+            "nvidia-driver-daemonset",
+            "nvidia-container-toolkit-daemonset",
+            "nvidia-operator-validator",
+            "nvidia-device-plugin-daemonset",
+            "nvidia-device-plugin-mps-control-daemon",
+            "nvidia-dcgm",
+            "nvidia-dcgm-exporter",
+            "gpu-feature-discovery",
+            "nvidia-mig-manager"
+        ]
+    );
+    for o in &objects {
+        let text = o.to_string();
+        assert!(!text.contains("FILLED_BY_OPERATOR"), "placeholder left in {}", o["metadata"]["name"]);
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs kiln's whole test suite on a fresh machine: installs the wasm target, builds the
+# testcluster control plane (cached), then runs every Rust test (the Wasm plugins are built by
+# kiln-bundled-plugins' build script).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+say "rust: $(rustc --version)"
+if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+  say "installing the wasm32-wasip2 target"
+  rustup target add wasm32-wasip2
+fi
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+
+if [ -x testcluster/build.sh ]; then
+  say "building testcluster (cached)"
+  testcluster/build.sh
+fi
+
+say "checking formatting"
+cargo fmt --all -- --check
+
+say "running the tests"
+cargo test --workspace --locked "$@"
+say "done"
