@@ -1,0 +1,159 @@
+//! Standard plugin of the `device-plugin` state: the kubelet device plugin DaemonSet
+//! `nvidia-device-plugin-daemonset` (upstream `TransformDevicePlugin`, gpu-operator.md §3.3).
+
+use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_sdk::k8s_openapi::api::core::v1::{Container, PodSpec};
+use kiln_plugin_sdk::pod::{
+    apply_component_basics, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
+    fit_command_to_image, handle_device_plugin_config, pod_spec, require_container, set_host_path,
+    set_nri_annotation, set_runtime_class, transform_validation_init_containers,
+};
+use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env};
+
+/// The main container of the device plugin DaemonSet.
+pub const MAIN: &str = "nvidia-device-plugin";
+
+/// The default MPS root on the host (upstream `DefaultMPSRoot`).
+pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
+
+/// Entrypoint of the main container on a non-kiln image: the asset's
+/// `nvidia-device-plugin-entrypoint` ConfigMap, mounted at `/bin/entrypoint.sh`, which picks the
+/// driver root and `exec`s `nvidia-device-plugin` with the container args (upstream's entrypoint).
+pub const UPSTREAM_ENTRYPOINT: &str = "/bin/entrypoint.sh";
+
+/// The `device-plugin` operand.
+pub struct DevicePlugin;
+
+impl Operand for DevicePlugin {
+    const NAME: &'static str = "device-plugin";
+
+    /// Upstream order: main container lookup, validation init containers, image/policy/secrets/
+    /// resources/args, GDS and GDRCopy env, device-plugin config, runtime class, NRI annotation,
+    /// MIG env, CDI env, `mps.root` rewrite, `devicePlugin.env`, hostNetwork.
+    fn daemonset(
+        ds: &mut DaemonSet,
+        spec: &ClusterPolicySpec,
+        ctx: &TransformContext,
+    ) -> Result<(), TransformError> {
+        let name = ds_name(ds);
+        let dp = &spec.device_plugin.common;
+        let pod = pod_spec(ds);
+        require_container(pod, &name, MAIN)?;
+        transform_validation_init_containers(pod, spec, ctx)?;
+        let img = device_plugin_image(spec, ctx)?;
+        apply_component_basics(pod, &name, Some(MAIN), &img, dp)?;
+        let main = require_container(pod, &name, MAIN)?;
+        if spec.gds.enabled_or(false) {
+            env::set_env(main, "GDS_ENABLED", "true");
+            env::set_env(main, "MOFED_ENABLED", "true");
+        }
+        if spec.gdrcopy.enabled_or(false) {
+            env::set_env(main, "GDRCOPY_ENABLED", "true");
+        }
+        handle_device_plugin_config(pod, spec, ctx)?;
+        set_runtime_class(pod, spec, ctx);
+        set_nri_annotation(ds, spec, MAIN);
+        let pod = pod_spec(ds);
+        let main = require_container(pod, &name, MAIN)?;
+        apply_mig_env(main, spec);
+        apply_cdi_env(main, spec);
+        if let Some(root) = custom_mps_root(spec) {
+            env::set_env(require_container(pod, &name, MAIN)?, "MPS_ROOT", root);
+            rewrite_mps_volumes(pod, root);
+        }
+        let main = require_container(pod, &name, MAIN)?;
+        env::apply_env(main, &dp.env);
+        fit_command_to_image(main, Some(vec![UPSTREAM_ENTRYPOINT.into()]));
+        apply_host_network(pod, dp.host_network);
+        Ok(())
+    }
+}
+
+/// Upstream step 10 (CDI enabled): `CDI_ENABLED=true`, `DEVICE_LIST_STRATEGY=cdi-annotations,cdi-cri`,
+/// `CDI_ANNOTATION_PREFIX=cdi.k8s.io/`, and `NVIDIA_CDI_HOOK_PATH` only when the toolkit is enabled.
+fn apply_cdi_env(main: &mut Container, spec: &ClusterPolicySpec) {
+    if !spec.cdi.enabled() {
+        return;
+    }
+    env::set_env(main, "CDI_ENABLED", "true");
+    env::set_env(main, "DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri");
+    env::set_env(main, "CDI_ANNOTATION_PREFIX", "cdi.k8s.io/");
+    if spec.toolkit.common.enabled_or(true) {
+        env::set_env(
+            main,
+            "NVIDIA_CDI_HOOK_PATH",
+            cdi_hook_path(spec.toolkit.install_dir()),
+        );
+    }
+}
+
+/// `filepath.Join(installDir, "toolkit/nvidia-cdi-hook")`: joined with one `/`, duplicate and
+/// trailing slashes of the install dir dropped.
+pub fn cdi_hook_path(install_dir: &str) -> String {
+    let parts: Vec<&str> = install_dir.split('/').filter(|p| !p.is_empty()).collect();
+    let lead = if install_dir.starts_with('/') {
+        "/"
+    } else {
+        ""
+    };
+    if parts.is_empty() {
+        return format!("{lead}toolkit/nvidia-cdi-hook");
+    }
+    format!("{lead}{}/toolkit/nvidia-cdi-hook", parts.join("/"))
+}
+
+/// `devicePlugin.mps.root` when set and different from [`DEFAULT_MPS_ROOT`].
+pub fn custom_mps_root(spec: &ClusterPolicySpec) -> Option<&str> {
+    spec.device_plugin
+        .mps
+        .root
+        .as_deref()
+        .filter(|r| !r.is_empty() && *r != DEFAULT_MPS_ROOT)
+}
+
+/// Upstream MPS root rewrite: hostPath volume `mps-root` → root, `mps-shm` → `<root>/shm`.
+pub fn rewrite_mps_volumes(pod: &mut PodSpec, root: &str) {
+    set_host_path(pod, "mps-root", root);
+    set_host_path(
+        pod,
+        "mps-shm",
+        &format!("{}/shm", root.trim_end_matches('/')),
+    );
+}
+
+kiln_plugin_sdk::export_operand!(DevicePlugin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
+        assert!(kiln_plugin_sdk::testing::run_cases::<DevicePlugin>(&dir) >= 14);
+    }
+
+    #[test]
+    fn hook_path_is_a_path_join() {
+        assert_eq!(
+            cdi_hook_path("/usr/local/nvidia"),
+            "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+        );
+        assert_eq!(
+            cdi_hook_path("/path/to/install/"),
+            "/path/to/install/toolkit/nvidia-cdi-hook"
+        );
+        assert_eq!(cdi_hook_path("//a//b"), "/a/b/toolkit/nvidia-cdi-hook");
+        assert_eq!(cdi_hook_path("/"), "/toolkit/nvidia-cdi-hook");
+    }
+
+    #[test]
+    fn default_mps_root_is_not_custom() {
+        let mut spec = ClusterPolicySpec::default();
+        assert_eq!(custom_mps_root(&spec), None);
+        spec.device_plugin.mps.root = Some(DEFAULT_MPS_ROOT.into());
+        assert_eq!(custom_mps_root(&spec), None);
+        spec.device_plugin.mps.root = Some("/var/mps".into());
+        assert_eq!(custom_mps_root(&spec), Some("/var/mps"));
+    }
+}
