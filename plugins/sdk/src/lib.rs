@@ -14,6 +14,7 @@
 //! so every plugin also unit-tests natively.
 
 pub mod common;
+pub mod driver_family;
 pub mod env;
 pub mod error;
 pub mod image;
