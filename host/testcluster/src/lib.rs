@@ -13,7 +13,7 @@
 //! ```no_run
 //! # async fn f() -> anyhow::Result<()> {
 //! let cluster = kiln_testcluster::shared()?;
-//! let _guard = kiln_testcluster::shared_access();
+//! let _guard = kiln_testcluster::shared_access().await;
 //! let client = cluster.client().await?;
 //! let ns = kiln_testcluster::namespace(&client, "my-test").await?;
 //! # let _ = ns; Ok(()) }
@@ -24,13 +24,14 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Environment variable naming the `testcluster` binary, overriding the default
 /// `<repo>/testcluster/bin/testcluster`.
@@ -61,7 +62,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { nodes: 8, gpu_nodes: 5, gpus_per_node: 1, dir: None }
+        Self {
+            nodes: 8,
+            gpu_nodes: 5,
+            gpus_per_node: 1,
+            dir: None,
+        }
     }
 }
 
@@ -128,7 +134,11 @@ impl TestCluster {
             let err = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = err.lines().rev().take(200).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!("testcluster up failed ({}):\n{}", out.status, tail.join("\n"));
+            bail!(
+                "testcluster up failed ({}):\n{}",
+                out.status,
+                tail.join("\n")
+            );
         }
         eprintln!(
             "kiln-testcluster: cluster up in {:.1}s, KUBECONFIG={}",
@@ -158,8 +168,7 @@ impl TestCluster {
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
         let kubeconfig = Kubeconfig::read_from(self.kubeconfig_path())?;
         let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
     }
 
@@ -221,14 +230,26 @@ impl TestCluster {
     /// The last `lines` lines of each component's log, for failure messages.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for c in
-            ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "reaper"]
-        {
+        for c in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "reaper",
+        ] {
             let path = self.dir.join("logs").join(format!("{c}.log"));
-            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
             let all: Vec<&str> = text.lines().collect();
             let from = all.len().saturating_sub(lines);
-            let _ = writeln!(out, "----- {c} (last {} lines of {}) -----", all.len() - from, path.display());
+            let _ = writeln!(
+                out,
+                "----- {c} (last {} lines of {}) -----",
+                all.len() - from,
+                path.display()
+            );
             for l in &all[from..] {
                 let _ = writeln!(out, "{l}");
             }
@@ -276,7 +297,11 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
-        let _ = Command::new(&self.bin).arg("down").arg("--dir").arg(&self.dir).output();
+        let _ = Command::new(&self.bin)
+            .arg("down")
+            .arg("--dir")
+            .arg(&self.dir)
+            .output();
         if std::env::var_os(KEEP_ENV).is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -284,7 +309,7 @@ impl Drop for TestCluster {
 }
 
 static SHARED: OnceLock<Result<TestCluster, String>> = OnceLock::new();
-static DISRUPTION: RwLock<()> = RwLock::new(());
+static DISRUPTION: RwLock<()> = RwLock::const_new(());
 
 /// The cluster shared by every test of this test binary, started on first use with
 /// [`Options::default`] (8 nodes, 5 with one GPU). It is stopped, and its directory
@@ -297,14 +322,14 @@ pub fn shared() -> anyhow::Result<&'static TestCluster> {
 }
 
 /// Held by tests that only read and write objects: many may hold it at once.
-pub fn shared_access() -> RwLockReadGuard<'static, ()> {
-    DISRUPTION.read().unwrap_or_else(|e| e.into_inner())
+pub async fn shared_access() -> RwLockReadGuard<'static, ()> {
+    DISRUPTION.read().await
 }
 
 /// Held by a test that disrupts the shared cluster (restarting the apiserver): waits
 /// until no other test holds [`shared_access`] or [`exclusive`].
-pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
-    DISRUPTION.write().unwrap_or_else(|e| e.into_inner())
+pub async fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    DISRUPTION.write().await
 }
 
 /// Creates a namespace named `<prefix>-<unique suffix>` for one test and returns its
@@ -315,7 +340,11 @@ pub async fn namespace(client: &kube::Client, prefix: &str) -> anyhow::Result<St
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let name = format!("{prefix}-{}-{:x}", N.fetch_add(1, Ordering::Relaxed), nanos % 0xfffff);
+    let name = format!(
+        "{prefix}-{}-{:x}",
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos % 0xfffff
+    );
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Namespace",

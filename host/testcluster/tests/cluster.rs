@@ -8,8 +8,12 @@ use anyhow::Context as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
-use kiln_testcluster::{DEFAULT_TIMEOUT, NFD_NVIDIA_LABEL, exclusive, namespace, shared, shared_access};
+use kiln_testcluster::{
+    DEFAULT_TIMEOUT, NFD_NVIDIA_LABEL, exclusive, namespace, shared, shared_access,
+};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::json;
 
 const FIELD_MANAGER: &str = "kiln";
@@ -17,7 +21,7 @@ const FIELD_MANAGER: &str = "kiln";
 #[tokio::test]
 async fn daemonset_on_gpu_nodes_counts_ready_pods() -> anyhow::Result<()> {
     let cluster = shared()?;
-    let _guard = shared_access();
+    let _guard = shared_access().await;
     let client = cluster.client().await?;
     let ns = namespace(&client, "ds").await?;
     let expected = cluster.options().gpu_nodes as i32;
@@ -38,7 +42,9 @@ async fn daemonset_on_gpu_nodes_counts_ready_pods() -> anyhow::Result<()> {
         }
     }))?;
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
-    api.create(&PostParams::default(), &ds).await.context("creating the DaemonSet")?;
+    api.create(&PostParams::default(), &ds)
+        .await
+        .context("creating the DaemonSet")?;
 
     let wait_ready = |want: i32| {
         let api = api.clone();
@@ -75,9 +81,18 @@ async fn daemonset_on_gpu_nodes_counts_ready_pods() -> anyhow::Result<()> {
     assert_eq!(status.desired_number_scheduled, 5);
 
     cluster.add_node("gpu-node-added", 1)?;
-    let node: Node = Api::<Node>::all(client.clone()).get("gpu-node-added").await?;
-    let gpus = node.status.and_then(|s| s.capacity).and_then(|c| c.get("nvidia.com/gpu").cloned());
-    assert_eq!(gpus.map(|q| q.0), Some("1".to_string()), "the new node reports nvidia.com/gpu");
+    let node: Node = Api::<Node>::all(client.clone())
+        .get("gpu-node-added")
+        .await?;
+    let gpus = node
+        .status
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get("nvidia.com/gpu").cloned());
+    assert_eq!(
+        gpus.map(|q| q.0),
+        Some("1".to_string()),
+        "the new node reports nvidia.com/gpu"
+    );
 
     let status = wait_ready(expected + 1).await?;
     assert_eq!(status.number_ready, 6, "6 after adding a GPU node");
@@ -121,9 +136,13 @@ async fn install_crd(client: &kube::Client) -> anyhow::Result<ApiResource> {
     let crd: CustomResourceDefinition = serde_yaml_ng::from_str(CRD_YAML)?;
     let name = crd.metadata.name.clone().unwrap_or_default();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
-        .await
-        .context("applying the CRD")?;
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("applying the CRD")?;
     let cluster = shared()?;
     cluster
         .wait_for("the CRD to be Established", DEFAULT_TIMEOUT, || {
@@ -137,7 +156,11 @@ async fn install_crd(client: &kube::Client) -> anyhow::Result<ApiResource> {
                     .unwrap_or_default()
                     .iter()
                     .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if established { Ok(()) } else { Err("not Established".to_string()) })
+                Ok(if established {
+                    Ok(())
+                } else {
+                    Err("not Established".to_string())
+                })
             }
         })
         .await?;
@@ -148,7 +171,7 @@ async fn install_crd(client: &kube::Client) -> anyhow::Result<ApiResource> {
 #[tokio::test]
 async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result<()> {
     let cluster = shared()?;
-    let _guard = shared_access();
+    let _guard = shared_access().await;
     let client = cluster.client().await?;
     let ns = namespace(&client, "ssa").await?;
     let ar = install_crd(&client).await?;
@@ -165,21 +188,27 @@ async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result
 
     // The discovery cache of a just-Established CRD can lag briefly: retry the create.
     let created = cluster
-        .wait_for("the first apply of the custom object", Duration::from_secs(60), || {
-            let api = api.clone();
-            let pp = pp.clone();
-            let obj = apply("550.54.15", 1);
-            async move {
-                match api.patch("probe", &pp, &Patch::Apply(&obj)).await {
-                    Ok(o) => Ok(Ok(o)),
-                    Err(e) => Ok(Err(e.to_string())),
+        .wait_for(
+            "the first apply of the custom object",
+            Duration::from_secs(60),
+            || {
+                let api = api.clone();
+                let pp = pp.clone();
+                let obj = apply("550.54.15", 1);
+                async move {
+                    match api.patch("probe", &pp, &Patch::Apply(&obj)).await {
+                        Ok(o) => Ok(Ok(o)),
+                        Err(e) => Ok(Err(e.to_string())),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await?;
     assert_eq!(created.data["spec"]["driverVersion"], "550.54.15");
 
-    let changed = api.patch("probe", &pp, &Patch::Apply(&apply("570.86.10", 2))).await?;
+    let changed = api
+        .patch("probe", &pp, &Patch::Apply(&apply("570.86.10", 2)))
+        .await?;
     assert_eq!(changed.data["spec"]["driverVersion"], "570.86.10");
     assert_eq!(changed.data["spec"]["replicas"], 2);
     assert!(
@@ -194,12 +223,20 @@ async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result
     let kiln = managed
         .iter()
         .find(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
-        .with_context(|| format!("no managedFields entry for manager {FIELD_MANAGER}: {managed:?}"))?;
+        .with_context(|| {
+            format!("no managedFields entry for manager {FIELD_MANAGER}: {managed:?}")
+        })?;
     assert_eq!(kiln.operation.as_deref(), Some("Apply"));
     let fields = serde_json::to_string(&kiln.fields_v1)?;
-    assert!(fields.contains("f:driverVersion"), "kiln owns spec.driverVersion: {fields}");
+    assert!(
+        fields.contains("f:driverVersion"),
+        "kiln owns spec.driverVersion: {fields}"
+    );
     assert_eq!(
-        managed.iter().filter(|m| m.manager.as_deref() == Some(FIELD_MANAGER)).count(),
+        managed
+            .iter()
+            .filter(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
+            .count(),
         1,
         "one entry for kiln: {managed:?}"
     );
@@ -211,7 +248,13 @@ async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result
         "metadata": { "name": "probe" },
         "spec": { "driverVersion": "1.0.0" }
     });
-    let conflict = api.patch("probe", &PatchParams::apply("someone-else"), &Patch::Apply(&other)).await;
+    let conflict = api
+        .patch(
+            "probe",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(&other),
+        )
+        .await;
     match conflict {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 409, "conflict expected: {s:?}"),
         other => panic!("expected a 409 conflict, got {other:?}"),
@@ -222,7 +265,7 @@ async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result
 #[tokio::test]
 async fn objects_survive_apiserver_restart() -> anyhow::Result<()> {
     let cluster = shared()?;
-    let _guard = exclusive();
+    let _guard = exclusive().await;
     let ns = {
         let client = cluster.client().await?;
         let ns = namespace(&client, "restart").await?;
@@ -233,7 +276,11 @@ async fn objects_survive_apiserver_restart() -> anyhow::Result<()> {
             "data": { "driver": "570.86.10" }
         }))?;
         Api::<ConfigMap>::namespaced(client.clone(), &ns)
-            .patch("survivor", &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&cm))
+            .patch(
+                "survivor",
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(&cm),
+            )
             .await?;
         ns
     };
@@ -243,20 +290,32 @@ async fn objects_survive_apiserver_restart() -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let cm = cluster
-        .wait_for("the ConfigMap after the restart", Duration::from_secs(60), || {
-            let cms = cms.clone();
-            async move {
-                match cms.get_opt("survivor").await {
-                    Ok(Some(cm)) => Ok(Ok(cm)),
-                    Ok(None) => anyhow::bail!("ConfigMap survivor is gone after the restart"),
-                    Err(e) => Ok(Err(e.to_string())),
+        .wait_for(
+            "the ConfigMap after the restart",
+            Duration::from_secs(60),
+            || {
+                let cms = cms.clone();
+                async move {
+                    match cms.get_opt("survivor").await {
+                        Ok(Some(cm)) => Ok(Ok(cm)),
+                        Ok(None) => anyhow::bail!("ConfigMap survivor is gone after the restart"),
+                        Err(e) => Ok(Err(e.to_string())),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await?;
-    assert_eq!(cm.data.unwrap_or_default().get("driver").map(String::as_str), Some("570.86.10"));
+    assert_eq!(
+        cm.data
+            .unwrap_or_default()
+            .get("driver")
+            .map(String::as_str),
+        Some("570.86.10")
+    );
 
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
     assert!(
         nodes.items.len() >= cluster.options().nodes as usize,
         "nodes kept: {}",
