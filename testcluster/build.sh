@@ -49,7 +49,7 @@ mkdir -p "$here/bin"
 rm -f "$stamp"
 n=0
 # `go build -v` names each package as it is compiled: turn that into progress lines.
-if ! go build -v -trimpath -ldflags "$ldflags" -o "$bin.tmp" . 2>&1 | while IFS= read -r line; do
+if ! go build -v -trimpath -buildvcs=false -ldflags "$ldflags" -o "$bin.tmp" . 2>&1 | while IFS= read -r line; do
   if [[ "$line" =~ ^[a-zA-Z0-9._/~-]+$ ]]; then
     n=$((n + 1))
     if (( n % 100 == 0 )); then say "compiled $n packages (of at most $total), last: $line"; fi
