@@ -1,0 +1,74 @@
+//! Standard plugin of the `node-status-exporter` state (upstream `TransformNodeStatusExporter`,
+//! gpu-operator.md §3.10, and the §2.4 ServiceMonitor gate).
+
+use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_sdk::monitoring::{kind, service_monitor_gate};
+use kiln_plugin_sdk::pod::{
+    apply_component_basics, apply_host_network, ds_name, first_container, fit_command_to_image,
+    pod_spec, run_as_root,
+};
+use kiln_plugin_sdk::serde_json::Value;
+use kiln_plugin_sdk::{
+    ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
+};
+
+/// The `node-status-exporter` operand.
+pub struct NodeStatusExporter;
+
+impl Operand for NodeStatusExporter {
+    const NAME: &'static str = "node-status-exporter";
+
+    /// Image (`nodeStatusExporter.*`, fallback `VALIDATOR_IMAGE`), pull policy, secrets,
+    /// resources, args, env; container[0] `runAsUser: 0`; hostNetwork. No validation init
+    /// container and no runtime class. The exporter runs the validator image's
+    /// `nvidia-validator`.
+    fn daemonset(
+        ds: &mut DaemonSet,
+        spec: &ClusterPolicySpec,
+        ctx: &TransformContext,
+    ) -> Result<(), TransformError> {
+        let name = ds_name(ds);
+        let c = &spec.node_status_exporter;
+        let img =
+            image::resolve_image("spec.nodeStatusExporter", c.into(), "VALIDATOR_IMAGE", ctx)?;
+        let pod = pod_spec(ds);
+        apply_component_basics(pod, &name, None, &img, c)?;
+        let ctr = first_container(pod, &name)?;
+        fit_command_to_image(ctr, Some(vec!["nvidia-validator".into()]));
+        env::apply_env(ctr, &c.env);
+        run_as_root(ctr);
+        apply_host_network(pod, c.host_network);
+        Ok(())
+    }
+
+    /// The ServiceMonitor is omitted without the ServiceMonitor CRD (the state being enabled is
+    /// the host's decision); everything else is kept unchanged.
+    fn object(
+        obj: &mut Value,
+        _spec: &ClusterPolicySpec,
+        ctx: &TransformContext,
+    ) -> Result<Decision, TransformError> {
+        if kind(obj) == "ServiceMonitor" {
+            return Ok(service_monitor_gate(ctx));
+        }
+        Ok(Decision::Keep)
+    }
+}
+
+kiln_plugin_sdk::export_operand!(NodeStatusExporter);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
+        let files = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(
+            kiln_plugin_sdk::testing::run_cases::<NodeStatusExporter>(&dir),
+            files
+        );
+        assert!(files >= 5);
+    }
+}
