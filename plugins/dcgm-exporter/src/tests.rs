@@ -49,8 +49,10 @@ fn api_access_rule() {
         &exporter_spec(&[(CONFIGMAP_DATA_ENV, "")]),
         true
     ));
-    let mut flag = DcgmExporterSpec::default();
-    flag.enable_pod_uid = Some(true);
+    let flag = DcgmExporterSpec {
+        enable_pod_uid: Some(true),
+        ..Default::default()
+    };
     assert!(needs_api_access(&flag, false));
 }
 
