@@ -21,6 +21,7 @@ pub mod image;
 pub mod monitoring;
 mod macros;
 pub mod pod;
+pub mod validator;
 mod run;
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
