@@ -87,7 +87,7 @@ impl Renderer {
             .into_iter()
             .map(|a| {
                 let mut o = a.object;
-                placeholders::fill(&mut o, &ctx.operator_namespace);
+                placeholders::fill(&mut o, &ctx.operator_namespace, policy.spec.runtime_class());
                 o
             })
             .collect();
