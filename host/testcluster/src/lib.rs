@@ -289,6 +289,19 @@ impl TestCluster {
         }
     }
 
+    /// Passes `result` through, adding the component logs' tails to an error, so a
+    /// failing test shows what the control plane was doing.
+    pub fn with_logs<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        result.map_err(|e| {
+            let text = format!("{e:?}");
+            if text.contains("----- kube-apiserver (last") {
+                e // already carries them (from wait_for or a subcommand)
+            } else {
+                anyhow!("{text}\n{}", self.log_tails(40))
+            }
+        })
+    }
+
     /// Stops every component now (also done on drop).
     pub fn stop(&self) -> anyhow::Result<()> {
         self.run(&["down"])
@@ -314,9 +327,22 @@ static DISRUPTION: RwLock<()> = RwLock::const_new(());
 /// The cluster shared by every test of this test binary, started on first use with
 /// [`Options::default`] (8 nodes, 5 with one GPU). It is stopped, and its directory
 /// removed, when the test binary exits.
+///
+/// The first call also installs a panic hook that prints the component logs' tails
+/// when a test panics (a failed assertion), after the default panic message.
 pub fn shared() -> anyhow::Result<&'static TestCluster> {
     SHARED
-        .get_or_init(|| TestCluster::start(Options::default()).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| {
+            let cluster = TestCluster::start(Options::default()).map_err(|e| format!("{e:#}"))?;
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                previous(info);
+                if let Some(Ok(cluster)) = SHARED.get() {
+                    eprintln!("{}", cluster.log_tails(40));
+                }
+            }));
+            Ok(cluster)
+        })
         .as_ref()
         .map_err(|e| anyhow!("the shared test cluster did not start: {e}"))
 }

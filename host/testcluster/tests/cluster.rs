@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_testcluster::{
-    DEFAULT_TIMEOUT, NFD_NVIDIA_LABEL, exclusive, namespace, shared, shared_access,
+    DEFAULT_TIMEOUT, NFD_NVIDIA_LABEL, TestCluster, exclusive, namespace, shared, shared_access,
 };
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -21,6 +21,12 @@ const FIELD_MANAGER: &str = "kiln";
 #[tokio::test]
 async fn daemonset_on_gpu_nodes_counts_ready_pods() -> anyhow::Result<()> {
     let cluster = shared()?;
+    cluster.with_logs(daemonset_on_gpu_nodes_counts_ready_pods_body(cluster).await)
+}
+
+async fn daemonset_on_gpu_nodes_counts_ready_pods_body(
+    cluster: &TestCluster,
+) -> anyhow::Result<()> {
     let _guard = shared_access().await;
     let client = cluster.client().await?;
     let ns = namespace(&client, "ds").await?;
@@ -171,6 +177,12 @@ async fn install_crd(client: &kube::Client) -> anyhow::Result<ApiResource> {
 #[tokio::test]
 async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result<()> {
     let cluster = shared()?;
+    cluster.with_logs(crd_and_server_side_apply_record_kiln_field_manager_body(cluster).await)
+}
+
+async fn crd_and_server_side_apply_record_kiln_field_manager_body(
+    cluster: &TestCluster,
+) -> anyhow::Result<()> {
     let _guard = shared_access().await;
     let client = cluster.client().await?;
     let ns = namespace(&client, "ssa").await?;
@@ -265,6 +277,10 @@ async fn crd_and_server_side_apply_record_kiln_field_manager() -> anyhow::Result
 #[tokio::test]
 async fn objects_survive_apiserver_restart() -> anyhow::Result<()> {
     let cluster = shared()?;
+    cluster.with_logs(objects_survive_apiserver_restart_body(cluster).await)
+}
+
+async fn objects_survive_apiserver_restart_body(cluster: &TestCluster) -> anyhow::Result<()> {
     let _guard = exclusive().await;
     let ns = {
         let client = cluster.client().await?;
