@@ -1,0 +1,110 @@
+//! Builds every plugin under `plugins/` for wasm32-wasip2 and generates `BUNDLED`.
+//!
+//! The nested cargo uses its own target directory (`<workspace>/target/plugins`) so it never
+//! waits on the outer build's lock, and runs without the outer build's flags and wrappers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TARGET: &str = "wasm32-wasip2";
+/// Variables of the outer build that must not leak into the nested one.
+const CLEARED_ENV: &[&str] = &[
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "RUSTDOCFLAGS",
+    "CARGO_ENCODED_RUSTDOCFLAGS",
+    "CARGO_BUILD_TARGET",
+    "CARGO_BUILD_RUSTFLAGS",
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET_DIR",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_BUILD_RUSTC_WRAPPER",
+    "CARGO_MAKEFLAGS",
+    "MAKEFLAGS",
+    "MFLAGS",
+    "RUSTC_LINKER",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_LLVM_COV",
+    "LLVM_PROFILE_FILE",
+];
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    // host/bundled-plugins → the workspace root.
+    let workspace = manifest_dir.parent().and_then(Path::parent).expect("workspace root").to_path_buf();
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("bundled.rs");
+    for path in ["plugins", "wit", "host/core", "Cargo.toml", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(path).display());
+    }
+    println!("cargo:rerun-if-env-changed=KILN_SKIP_PLUGIN_BUILD");
+
+    let skip = std::env::var_os("KILN_SKIP_PLUGIN_BUILD").is_some_and(|v| !v.is_empty() && v != "0");
+    let plugins = if skip { Vec::new() } else { plugin_dirs(&workspace.join("plugins")) };
+    if !plugins.is_empty() {
+        check_target_installed();
+        build(&workspace, &plugins);
+    }
+    let artifacts = workspace.join("target/plugins").join(TARGET).join("release");
+    let mut code = String::from("/// Every bundled plugin as (name, wasm component bytes), sorted by name.\n");
+    code.push_str("pub static BUNDLED: &[(&str, &[u8])] = &[\n");
+    for name in &plugins {
+        let wasm = artifacts.join(format!("kiln_plugin_{}.wasm", name.replace('-', "_")));
+        assert!(wasm.is_file(), "plugin {name}: {} was not built", wasm.display());
+        code.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", wasm.display().to_string()));
+    }
+    code.push_str("];\n");
+    std::fs::write(&out, code).expect("write bundled.rs");
+}
+
+/// Names of the plugin directories (all but `sdk`, with a Cargo.toml), sorted.
+fn plugin_dirs(plugins: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(plugins) else { return Vec::new() };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != "sdk")
+        .collect();
+    names.sort();
+    names
+}
+
+fn rustc() -> Command {
+    Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+}
+
+fn check_target_installed() {
+    let out = rustc().args(["--print", "sysroot"]).output().expect("run rustc --print sysroot");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !sysroot.join("lib/rustlib").join(TARGET).is_dir() {
+        panic!(
+            "the {TARGET} target is not installed for {} (needed to build the bundled plugins): \
+             run `rustup target add {TARGET}`",
+            sysroot.display()
+        );
+    }
+}
+
+fn build(workspace: &Path, plugins: &[String]) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    for var in CLEARED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.current_dir(workspace)
+        .args(["build", "--release", "--target", TARGET])
+        .env("CARGO_TARGET_DIR", workspace.join("target/plugins"));
+    for name in plugins {
+        cmd.args(["-p", &format!("kiln-plugin-{name}")]);
+    }
+    let out = cmd.output().expect("run cargo to build the plugins");
+    if !out.status.success() {
+        panic!(
+            "building the plugins for {TARGET} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
