@@ -9,9 +9,13 @@
 //! ```
 
 pub mod context;
+pub mod labels;
 pub mod plan;
+pub mod readiness;
+pub mod singleton;
 pub mod spec;
 pub mod state;
+pub mod status;
 pub mod testcase;
 
 pub use context::{ContainerRuntime, NodeOs, TransformContext};

@@ -1,0 +1,233 @@
+//! DaemonSet readiness, exactly as upstream `isDaemonSetReady` (GPU Operator v26.7; see
+//! `gpu-operator.md` §2.5). Pure: the caller fetches the DaemonSet and, for `OnDelete`
+//! DaemonSets, the pods and ControllerRevisions of its namespace, and hands them in.
+//!
+//! ```text
+//! missing ─► notReady      desired 0 ─► ready      numberUnavailable ≠ 0 ─► notReady
+//! RollingUpdate: observedGeneration ≥ generation ∧ updated = desired ∧ available = desired
+//! OnDelete: every owned pod on the newest ControllerRevision, Running, all containers ready
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::Pod;
+
+/// The label the DaemonSet controller puts on each pod: the hash of its ControllerRevision.
+pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+
+/// Whether a DaemonSet is ready, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready.
+    Ready,
+    /// Not ready, with the reason.
+    NotReady(NotReady),
+}
+
+/// Why a DaemonSet is not ready. `Display` gives the human text used in status messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// The DaemonSet does not exist (yet).
+    Missing,
+    /// `status.numberUnavailable` pods are unavailable.
+    Unavailable(i32),
+    /// RollingUpdate still in progress.
+    Rollout {
+        /// `metadata.generation`.
+        generation: i64,
+        /// `status.observedGeneration` (0 when absent).
+        observed: i64,
+        /// `status.desiredNumberScheduled`.
+        desired: i32,
+        /// `status.updatedNumberScheduled`.
+        updated: i32,
+        /// `status.numberAvailable`.
+        available: i32,
+    },
+    /// OnDelete: no pod owned by the DaemonSet matches its selector.
+    NoPods,
+    /// OnDelete: no ControllerRevision of the DaemonSet was found.
+    NoRevision,
+    /// OnDelete: the pod runs an older revision than the current one.
+    StaleRevision {
+        /// Pod name.
+        pod: String,
+        /// The current revision hash.
+        want: String,
+    },
+    /// OnDelete: the pod is not `Running` (phase given, empty when unknown).
+    NotRunning {
+        /// Pod name.
+        pod: String,
+        /// Pod phase.
+        phase: String,
+    },
+    /// OnDelete: a container of the pod is not ready.
+    ContainerNotReady {
+        /// Pod name.
+        pod: String,
+    },
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::Missing => write!(f, "DaemonSet not found"),
+            NotReady::Unavailable(n) => write!(f, "{n} pod(s) unavailable"),
+            NotReady::Rollout {
+                generation,
+                observed,
+                desired,
+                updated,
+                available,
+            } => write!(
+                f,
+                "rollout in progress (generation {generation}, observed {observed}; \
+                 {updated}/{desired} updated, {available}/{desired} available)"
+            ),
+            NotReady::NoPods => write!(f, "no pods found"),
+            NotReady::NoRevision => write!(f, "no ControllerRevision found"),
+            NotReady::StaleRevision { pod, want } => {
+                write!(f, "pod {pod} is not on revision {want}")
+            }
+            NotReady::NotRunning { pod, phase } => write!(f, "pod {pod} is {phase:?}, not Running"),
+            NotReady::ContainerNotReady { pod } => write!(f, "pod {pod} has unready containers"),
+        }
+    }
+}
+
+/// Whether the DaemonSet uses the `OnDelete` update strategy (only then are pods and
+/// ControllerRevisions needed by [`daemonset_readiness`]).
+pub fn is_on_delete(ds: &DaemonSet) -> bool {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.type_.as_deref())
+        == Some("OnDelete")
+}
+
+/// Judge a DaemonSet (`None` = not found) by upstream's rules. `pods` and `revisions` may hold
+/// more than the DaemonSet's own (say, every pod of the namespace): they are filtered by the
+/// DaemonSet's `spec.selector.matchLabels` (not its template labels), pods further by their
+/// first ownerReference UID, revisions by the name prefix `<ds-name>-`.
+pub fn daemonset_readiness(
+    ds: Option<&DaemonSet>,
+    pods: &[Pod],
+    revisions: &[ControllerRevision],
+) -> Readiness {
+    let Some(ds) = ds else {
+        return Readiness::NotReady(NotReady::Missing);
+    };
+    let status = ds.status.clone().unwrap_or_default();
+    let desired = status.desired_number_scheduled;
+    if desired == 0 {
+        return Readiness::Ready;
+    }
+    let unavailable = status.number_unavailable.unwrap_or(0);
+    if unavailable != 0 {
+        return Readiness::NotReady(NotReady::Unavailable(unavailable));
+    }
+    if !is_on_delete(ds) {
+        let generation = ds.metadata.generation.unwrap_or(0);
+        let observed = status.observed_generation.unwrap_or(0);
+        let updated = status.updated_number_scheduled.unwrap_or(0);
+        let available = status.number_available.unwrap_or(0);
+        if observed >= generation && updated == desired && available == desired {
+            return Readiness::Ready;
+        }
+        return Readiness::NotReady(NotReady::Rollout {
+            generation,
+            observed,
+            desired,
+            updated,
+            available,
+        });
+    }
+    on_delete_readiness(ds, pods, revisions)
+}
+
+fn selector(ds: &DaemonSet) -> BTreeMap<String, String> {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default()
+}
+
+fn matches(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<String, String>>) -> bool {
+    let empty = BTreeMap::new();
+    let labels = labels.unwrap_or(&empty);
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The current revision hash: the matching revision with the highest `.revision`, name minus
+/// `<ds-name>-`.
+fn current_revision_hash(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+    let name = ds.metadata.name.as_deref().unwrap_or_default();
+    let prefix = format!("{name}-");
+    let sel = selector(ds);
+    revisions
+        .iter()
+        .filter(|r| r.metadata.namespace == ds.metadata.namespace)
+        .filter(|r| matches(&sel, r.metadata.labels.as_ref()))
+        .filter_map(|r| {
+            let hash = r.metadata.name.as_deref()?.strip_prefix(&prefix)?;
+            Some((r.revision, hash.to_string()))
+        })
+        .max_by_key(|(rev, _)| *rev)
+        .map(|(_, hash)| hash)
+}
+
+fn on_delete_readiness(
+    ds: &DaemonSet,
+    pods: &[Pod],
+    revisions: &[ControllerRevision],
+) -> Readiness {
+    let sel = selector(ds);
+    let uid = ds.metadata.uid.as_deref();
+    let owned: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.metadata.namespace == ds.metadata.namespace)
+        .filter(|p| matches(&sel, p.metadata.labels.as_ref()))
+        .filter(|p| {
+            let first = p.metadata.owner_references.as_ref().and_then(|o| o.first());
+            first.map(|o| o.uid.as_str()) == uid
+        })
+        .collect();
+    if owned.is_empty() {
+        return Readiness::NotReady(NotReady::NoPods);
+    }
+    let Some(want) = current_revision_hash(ds, revisions) else {
+        return Readiness::NotReady(NotReady::NoRevision);
+    };
+    for pod in owned {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let hash = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(REVISION_HASH_LABEL));
+        if hash != Some(&want) {
+            return Readiness::NotReady(NotReady::StaleRevision { pod: name, want });
+        }
+        let status = pod.status.clone().unwrap_or_default();
+        let phase = status.phase.unwrap_or_default();
+        if phase != "Running" {
+            return Readiness::NotReady(NotReady::NotRunning { pod: name, phase });
+        }
+        if status
+            .container_statuses
+            .unwrap_or_default()
+            .iter()
+            .any(|c| !c.ready)
+        {
+            return Readiness::NotReady(NotReady::ContainerNotReady { pod: name });
+        }
+    }
+    Readiness::Ready
+}
+
+#[cfg(test)]
+#[path = "readiness_tests.rs"]
+mod tests;
