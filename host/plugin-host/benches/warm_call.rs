@@ -3,6 +3,8 @@
 //! it versus from the disk cache.
 //!
 //! Run with `cargo bench -p kiln-plugin-host`; the test guest is built on first use.
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 
