@@ -45,7 +45,7 @@ fn main() {
         check_target_installed();
         build(&workspace, &plugins);
     }
-    let artifacts = workspace.join("target/plugins").join(TARGET).join("release");
+    let artifacts = workspace.join("target/plugins").join(TARGET).join("plugin");
     let mut code = String::from("/// Every bundled plugin as (name, wasm component bytes), sorted by name.\n");
     code.push_str("pub static BUNDLED: &[(&str, &[u8])] = &[\n");
     for name in &plugins {
@@ -93,7 +93,7 @@ fn build(workspace: &Path, plugins: &[String]) {
         cmd.env_remove(var);
     }
     cmd.current_dir(workspace)
-        .args(["build", "--release", "--target", TARGET])
+        .args(["build", "--profile", "plugin", "--target", TARGET])
         .env("CARGO_TARGET_DIR", workspace.join("target/plugins"));
     for name in plugins {
         cmd.args(["-p", &format!("kiln-plugin-{name}")]);

@@ -1,7 +1,7 @@
 //! The standard kiln plugins, compiled to WebAssembly components and embedded in the binary.
 //!
 //! The build script builds every plugin crate under `plugins/` (every directory but `sdk`) with
-//! `cargo build --release --target wasm32-wasip2` into `target/plugins`, and embeds each
+//! `cargo build --profile plugin --target wasm32-wasip2` (release, size-optimized, LTO) into `target/plugins`, and embeds each
 //! artifact here under the plugin's name, which is its directory name (`plugins/dcgm` →
 //! package `kiln-plugin-dcgm` → `kiln_plugin_dcgm.wasm` → plugin `dcgm`).
 //!

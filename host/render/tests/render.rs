@@ -21,7 +21,10 @@ fn repo() -> PathBuf {
 fn host() -> Arc<PluginHost> {
     static HOST: OnceLock<Arc<PluginHost>> = OnceLock::new();
     HOST.get_or_init(|| {
-        Arc::new(PluginHost::new(HostConfig::in_memory(), kiln_bundled_plugins::BUNDLED).expect("plugin host"))
+        // A disk cache under target/ shares compiled plugins between test binaries and runs.
+        let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kiln-test-plugin-cache");
+        let cfg = HostConfig { cache_dir: Some(cache), ..HostConfig::in_memory() };
+        Arc::new(PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED).expect("plugin host"))
     })
     .clone()
 }

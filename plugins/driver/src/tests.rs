@@ -192,7 +192,7 @@ fn digest_follows_install_fields() {
                 .push(json!({"name": "cfg", "mountPath": "/cfg"}));
         }),
         ("host-root path", |_, s| {
-            s["hostPaths"] = json!({"rootFS": "/custom", "rootFs": "/custom"});
+            s["hostPaths"] = json!({"rootFS": "/custom"});
         }),
         ("secretEnv", |_, s| {
             s["driver"]["secretEnv"] = json!("env-secret");

@@ -727,7 +727,7 @@ pub struct CcManagerSpec {
 #[serde(rename_all = "camelCase")]
 pub struct HostPathsSpec {
     /// Host root filesystem as seen by operands (default `/`).
-    #[serde(default)]
+    #[serde(default, rename = "rootFS")]
     pub root_fs: String,
     /// Driver install directory (default `/run/nvidia/driver`).
     #[serde(default)]

@@ -51,3 +51,10 @@ fn nri_requires_cdi_and_toolkit() {
     let s = ClusterPolicySpec::from_json(&json!({"cdi": {"nriPluginEnabled": true}})).unwrap();
     assert_eq!(s.validate(), Ok(()));
 }
+
+#[test]
+fn host_paths_use_upstream_key_spelling() {
+    let s = ClusterPolicySpec::from_json(&json!({"hostPaths": {"rootFS": "/host", "driverInstallDir": "/d"}})).unwrap();
+    assert_eq!(s.host_paths.root_fs, "/host");
+    assert_eq!(s.host_paths.driver_install_dir, "/d");
+}
