@@ -1,0 +1,219 @@
+//! Which pods use which GPU: a pure function of the kubelet's allocations and the node's GPUs.
+//!
+//! # The rule (why labels never flap)
+//!
+//! For each GPU, collect every `(namespace, pod, container)` whose allocated device ids resolve to
+//! it (the whole GPU, a time-slicing/MPS replica `GPU-x::n`, GKE `nvidiaN/vgpuK`, or one of its
+//! MIG devices), de-duplicate, and sort by namespace, then pod, then container (byte order).
+//! The **first** of that list owns the GPU's single series in the default mode; the whole list
+//! feeds the `kiln_gpu_pod_info` metric and the one-series-per-pod mode.
+//!
+//! The result depends only on the *set* of allocations, never on the kubelet's List order, so the
+//! owner stays the same for as long as the same pods run. dcgm-exporter instead lets the last pod
+//! in List order win (reference §3.5), which the kubelet does not keep stable.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kiln_gpu::GpuDevice;
+
+use crate::devid::{DeviceRef, is_gpu_resource, parse_device_id};
+
+/// One container's allocation of one resource, as pod-resources `List` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Extended resource name, e.g. `nvidia.com/gpu`.
+    pub resource_name: String,
+    /// Device ids the device plugin allocated.
+    pub device_ids: Vec<String>,
+}
+
+/// A container using a GPU. Field order is the sort order of the attribution rule.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+}
+
+/// GPU index → the containers using it, sorted by the rule above (never empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attribution {
+    by_gpu: BTreeMap<u32, Vec<PodRef>>,
+    /// GPU-resource device ids that matched no GPU on this node (kept for debug logs).
+    pub unresolved: Vec<String>,
+}
+
+impl Attribution {
+    /// The containers using GPU `index`, owner first; empty when none.
+    #[must_use]
+    pub fn pods(&self, index: u32) -> &[PodRef] {
+        self.by_gpu.get(&index).map_or(&[], Vec::as_slice)
+    }
+
+    /// The container whose labels the GPU's single series carries (default mode).
+    #[must_use]
+    pub fn owner(&self, index: u32) -> Option<&PodRef> {
+        self.pods(index).first()
+    }
+
+    /// Number of GPUs with at least one pod.
+    #[must_use]
+    pub fn gpus_in_use(&self) -> usize {
+        self.by_gpu.len()
+    }
+}
+
+/// Applies the attribution rule to `allocations` over the node's `gpus`. Resources that are not
+/// GPU resources (see [`is_gpu_resource`]; `extra_resources` adds names) are ignored.
+#[must_use]
+pub fn attribute(
+    allocations: &[Allocation],
+    gpus: &[GpuDevice],
+    extra_resources: &[String],
+) -> Attribution {
+    let mut sets: BTreeMap<u32, BTreeSet<PodRef>> = BTreeMap::new();
+    let mut unresolved = BTreeSet::new();
+    for a in allocations
+        .iter()
+        .filter(|a| is_gpu_resource(&a.resource_name, extra_resources))
+    {
+        for id in &a.device_ids {
+            let Some(index) = parse_device_id(id).and_then(|r| resolve(&r, gpus)) else {
+                unresolved.insert(id.clone());
+                continue;
+            };
+            sets.entry(index).or_default().insert(PodRef {
+                namespace: a.namespace.clone(),
+                pod: a.pod.clone(),
+                container: a.container.clone(),
+            });
+        }
+    }
+    Attribution {
+        by_gpu: sets
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().collect()))
+            .collect(),
+        unresolved: unresolved.into_iter().collect(),
+    }
+}
+
+/// The NVML index of the physical GPU a device reference lands on.
+fn resolve(r: &DeviceRef, gpus: &[GpuDevice]) -> Option<u32> {
+    let by_uuid = |u: &str| gpus.iter().find(|g| g.uuid == u).map(|g| g.index);
+    match r {
+        DeviceRef::GpuUuid { uuid, .. } | DeviceRef::MigOfGpu { gpu_uuid: uuid, .. } => {
+            by_uuid(uuid)
+        }
+        DeviceRef::MigUuid { uuid } => gpus
+            .iter()
+            .find(|g| g.mig_devices.iter().any(|m| &m.uuid == uuid))
+            .map(|g| g.index),
+        DeviceRef::Index { index, .. } => gpus.iter().any(|g| g.index == *index).then_some(*index),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_gpu::MigDevice;
+
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str, migs: &[&str]) -> GpuDevice {
+        GpuDevice {
+            index,
+            uuid: uuid.into(),
+            name: "T".into(),
+            pci_bus_id: String::new(),
+            memory_total_bytes: 0,
+            compute_capability: (8, 0),
+            mig_enabled: Some(!migs.is_empty()),
+            mig_devices: migs
+                .iter()
+                .map(|u| MigDevice {
+                    uuid: (*u).into(),
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                    profile: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn alloc(ns: &str, pod: &str, res: &str, ids: &[&str]) -> Allocation {
+        Allocation {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: "main".into(),
+            resource_name: res.into(),
+            device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn names(a: &Attribution, i: u32) -> Vec<String> {
+        a.pods(i)
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.pod))
+            .collect()
+    }
+
+    #[test]
+    fn owner_is_the_smallest_namespace_pod_container_in_any_list_order() {
+        let gpus = [gpu(0, "GPU-a", &[])];
+        let mut allocs = vec![
+            alloc("ml", "zeta", "nvidia.com/gpu", &["GPU-a::0"]),
+            alloc("ml", "alpha", "nvidia.com/gpu", &["GPU-a::1"]),
+            alloc("batch", "yak", "nvidia.com/gpu.shared", &["GPU-a::2"]),
+        ];
+        let first = attribute(&allocs, &gpus, &[]);
+        assert_eq!(names(&first, 0), ["batch/yak", "ml/alpha", "ml/zeta"]);
+        assert_eq!(first.owner(0).unwrap().pod, "yak");
+        allocs.reverse();
+        assert_eq!(attribute(&allocs, &gpus, &[]), first);
+        allocs.swap(0, 1);
+        assert_eq!(attribute(&allocs, &gpus, &[]), first);
+    }
+
+    #[test]
+    fn every_id_shape_resolves_to_its_physical_gpu() {
+        let gpus = [gpu(0, "GPU-a", &[]), gpu(1, "GPU-b", &["MIG-m1", "MIG-m2"])];
+        let allocs = vec![
+            alloc("n", "by-uuid", "nvidia.com/gpu", &["GPU-a"]),
+            alloc("n", "by-index", "nvidia.com/gpu", &["nvidia0/vgpu2"]),
+            alloc("n", "mig", "nvidia.com/mig-1g.10gb", &["MIG-m2"]),
+            alloc("n", "old-mig", "nvidia.com/mig-1g.10gb", &["MIG-GPU-b/1/0"]),
+            alloc("n", "gke-mig", "nvidia.com/gpu", &["nvidia1/gi3"]),
+            alloc("n", "ghost", "nvidia.com/gpu", &["GPU-zzz", "nvidia9"]),
+            alloc("n", "not-gpu", "example.com/fpga", &["GPU-a"]),
+        ];
+        let a = attribute(&allocs, &gpus, &[]);
+        assert_eq!(names(&a, 0), ["n/by-index", "n/by-uuid"]);
+        assert_eq!(names(&a, 1), ["n/gke-mig", "n/mig", "n/old-mig"]);
+        assert_eq!(a.unresolved, ["GPU-zzz", "nvidia9"]);
+        assert_eq!(a.gpus_in_use(), 2);
+        assert!(a.owner(2).is_none());
+    }
+
+    #[test]
+    fn a_container_holding_several_replicas_is_listed_once_and_extra_names_count() {
+        let gpus = [gpu(0, "GPU-a", &[])];
+        let allocs = vec![alloc(
+            "n",
+            "p",
+            "example.com/gpu",
+            &["GPU-a::0", "GPU-a::5"],
+        )];
+        assert!(attribute(&allocs, &gpus, &[]).pods(0).is_empty());
+        let a = attribute(&allocs, &gpus, &["example.com/gpu".to_owned()]);
+        assert_eq!(names(&a, 0), ["n/p"]);
+    }
+}

@@ -1,0 +1,145 @@
+//! The poller: reads the GPUs every `--collect-interval` on its own thread and publishes a
+//! [`Snapshot`]. Scrapes only ever read the last published snapshot, so a slow or failing NVML
+//! call delays the next sample, never a scrape.
+
+use std::{
+    sync::{Arc, atomic::Ordering, mpsc},
+    thread::JoinHandle,
+    time::{Duration, SystemTime},
+};
+
+use kiln_gpu::GpuInventory;
+
+use crate::{
+    snapshot::{GpuSnapshot, Snapshot},
+    state::Shared,
+};
+
+/// Reads every GPU once, carrying XID history over from `prev`. Per-GPU failures leave that
+/// GPU without a sample and count one collect error each; returns the snapshot and the number
+/// of errors.
+pub fn collect(inv: &dyn GpuInventory, prev: &Snapshot, with_processes: bool) -> (Snapshot, u64) {
+    let mut errors = 0;
+    let system = inv
+        .system()
+        .map_err(|e| tracing::warn!(error = %e, "reading driver versions"))
+        .ok();
+    errors += u64::from(system.is_none());
+    let devices = match inv.devices() {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing GPUs; keeping the previous GPU list without samples");
+            errors += 1;
+            prev.gpus.iter().map(|g| g.device.clone()).collect()
+        }
+    };
+    let mut gpus: Vec<GpuSnapshot> = devices
+        .into_iter()
+        .map(|device| {
+            let mut g = GpuSnapshot::new(device);
+            if let Some(old) = prev.gpus.iter().find(|o| o.device.uuid == g.device.uuid) {
+                g.last_xid = old.last_xid;
+                g.xid_counts = old.xid_counts.clone();
+            }
+            match inv.sample(g.device.index) {
+                Ok(s) => g.sample = Some(s),
+                Err(e) => {
+                    tracing::warn!(gpu = g.device.index, error = %e, "reading GPU counters");
+                    errors += 1;
+                }
+            }
+            if with_processes {
+                g.processes = inv.processes(g.device.index).unwrap_or_default();
+            }
+            g
+        })
+        .collect();
+    for ev in inv.drain_xid_events() {
+        if let Some(g) = gpus.iter_mut().find(|g| g.device.index == ev.index) {
+            g.last_xid = ev.xid;
+            *g.xid_counts.entry(ev.xid).or_default() += 1;
+        }
+    }
+    let snap = Snapshot {
+        generation: prev.generation + 1,
+        taken_at: Some(SystemTime::now()),
+        system,
+        gpus,
+    };
+    (snap, errors)
+}
+
+/// The names of catalogue fields no GPU in `snap` provided (reported once at start-up).
+#[must_use]
+pub fn missing_fields(shared: &Shared, snap: &Snapshot) -> Vec<&'static str> {
+    use crate::fields::Source;
+    shared
+        .catalogue()
+        .metrics
+        .iter()
+        .filter(|m| match m.field.source {
+            Source::Sample(get) => !snap
+                .gpus
+                .iter()
+                .any(|g| g.sample.as_ref().and_then(get).is_some()),
+            _ => false,
+        })
+        .map(|m| m.field.name)
+        .collect()
+}
+
+/// A running poller; dropping it stops the thread after its current poll.
+#[derive(Debug)]
+pub struct Poller {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Poller {
+    /// Polls once synchronously (so the first scrape has data), then every `interval` on a
+    /// thread named `kiln-poller`.
+    ///
+    /// # Errors
+    /// The OS error if the thread cannot be spawned.
+    pub fn start(
+        inv: Arc<dyn GpuInventory>,
+        shared: Arc<Shared>,
+        interval: Duration,
+        with_processes: bool,
+    ) -> std::io::Result<Self> {
+        let poll = move |inv: &dyn GpuInventory, shared: &Shared| {
+            let (snap, errors) = collect(inv, &shared.snapshot(), with_processes);
+            shared
+                .metrics
+                .collect_errors
+                .fetch_add(errors, Ordering::Relaxed);
+            shared.set_snapshot(snap);
+        };
+        poll(inv.as_ref(), &shared);
+        let missing = missing_fields(&shared, &shared.snapshot());
+        if !missing.is_empty() {
+            tracing::warn!(fields = ?missing, "these GPUs do not provide some configured fields; they are left out");
+        }
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("kiln-poller".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(interval) {
+                    poll(inv.as_ref(), &shared);
+                }
+            })?;
+        Ok(Self {
+            stop: Some(tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! What one poll of the GPUs produced; built by the poller, read by every scrape.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use kiln_gpu::{DeviceSample, GpuDevice, GpuProcess, SystemInfo};
+
+/// Everything a scrape renders about the GPUs, as of one poll.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Bumped on every poll (0 = no poll yet); keys the rendered-body cache.
+    pub generation: u64,
+    /// When the poll finished.
+    pub taken_at: Option<SystemTime>,
+    /// Driver versions; `None` if NVML could not answer.
+    pub system: Option<SystemInfo>,
+    /// One entry per GPU in index order.
+    pub gpus: Vec<GpuSnapshot>,
+}
+
+/// One GPU in a [`Snapshot`].
+#[derive(Debug, Clone)]
+pub struct GpuSnapshot {
+    /// Identity.
+    pub device: GpuDevice,
+    /// Counters; `None` when reading them failed this poll (the GPU then has no samples).
+    pub sample: Option<DeviceSample>,
+    /// The last XID seen since start-up, 0 before any (`DCGM_FI_DEV_XID_ERRORS`).
+    pub last_xid: u64,
+    /// XID number → occurrences since start-up (`kiln_gpu_xid_errors_total`).
+    pub xid_counts: BTreeMap<u64, u64>,
+    /// Compute processes, when per-pod process metrics are on.
+    pub processes: Vec<GpuProcess>,
+}
+
+impl GpuSnapshot {
+    /// A GPU with identity only (no sample yet, no XIDs).
+    #[must_use]
+    pub fn new(device: GpuDevice) -> Self {
+        Self {
+            device,
+            sample: None,
+            last_xid: 0,
+            xid_counts: BTreeMap::new(),
+            processes: Vec::new(),
+        }
+    }
+}

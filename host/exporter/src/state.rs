@@ -1,0 +1,225 @@
+//! State shared between the poller, the pod-resources refresher and scrapes.
+//!
+//! Writers swap whole `Arc`s under a short lock; a scrape clones two `Arc`s and renders, or
+//! reuses the body it rendered for the same (sample, pods) generations. Nothing here waits on
+//! NVML or the kubelet.
+
+use std::{
+    sync::{
+        Arc, Mutex, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Instant, UNIX_EPOCH},
+};
+
+use crate::{
+    attribution::{Allocation, attribute},
+    catalogue::Catalogue,
+    exposition::{Format, Kind, finish, write_header, write_sample},
+    fields::Value,
+    render::{RenderOptions, render_gpus},
+    snapshot::Snapshot,
+};
+
+/// The latest pod-resources answer.
+#[derive(Debug, Clone, Default)]
+pub struct PodState {
+    /// Bumped whenever `allocations` changes.
+    pub generation: u64,
+    /// GPU-relevant allocations; `None` when there is no usable answer (socket missing, or the
+    /// last good answer is older than the staleness bound).
+    pub allocations: Option<Vec<Allocation>>,
+    /// When the last successful `List` returned.
+    pub last_success: Option<Instant>,
+}
+
+/// Counters about the exporter itself, rendered as `kiln_exporter_*` on every scrape.
+#[derive(Debug, Default)]
+pub struct SelfMetrics {
+    /// Failed pod-resources `List` calls.
+    pub pod_resources_errors: AtomicU64,
+    /// Pod-resources `List` calls made.
+    pub pod_resources_lists: AtomicU64,
+    /// Polls in which NVML failed (whole poll or one GPU).
+    pub collect_errors: AtomicU64,
+}
+
+/// The shared state; see the module docs.
+#[derive(Debug)]
+pub struct Shared {
+    catalogue: Catalogue,
+    options: RenderOptions,
+    extra_resources: Vec<String>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    pods: RwLock<Arc<PodState>>,
+    cache: Mutex<Vec<(Format, u64, u64, Arc<str>)>>,
+    /// Self-metrics counters.
+    pub metrics: SelfMetrics,
+}
+
+impl Shared {
+    /// New state with no sample and no pods yet.
+    #[must_use]
+    pub fn new(catalogue: Catalogue, options: RenderOptions, extra_resources: Vec<String>) -> Self {
+        Self {
+            catalogue,
+            options,
+            extra_resources,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            pods: RwLock::new(Arc::new(PodState::default())),
+            cache: Mutex::new(Vec::new()),
+            metrics: SelfMetrics::default(),
+        }
+    }
+
+    /// The catalogue in use.
+    #[must_use]
+    pub fn catalogue(&self) -> &Catalogue {
+        &self.catalogue
+    }
+
+    /// The latest snapshot.
+    #[must_use]
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Publishes a new snapshot (its `generation` must be larger than the previous one).
+    pub fn set_snapshot(&self, snap: Snapshot) {
+        *self
+            .snapshot
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(snap);
+    }
+
+    /// The latest pod state.
+    #[must_use]
+    pub fn pods(&self) -> Arc<PodState> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records a successful `List`; the generation moves only if the allocations changed, so
+    /// identical answers keep the cached body.
+    pub fn set_allocations(&self, mut allocations: Vec<Allocation>) {
+        allocations.sort_by(|a, b| {
+            (&a.namespace, &a.pod, &a.container).cmp(&(&b.namespace, &b.pod, &b.container))
+        });
+        let mut guard = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = guard.allocations.as_ref() != Some(&allocations);
+        let generation = guard.generation + u64::from(changed);
+        *guard = Arc::new(PodState {
+            generation,
+            allocations: Some(allocations),
+            last_success: Some(Instant::now()),
+        });
+    }
+
+    /// Drops the pod mapping (no pod labels until the next successful `List`).
+    pub fn clear_allocations(&self) {
+        let mut guard = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        if guard.allocations.is_some() {
+            *guard = Arc::new(PodState {
+                generation: guard.generation + 1,
+                allocations: None,
+                last_success: guard.last_success,
+            });
+        }
+    }
+
+    /// The full scrape body in `format`: GPU families (cached per sample and pod generation),
+    /// then the `kiln_exporter_*` self-metrics, then `# EOF` for OpenMetrics.
+    #[must_use]
+    pub fn render(&self, format: Format) -> String {
+        let snap = self.snapshot();
+        let pods = self.pods();
+        let gpus = self
+            .cached(format, snap.generation, pods.generation)
+            .unwrap_or_else(|| {
+                let attribution = attribute(
+                    pods.allocations.as_deref().unwrap_or(&[]),
+                    &snap
+                        .gpus
+                        .iter()
+                        .map(|g| g.device.clone())
+                        .collect::<Vec<_>>(),
+                    &self.extra_resources,
+                );
+                let mut body = String::with_capacity(64 * 1024);
+                render_gpus(
+                    &mut body,
+                    format,
+                    &self.catalogue,
+                    &snap,
+                    &attribution,
+                    &self.options,
+                );
+                let body: Arc<str> = body.into();
+                self.store(format, snap.generation, pods.generation, body.clone());
+                body
+            });
+        let mut out = String::with_capacity(gpus.len() + 1024);
+        out.push_str(&gpus);
+        self.render_self(&mut out, format, &snap);
+        finish(&mut out, format);
+        out
+    }
+
+    fn cached(&self, format: Format, snap_gen: u64, pod_gen: u64) -> Option<Arc<str>> {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .iter()
+            .find(|(f, s, p, _)| *f == format && *s == snap_gen && *p == pod_gen)
+            .map(|c| c.3.clone())
+    }
+
+    fn store(&self, format: Format, snap_gen: u64, pod_gen: u64, body: Arc<str>) {
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.retain(|(f, ..)| *f != format);
+        cache.push((format, snap_gen, pod_gen, body));
+    }
+
+    fn render_self(&self, out: &mut String, format: Format, snap: &Snapshot) {
+        let m = &self.metrics;
+        let counters = [
+            (
+                "kiln_exporter_pod_resources_errors_total",
+                "Failed kubelet pod-resources List calls.",
+                &m.pod_resources_errors,
+            ),
+            (
+                "kiln_exporter_pod_resources_lists_total",
+                "Kubelet pod-resources List calls made.",
+                &m.pod_resources_lists,
+            ),
+            (
+                "kiln_exporter_collect_errors_total",
+                "NVML reads that failed (whole poll or one GPU).",
+                &m.collect_errors,
+            ),
+        ];
+        for (name, help, v) in counters {
+            write_header(out, format, name, help, Kind::Counter);
+            write_sample(out, name, "", Value::Int(v.load(Ordering::Relaxed)));
+        }
+        if let Some(t) = snap.taken_at {
+            let name = "kiln_exporter_last_collect_timestamp_seconds";
+            write_header(
+                out,
+                format,
+                name,
+                "Unix time the GPUs were last read.",
+                Kind::Gauge,
+            );
+            let secs = t
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            write_sample(out, name, "", Value::Float(secs));
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The exposition: golden output for the fake GPUs, a text-format parse, and OpenMetrics.
+
+use std::path::Path;
+
+use kiln_exporter::{
+    attribution::{Allocation, attribute},
+    catalogue::Catalogue,
+    exposition::Format,
+    poller::collect,
+    render::{RenderOptions, render_gpus},
+    snapshot::Snapshot,
+};
+use kiln_gpu::{FakeBackend, GpuInventory};
+
+use crate::{fixture, parse, standin::PODS};
+
+fn allocations() -> Vec<Allocation> {
+    PODS.iter()
+        .map(|(ns, pod, ctr, id)| Allocation {
+            namespace: (*ns).into(),
+            pod: (*pod).into(),
+            container: (*ctr).into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec![(*id).into()],
+        })
+        .collect()
+}
+
+fn body(format: Format) -> String {
+    let inv = FakeBackend::from_file(&fixture()).unwrap();
+    let (snap, errors) = collect(&inv, &Snapshot::default(), false);
+    assert_eq!(errors, 0);
+    let devices: Vec<_> = inv.devices().unwrap();
+    let attribution = attribute(&allocations(), &devices, &[]);
+    let opts = RenderOptions {
+        hostname: Some("node-a".into()),
+        ..Default::default()
+    };
+    let mut out = String::new();
+    render_gpus(
+        &mut out,
+        format,
+        &Catalogue::default_list(),
+        &snap,
+        &attribution,
+        &opts,
+    );
+    out
+}
+
+/// Compares with `tests/data/<name>`; `KILN_UPDATE_GOLDEN=1` rewrites it instead.
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    if std::env::var_os("KILN_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap();
+    pretty_assertions::assert_eq!(
+        expected,
+        actual,
+        "golden {name}; KILN_UPDATE_GOLDEN=1 to rewrite"
+    );
+}
+
+#[test]
+fn text_output_matches_golden_and_parses() {
+    let text = body(Format::Text);
+    golden("golden.prom", &text);
+    let scrape = parse(&text);
+    let power = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "DCGM_FI_DEV_POWER_USAGE" && s.labels.get("gpu") == Some("0"))
+        .unwrap();
+    assert_eq!(power.value, prometheus_parse::Value::Gauge(72.345));
+    assert_eq!(
+        power.labels.get("UUID"),
+        Some("GPU-11111111-2222-3333-4444-555555555555")
+    );
+    assert_eq!(power.labels.get("modelName"), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(power.labels.get("Hostname"), Some("node-a"));
+    assert_eq!(
+        power.labels.get("DCGM_FI_DRIVER_VERSION"),
+        Some("550.144.03")
+    );
+    assert_eq!(
+        scrape
+            .docs
+            .get("DCGM_FI_DEV_POWER_USAGE")
+            .map(String::as_str),
+        Some("Power draw (in W).")
+    );
+    // The T4 has no memory clock in the fixture: no sample, not a zero.
+    assert!(!text.contains("DCGM_FI_DEV_MEM_CLOCK{gpu=\"1\""));
+}
+
+#[test]
+fn dcgm_label_order_is_kept() {
+    let text = body(Format::Text);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_XID_ERRORS{gpu=\"0\""))
+        .unwrap();
+    let names: Vec<&str> = line
+        .split(['{', ','])
+        .skip(1)
+        .map(|kv| kv.split('=').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "gpu",
+            "UUID",
+            "pci_bus_id",
+            "device",
+            "modelName",
+            "Hostname",
+            "DCGM_FI_DRIVER_VERSION",
+            "container",
+            "err_code",
+            "namespace",
+            "pod"
+        ]
+    );
+    assert!(line.ends_with("} 31"), "{line}");
+}
+
+#[test]
+fn openmetrics_output_matches_golden() {
+    let om = body(Format::OpenMetrics);
+    golden("golden.om.txt", &om);
+    assert!(om.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\n"));
+    assert!(om.contains("# TYPE kiln_gpu_xid_errors counter\n"));
+}

@@ -1,0 +1,56 @@
+//! The one error type of the GPU seam.
+
+use std::path::PathBuf;
+
+/// Why a GPU backend could not be opened or answer a query.
+///
+/// NVML's own per-call "not supported on this device" answers never become an error: the
+/// reading is `None` in [`crate::DeviceSample`] instead, as dcgm-exporter skips blank values.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// `libnvidia-ml.so.1` could not be loaded or initialised (no driver, no GPU, or a
+    /// container without the NVIDIA runtime). Every agent reports this at start-up.
+    #[error("NVML init failed: {0}")]
+    NvmlInit(#[source] nvml_wrapper::error::NvmlError),
+    /// An NVML call failed for a reason other than "not supported".
+    #[error("NVML {call} failed on GPU {index}: {source}")]
+    NvmlCall {
+        /// The NVML function, by its C name (e.g. `nvmlDeviceGetUUID`).
+        call: &'static str,
+        /// The NVML device index; `u32::MAX` for system-wide calls.
+        index: u32,
+        /// What NVML said.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// The GPU fell off the bus or needs a reset (NVML `GPU_IS_LOST`, XID 79-style).
+    #[error("GPU {index} is lost (fell off the bus or needs a reset)")]
+    GpuLost {
+        /// The NVML device index.
+        index: u32,
+    },
+    /// A device index beyond the last GPU was asked for.
+    #[error("no GPU with index {0}")]
+    NoSuchDevice(u32),
+    /// The fake backend's fixture file could not be read.
+    #[error("reading GPU fixture {path}: {source}")]
+    FixtureRead {
+        /// The fixture path.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The fake backend's fixture file is not valid YAML/JSON for the fixture format.
+    #[error("parsing GPU fixture {path}: {source}")]
+    FixtureParse {
+        /// The fixture path.
+        path: PathBuf,
+        /// The parse error, naming the field.
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    /// A backend spec was neither `nvml` nor `fake:<path>`.
+    #[error("unknown GPU backend {0:?}: expected `nvml` or `fake:<fixture path>`")]
+    BadBackendSpec(String),
+}

@@ -1,0 +1,327 @@
+//! [`FakeBackend`]: GPUs described by a fixture file, so agents run without a GPU.
+//!
+//! Fixture format (YAML, or JSON which is YAML too); sizes in MiB, all other units as in
+//! [`DeviceSample`]'s field names:
+//!
+//! ```yaml
+//! driver_version: "550.144.03"
+//! cuda_version: "12.4"
+//! nvml_version: "12.550.144.03"
+//! driver_version_changes: ["560.35.03"]   # one applied per later `system()` call
+//! gpus:
+//!   - uuid: GPU-11111111-2222-3333-4444-555555555555
+//!     name: NVIDIA H100 80GB HBM3
+//!     pci_bus_id: "00000000:8D:00.0"
+//!     memory_total_mib: 81559
+//!     compute_capability: "9.0"
+//!     mig_enabled: true                     # omit: GPU without MIG support
+//!     mig_devices: [{uuid: MIG-..., gpu_instance_id: 1, profile: 1g.10gb}]
+//!     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345, fb_used_bytes: 1048576}
+//!     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
+//!     xid_events: [31, 79]                  # one released per `drain_xid_events()` call
+//! ```
+
+use std::{collections::VecDeque, path::Path, sync::Mutex};
+
+use serde::Deserialize;
+
+use crate::{
+    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, SystemInfo, XidEvent,
+};
+
+/// The fixture file's top level (see the module docs for an example).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fixture {
+    /// Initial driver version.
+    pub driver_version: String,
+    /// CUDA version, `major.minor`.
+    pub cuda_version: String,
+    /// NVML version; defaults to `12.<driver_version>`.
+    #[serde(default)]
+    pub nvml_version: Option<String>,
+    /// Driver versions applied one per `system()` call after the first (a driver upgrade).
+    #[serde(default)]
+    pub driver_version_changes: Vec<String>,
+    /// The GPUs, in index order.
+    pub gpus: Vec<FixtureGpu>,
+}
+
+/// One GPU of a [`Fixture`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixtureGpu {
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// PCI bus id; defaults to `00000000:<index + 1 as 2 hex digits>:00.0`.
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
+    /// Total memory, MiB.
+    pub memory_total_mib: u64,
+    /// Compute capability as `"major.minor"`.
+    pub compute_capability: String,
+    /// MIG mode; absent for a GPU without MIG support.
+    #[serde(default)]
+    pub mig_enabled: Option<bool>,
+    /// MIG devices.
+    #[serde(default)]
+    pub mig_devices: Vec<MigDevice>,
+    /// What every `sample()` returns.
+    #[serde(default)]
+    pub sample: DeviceSample,
+    /// What every `processes()` returns.
+    #[serde(default)]
+    pub processes: Vec<GpuProcess>,
+    /// XIDs released one per `drain_xid_events()` call.
+    #[serde(default)]
+    pub xid_events: Vec<u64>,
+}
+
+/// A [`GpuInventory`] that answers from a [`Fixture`]; queued events and driver changes are
+/// consumed as they are read.
+#[derive(Debug)]
+pub struct FakeBackend {
+    devices: Vec<GpuDevice>,
+    samples: Vec<DeviceSample>,
+    processes: Vec<Vec<GpuProcess>>,
+    state: Mutex<FakeState>,
+}
+
+#[derive(Debug)]
+struct FakeState {
+    system: SystemInfo,
+    system_reads: u64,
+    driver_changes: VecDeque<String>,
+    xids: Vec<VecDeque<u64>>,
+}
+
+impl FakeBackend {
+    /// Reads a fixture file.
+    ///
+    /// # Errors
+    /// [`GpuError::FixtureRead`] or [`GpuError::FixtureParse`] (the message names the field).
+    pub fn from_file(path: &Path) -> Result<Self, GpuError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GpuError::FixtureRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let fixture: Fixture =
+            serde_yaml_ng::from_str(&text).map_err(|source| GpuError::FixtureParse {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self::new(fixture))
+    }
+
+    /// Builds the fake from an in-memory fixture.
+    #[must_use]
+    pub fn new(fixture: Fixture) -> Self {
+        let devices = fixture
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| to_device(i, g))
+            .collect();
+        let samples = fixture.gpus.iter().map(|g| sample_with_total(g)).collect();
+        let processes = fixture.gpus.iter().map(|g| g.processes.clone()).collect();
+        let xids = fixture
+            .gpus
+            .iter()
+            .map(|g| g.xid_events.iter().copied().collect())
+            .collect();
+        let nvml_version = fixture
+            .nvml_version
+            .unwrap_or_else(|| format!("12.{}", fixture.driver_version));
+        let system = SystemInfo {
+            driver_version: fixture.driver_version,
+            cuda_version: fixture.cuda_version,
+            nvml_version,
+        };
+        let state = FakeState {
+            system,
+            system_reads: 0,
+            driver_changes: fixture.driver_version_changes.into(),
+            xids,
+        };
+        Self {
+            devices,
+            samples,
+            processes,
+            state: Mutex::new(state),
+        }
+    }
+
+    fn check(&self, index: u32) -> Result<usize, GpuError> {
+        let i = index as usize;
+        if i < self.devices.len() {
+            Ok(i)
+        } else {
+            Err(GpuError::NoSuchDevice(index))
+        }
+    }
+}
+
+fn to_device(index: usize, g: &FixtureGpu) -> GpuDevice {
+    let (major, minor) = g
+        .compute_capability
+        .split_once('.')
+        .unwrap_or((&g.compute_capability, "0"));
+    GpuDevice {
+        index: index as u32,
+        uuid: g.uuid.clone(),
+        name: g.name.clone(),
+        pci_bus_id: g
+            .pci_bus_id
+            .clone()
+            .unwrap_or_else(|| format!("00000000:{:02X}:00.0", index + 1)),
+        memory_total_bytes: g.memory_total_mib << 20,
+        compute_capability: (major.parse().unwrap_or(0), minor.parse().unwrap_or(0)),
+        mig_enabled: g.mig_enabled,
+        mig_devices: if g.mig_enabled == Some(true) {
+            g.mig_devices.clone()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// The fixture's sample, with `fb_total_bytes` filled from `memory_total_mib` when absent.
+fn sample_with_total(g: &FixtureGpu) -> DeviceSample {
+    let mut s = g.sample.clone();
+    s.fb_total_bytes = s.fb_total_bytes.or(Some(g.memory_total_mib << 20));
+    s
+}
+
+impl GpuInventory for FakeBackend {
+    fn system(&self) -> Result<SystemInfo, GpuError> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.system_reads > 0 {
+            if let Some(v) = st.driver_changes.pop_front() {
+                st.system.driver_version = v;
+            }
+        }
+        st.system_reads += 1;
+        Ok(st.system.clone())
+    }
+
+    fn devices(&self) -> Result<Vec<GpuDevice>, GpuError> {
+        Ok(self.devices.clone())
+    }
+
+    fn sample(&self, index: u32) -> Result<DeviceSample, GpuError> {
+        Ok(self.samples[self.check(index)?].clone())
+    }
+
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, GpuError> {
+        Ok(self.processes[self.check(index)?].clone())
+    }
+
+    fn drain_xid_events(&self) -> Vec<XidEvent> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = Vec::new();
+        for (index, queue) in st.xids.iter_mut().enumerate() {
+            if let Some(xid) = queue.pop_front() {
+                out.push(XidEvent {
+                    index: index as u32,
+                    xid,
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURE: &str = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+driver_version_changes: ["560.35.03"]
+gpus:
+  - uuid: GPU-11111111-2222-3333-4444-555555555555
+    name: NVIDIA H100 80GB HBM3
+    pci_bus_id: "00000000:8D:00.0"
+    memory_total_mib: 81559
+    compute_capability: "9.0"
+    mig_enabled: true
+    mig_devices:
+      - {uuid: MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee, gpu_instance_id: 7, profile: 1g.10gb}
+    sample: {sm_clock_mhz: 1980, power_usage_mw: 72345}
+    processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
+    xid_events: [31, 79]
+  - uuid: GPU-22222222-2222-3333-4444-555555555555
+    name: Tesla T4
+    memory_total_mib: 15360
+    compute_capability: "7.5"
+"#;
+
+    fn fake() -> FakeBackend {
+        FakeBackend::new(serde_yaml_ng::from_str(FIXTURE).unwrap())
+    }
+
+    #[test]
+    fn identity_comes_from_the_fixture_with_defaults_filled() {
+        let devs = fake().devices().unwrap();
+        assert_eq!(devs.len(), 2);
+        assert_eq!(devs[0].pci_bus_id, "00000000:8D:00.0");
+        assert_eq!(devs[0].compute_capability, (9, 0));
+        assert_eq!(devs[0].memory_total_bytes, 81559 * 1024 * 1024);
+        assert_eq!(devs[0].mig_devices[0].gpu_instance_id, Some(7));
+        assert_eq!(devs[1].index, 1);
+        assert_eq!(devs[1].pci_bus_id, "00000000:02:00.0");
+        assert_eq!(devs[1].mig_enabled, None);
+        assert_eq!(devs[1].compute_capability, (7, 5));
+    }
+
+    #[test]
+    fn samples_and_processes_are_returned_and_bad_indexes_rejected() {
+        let f = fake();
+        let s = f.sample(0).unwrap();
+        assert_eq!(s.sm_clock_mhz, Some(1980));
+        assert_eq!(s.power_usage_mw, Some(72345));
+        assert_eq!(s.gpu_temp_c, None);
+        assert_eq!(s.fb_total_bytes, Some(81559 << 20));
+        assert_eq!(f.processes(0).unwrap()[0].pid, 4242);
+        assert!(matches!(f.sample(2), Err(GpuError::NoSuchDevice(2))));
+    }
+
+    #[test]
+    fn xids_are_released_one_per_drain_and_driver_changes_one_per_read() {
+        let f = fake();
+        assert_eq!(f.drain_xid_events(), vec![XidEvent { index: 0, xid: 31 }]);
+        assert_eq!(f.drain_xid_events(), vec![XidEvent { index: 0, xid: 79 }]);
+        assert!(f.drain_xid_events().is_empty());
+        assert_eq!(f.system().unwrap().driver_version, "550.144.03");
+        assert_eq!(f.system().unwrap().nvml_version, "12.550.144.03");
+        assert_eq!(f.system().unwrap().driver_version, "560.35.03");
+        assert_eq!(f.system().unwrap().driver_version, "560.35.03");
+    }
+
+    #[test]
+    fn fixture_errors_name_the_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.yaml");
+        assert!(matches!(
+            FakeBackend::from_file(&path),
+            Err(GpuError::FixtureRead { .. })
+        ));
+        std::fs::write(
+            &path,
+            "driver_version: x\ncuda_version: y\ngpus: [{uuid: 1}]\n",
+        )
+        .unwrap();
+        let err = FakeBackend::from_file(&path).unwrap_err();
+        assert!(matches!(err, GpuError::FixtureParse { .. }));
+        assert!(err.to_string().contains("gpus.yaml"), "{err}");
+    }
+}
