@@ -1,0 +1,108 @@
+//! Cluster facts for transforms, read from the nodes (upstream `init()` GPU discovery,
+//! `gpu-operator.md` §2.2 step 4): container runtime and GPU node OS.
+
+use k8s_openapi::api::core::v1::Node;
+use kiln_core::context::{ContainerRuntime, NodeOs, TransformContext};
+use kiln_core::labels::{Labels, is_gpu_node};
+
+/// NFD label with the OS id (`ubuntu`, `rhel`, …).
+pub const OS_ID_LABEL: &str = "feature.node.kubernetes.io/system-os_release.ID";
+/// NFD label with the OS version (`22.04`, `9.4`, …).
+pub const OS_VERSION_LABEL: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+
+/// A node's labels as a map (empty when it has none).
+pub fn node_labels(node: &Node) -> Labels {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+/// The container runtime of the GPU nodes, from `status.nodeInfo.containerRuntimeVersion`
+/// prefixes (`docker`, `containerd`, `cri-o`): containerd if any node uses it, else the last
+/// one parsed, default containerd.
+pub fn container_runtime(gpu_nodes: &[&Node]) -> ContainerRuntime {
+    let mut found = None;
+    for node in gpu_nodes {
+        let v = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.container_runtime_version.as_str())
+            .unwrap_or_default();
+        if v.starts_with("containerd") {
+            return ContainerRuntime::Containerd;
+        } else if v.starts_with("docker") {
+            found = Some(ContainerRuntime::Docker);
+        } else if v.starts_with("cri-o") {
+            found = Some(ContainerRuntime::Crio);
+        }
+    }
+    found.unwrap_or(ContainerRuntime::Containerd)
+}
+
+/// The GPU node OS from the first GPU node carrying the NFD os_release labels; `rhel`, `rocky`
+/// and `ol` keep only the major version (upstream rule).
+pub fn gpu_node_os(gpu_nodes: &[&Node]) -> Option<NodeOs> {
+    gpu_nodes.iter().find_map(|n| {
+        let l = node_labels(n);
+        let id = l.get(OS_ID_LABEL)?.clone();
+        let mut version_id = l.get(OS_VERSION_LABEL)?.clone();
+        if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
+            version_id = version_id.split('.').next().unwrap_or_default().to_string();
+        }
+        Some(NodeOs { id, version_id })
+    })
+}
+
+/// The transform context for this reconcile: `base` with the runtime, and the GPU node OS when
+/// the nodes publish it (else `base`'s).
+pub fn transform_context(base: &TransformContext, nodes: &[Node]) -> TransformContext {
+    let gpu: Vec<&Node> = nodes
+        .iter()
+        .filter(|n| is_gpu_node(&node_labels(n)))
+        .collect();
+    let mut ctx = base.clone();
+    ctx.runtime = container_runtime(&gpu);
+    if let Some(os) = gpu_node_os(&gpu) {
+        ctx.gpu_node_os = Some(os);
+    }
+    ctx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(labels: serde_json::Value, runtime: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": labels},
+            "status": {"nodeInfo": {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": runtime,
+                "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "",
+                "operatingSystem": "linux", "osImage": "", "systemUUID": ""}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn runtime_and_os_from_gpu_nodes() {
+        let a = node(
+            json!({"nvidia.com/gpu.present": "true", OS_ID_LABEL: "rhel", OS_VERSION_LABEL: "9.4"}),
+            "cri-o://1.30",
+        );
+        let b = node(
+            json!({"nvidia.com/gpu.present": "true"}),
+            "containerd://2.0",
+        );
+        let cpu = node(json!({}), "docker://27");
+        assert_eq!(container_runtime(&[&a]), ContainerRuntime::Crio);
+        assert_eq!(container_runtime(&[&a, &b]), ContainerRuntime::Containerd);
+        let ctx = transform_context(&TransformContext::default(), &[cpu, a]);
+        assert_eq!(ctx.runtime, ContainerRuntime::Crio);
+        assert_eq!(
+            ctx.gpu_node_os,
+            Some(NodeOs {
+                id: "rhel".into(),
+                version_id: "9".into()
+            })
+        );
+    }
+}

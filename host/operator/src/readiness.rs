@@ -1,0 +1,61 @@
+//! DaemonSet readiness with IO: fetch what [`kiln_core::readiness::daemonset_readiness`] needs
+//! (pods and ControllerRevisions only for `OnDelete` DaemonSets) and judge.
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::Pod;
+use kiln_core::readiness::{Readiness, daemonset_readiness, is_on_delete};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams};
+
+use crate::{Error, Result};
+
+/// Judge the live DaemonSet `live` (as returned by apply; `None` when missing). Returns `None`
+/// when ready, else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`).
+///
+/// # Errors
+/// [`Error::Json`] when the object is not a DaemonSet; [`Error::Kube`] when listing pods or
+/// revisions fails.
+pub async fn daemonset_not_ready(
+    client: &Client,
+    name: &str,
+    live: Option<&DynamicObject>,
+) -> Result<Option<String>> {
+    let ds: Option<DaemonSet> = live
+        .map(|o| {
+            serde_json::to_value(o)
+                .and_then(serde_json::from_value)
+                .map_err(|e| Error::Json {
+                    action: format!("read DaemonSet {name}"),
+                    source: e,
+                })
+        })
+        .transpose()?;
+    let (mut pods, mut revisions) = (Vec::new(), Vec::new());
+    if let Some(ds) = ds.as_ref().filter(|d| is_on_delete(d)) {
+        let ns = ds.metadata.namespace.clone().unwrap_or_default();
+        let selector = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone())
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let lp = ListParams::default().labels(&selector);
+        pods = Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&lp)
+            .await
+            .map_err(|e| Error::kube(format!("list pods of {name}"), e))?
+            .items;
+        revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns)
+            .list(&lp)
+            .await
+            .map_err(|e| Error::kube(format!("list revisions of {name}"), e))?
+            .items;
+    }
+    Ok(match daemonset_readiness(ds.as_ref(), &pods, &revisions) {
+        Readiness::Ready => None,
+        Readiness::NotReady(why) => Some(format!("{name}: {why}")),
+    })
+}

@@ -1,0 +1,102 @@
+//! Wiring: metrics server, leader election, and the kube-runtime Controller.
+//!
+//! Triggers (no fixed polling at steady state):
+//! - the ClusterPolicy itself (any change);
+//! - DaemonSets in the operator namespace owned by a ClusterPolicy (status changes drive
+//!   readiness);
+//! - Node label changes (a new GPU node, an opt-out label) → every ClusterPolicy;
+//! - a ClusterPolicy deleted → every ClusterPolicy (the next oldest becomes active).
+
+use std::sync::Arc;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
+use kiln_core::spec::ClusterPolicy;
+use kiln_render::Renderer;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
+
+use crate::context::{Config, Context};
+use crate::leader::{self, LeaseConfig};
+use crate::metrics::{Metrics, router};
+use crate::reconcile::{error_policy, reconcile};
+use crate::{Error, Result};
+
+/// Run the operator until a shutdown signal (or, with leader election, until leadership is
+/// lost, which returns [`Error::LeadershipLost`] so the process exits and restarts).
+///
+/// # Errors
+/// [`Error::Serve`] when the metrics address cannot be bound; [`Error::Kube`] when the server
+/// version cannot be read; [`Error::LeadershipLost`].
+pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let listener = tokio::net::TcpListener::bind(&config.metrics_addr)
+        .await
+        .map_err(|source| Error::Serve {
+            addr: config.metrics_addr.clone(),
+            source,
+        })?;
+    tracing::info!(addr = %config.metrics_addr, "serving /metrics /healthz /readyz");
+    let app = router(metrics.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+
+    let lease = LeaseConfig::new(&config.namespace, &config.identity);
+    if config.leader_election {
+        leader::acquire(&client, &lease).await?;
+        metrics.set_leader(true);
+    }
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|e| Error::kube("read server version", e))?
+        .git_version;
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        renderer,
+        metrics.clone(),
+        config.clone(),
+        version,
+    ));
+
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &config.namespace);
+    let node_changes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .applied_objects()
+        .predicate_filter(predicates::labels, Default::default())
+        .map(|_| ());
+    let policy_deletes = watcher(policies.clone(), watcher::Config::default())
+        .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
+        .map(|_| ());
+    let controller = Controller::new(policies, watcher::Config::default())
+        .owns(daemonsets, watcher::Config::default())
+        .reconcile_all_on(futures::stream::select(node_changes, policy_deletes))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, action)) => tracing::debug!(policy = %obj.name, ?action, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "controller"),
+            }
+            future::ready(())
+        });
+    metrics.set_ready();
+    tracing::info!(namespace = %config.namespace, "controller running");
+    if config.leader_election {
+        tokio::select! {
+            () = controller => Ok(()),
+            () = leader::hold(&client, &lease) => {
+                metrics.set_leader(false);
+                Err(Error::LeadershipLost)
+            }
+        }
+    } else {
+        controller.await;
+        Ok(())
+    }
+}
