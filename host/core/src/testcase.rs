@@ -81,7 +81,11 @@ impl Case {
             return Err(format!("expected an error, got {} outcomes", actual.len()));
         }
         if actual.len() != self.expect.len() {
-            return Err(format!("{} outcomes, {} expected", actual.len(), self.expect.len()));
+            return Err(format!(
+                "{} outcomes, {} expected",
+                actual.len(),
+                self.expect.len()
+            ));
         }
         for (i, (got, want)) in actual.iter().zip(&self.expect).enumerate() {
             match (got, want) {
@@ -102,7 +106,10 @@ impl Case {
             return Err(format!("unexpected {kind} error: {message}"));
         };
         if want.kind != kind {
-            return Err(format!("error kind {kind} ({message}), expected {}", want.kind));
+            return Err(format!(
+                "error kind {kind} ({message}), expected {}",
+                want.kind
+            ));
         }
         if want.path.is_some() && want.path.as_deref() != path {
             return Err(format!("error path {path:?}, expected {:?}", want.path));
@@ -132,9 +139,16 @@ pub fn matches(got: &Value, want: &Value, path: &str) -> Result<(), String> {
         }
         (Value::Array(g), Value::Array(w)) => {
             if g.len() != w.len() {
-                return Err(format!("{path}: {} items, expected {}: got {got}", g.len(), w.len()));
+                return Err(format!(
+                    "{path}: {} items, expected {}: got {got}",
+                    g.len(),
+                    w.len()
+                ));
             }
-            g.iter().zip(w).enumerate().try_for_each(|(i, (a, b))| matches(a, b, &format!("{path}[{i}]")))
+            g.iter()
+                .zip(w)
+                .enumerate()
+                .try_for_each(|(i, (a, b))| matches(a, b, &format!("{path}[{i}]")))
         }
         _ if got == want => Ok(()),
         _ => Err(format!("{path}: got {got}, expected {want}")),
@@ -145,7 +159,11 @@ fn expand_test_daemonset(o: &mut Value) {
     if o.get("kind").and_then(Value::as_str) != Some("TestDaemonSet") {
         return;
     }
-    let name = o.get("name").and_then(Value::as_str).unwrap_or("test-ds").to_string();
+    let name = o
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("test-ds")
+        .to_string();
     let mut pod = json!({"containers": o.get("containers").cloned().unwrap_or(json!([]))});
     for key in ["initContainers", "volumes", "hostPID", "runtimeClassName"] {
         if let Some(v) = o.get(key) {
@@ -172,9 +190,19 @@ mod tests {
         let got = json!({"a": 1, "b": [{"x": 1, "y": 2}], "c": "s"});
         assert!(matches(&got, &json!({"b": [{"x": 1}]}), "").is_ok());
         assert!(matches(&got, &json!({"d": null}), "").is_ok());
-        assert_eq!(matches(&got, &json!({"c": null}), "").unwrap_err(), ".c: expected absent, got \"s\"");
-        assert!(matches(&got, &json!({"b": []}), "").unwrap_err().contains("1 items, expected 0"));
-        assert_eq!(matches(&got, &json!({"a": 2}), "").unwrap_err(), ".a: got 1, expected 2");
+        assert_eq!(
+            matches(&got, &json!({"c": null}), "").unwrap_err(),
+            ".c: expected absent, got \"s\""
+        );
+        assert!(
+            matches(&got, &json!({"b": []}), "")
+                .unwrap_err()
+                .contains("1 items, expected 0")
+        );
+        assert_eq!(
+            matches(&got, &json!({"a": 2}), "").unwrap_err(),
+            ".a: got 1, expected 2"
+        );
     }
 
     #[test]
@@ -183,7 +211,10 @@ mod tests {
             "containers": [{"name": "c"}]}], "expect": ["omit"]}))
         .unwrap();
         assert_eq!(c.objects[0]["metadata"]["name"], "test-ds");
-        assert_eq!(c.objects[0]["spec"]["template"]["spec"]["containers"][0]["name"], "c");
+        assert_eq!(
+            c.objects[0]["spec"]["template"]["spec"]["containers"][0]["name"],
+            "c"
+        );
         assert!(c.check(&[None]).is_ok());
         assert!(c.check(&[Some(json!({}))]).is_err());
     }

@@ -39,10 +39,16 @@ pub struct Asset {
 /// # Errors
 /// [`AssetError`] when the folder is missing or a file does not parse.
 pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetError> {
-    let dir = ASSETS.get_dir(state.folder()).ok_or(AssetError::MissingFolder(state))?;
+    let dir = ASSETS
+        .get_dir(state.folder())
+        .ok_or(AssetError::MissingFolder(state))?;
     let mut files: Vec<_> = dir
         .files()
-        .filter(|f| f.path().extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|f| {
+            f.path()
+                .extension()
+                .is_some_and(|e| e == "yaml" || e == "yml")
+        })
         .filter(|f| openshift || !f.path().to_string_lossy().contains("openshift"))
         .collect();
     files.sort_by_key(|f| f.path());
@@ -51,8 +57,10 @@ pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetErro
         .map(|f| {
             let path = f.path().to_string_lossy().into_owned();
             let text = f.contents_utf8().unwrap_or_default();
-            let object: Value = serde_yaml_ng::from_str(text)
-                .map_err(|e| AssetError::Invalid { path: path.clone(), message: e.to_string() })?;
+            let object: Value = serde_yaml_ng::from_str(text).map_err(|e| AssetError::Invalid {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
             Ok(Asset { path, object })
         })
         .collect()
@@ -67,4 +75,37 @@ pub fn folders() -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every DaemonSet of every state parses as a typed `apps/v1` DaemonSet (catches YAML 1.1
+    /// surprises such as an octal `0755` read as a string) and has a selector.
+    #[test]
+    fn every_daemonset_asset_is_a_valid_daemonset() {
+        let mut seen = 0;
+        for state in State::ALL {
+            for a in load_state(state, true).unwrap() {
+                assert!(
+                    a.object["metadata"]["name"].is_string(),
+                    "{}: no metadata.name",
+                    a.path
+                );
+                if a.object["kind"] == "DaemonSet" {
+                    let ds: k8s_openapi::api::apps::v1::DaemonSet =
+                        serde_json::from_value(a.object.clone())
+                            .unwrap_or_else(|e| panic!("{}: {e}", a.path));
+                    assert!(
+                        ds.spec.unwrap().selector.match_labels.is_some(),
+                        "{}: no selector",
+                        a.path
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert_eq!(seen, 18, "DaemonSets across all states");
+    }
 }

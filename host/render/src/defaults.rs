@@ -20,16 +20,34 @@ pub fn fallback_images() -> Vec<(String, String)> {
         ("GFD_IMAGE", KILN_IMAGE.to_string()),
         ("DCGM_EXPORTER_IMAGE", KILN_IMAGE.to_string()),
         ("DRIVER_IMAGE", format!("{NV}/driver:595.91.07")),
-        ("DRIVER_MANAGER_IMAGE", format!("{CN}/k8s-driver-manager:v0.12.0")),
-        ("CONTAINER_TOOLKIT_IMAGE", format!("{NV}/k8s/container-toolkit:v1.20.0")),
+        (
+            "DRIVER_MANAGER_IMAGE",
+            format!("{CN}/k8s-driver-manager:v0.12.0"),
+        ),
+        (
+            "CONTAINER_TOOLKIT_IMAGE",
+            format!("{NV}/k8s/container-toolkit:v1.20.0"),
+        ),
         ("DCGM_IMAGE", format!("{CN}/dcgm:4.6.0-1-ubuntu24.04")),
         ("MIG_MANAGER_IMAGE", format!("{CN}/k8s-mig-manager:v0.15.0")),
         ("GDS_IMAGE", format!("{CN}/nvidia-fs:2.29.4")),
         ("GDRCOPY_IMAGE", format!("{CN}/gdrdrv:v2.6")),
-        ("VGPU_DEVICE_MANAGER_IMAGE", format!("{CN}/vgpu-device-manager:v0.5.0")),
-        ("VFIO_MANAGER_IMAGE", format!("{CN}/k8s-driver-manager:v0.12.0")),
-        ("SANDBOX_DEVICE_PLUGIN_IMAGE", format!("{NV}/kubevirt-gpu-device-plugin:v1.6.0")),
-        ("KATA_SANDBOX_DEVICE_PLUGIN_IMAGE", format!("{CN}/nvidia-sandbox-device-plugin:v0.0.5")),
+        (
+            "VGPU_DEVICE_MANAGER_IMAGE",
+            format!("{CN}/vgpu-device-manager:v0.5.0"),
+        ),
+        (
+            "VFIO_MANAGER_IMAGE",
+            format!("{CN}/k8s-driver-manager:v0.12.0"),
+        ),
+        (
+            "SANDBOX_DEVICE_PLUGIN_IMAGE",
+            format!("{NV}/kubevirt-gpu-device-plugin:v1.6.0"),
+        ),
+        (
+            "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
+            format!("{CN}/nvidia-sandbox-device-plugin:v0.0.5"),
+        ),
         ("CC_MANAGER_IMAGE", format!("{CN}/k8s-cc-manager:v0.4.3")),
     ]
     .into_iter()

@@ -97,11 +97,19 @@ impl Renderer {
             .run_chain(&chain, objects, &policy.spec_json, &ctx)
             .map_err(|source| RenderError::Plugin { state, source })?;
         tracing::debug!(%state, objects = out.objects.len(), omitted = out.omitted.len(), "rendered state");
-        Ok(RenderedState { state, objects: out.objects, omitted: out.omitted })
+        Ok(RenderedState {
+            state,
+            objects: out.objects,
+            omitted: out.omitted,
+        })
     }
 
     /// Render every state `policy` enables, in apply order; each state's result is independent.
-    pub fn render(&self, policy: &Policy, base: &TransformContext) -> Vec<(State, Result<RenderedState, RenderError>)> {
+    pub fn render(
+        &self,
+        policy: &Policy,
+        base: &TransformContext,
+    ) -> Vec<(State, Result<RenderedState, RenderError>)> {
         kiln_core::plan::enabled_states(&policy.spec)
             .into_iter()
             .map(|s| (s, self.render_state(s, policy, base)))

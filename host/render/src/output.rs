@@ -29,8 +29,14 @@ mod tests {
 
     #[test]
     fn formats() {
-        let objs = [json!({"kind": "A", "metadata": {"name": "a"}}), json!({"kind": "B"})];
-        assert_eq!(yaml_stream(&objs).unwrap(), "---\nkind: A\nmetadata:\n  name: a\n---\nkind: B\n");
+        let objs = [
+            json!({"kind": "A", "metadata": {"name": "a"}}),
+            json!({"kind": "B"}),
+        ];
+        assert_eq!(
+            yaml_stream(&objs).unwrap(),
+            "---\nkind: A\nmetadata:\n  name: a\n---\nkind: B\n"
+        );
         let l: Value = serde_json::from_str(&json_list(&objs)).unwrap();
         assert_eq!(l["kind"], "List");
         assert_eq!(l["items"][1]["kind"], "B");

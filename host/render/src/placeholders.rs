@@ -11,8 +11,13 @@ use serde_json::{Value, json};
 pub const PLACEHOLDER: &str = "FILLED_BY_OPERATOR";
 
 /// Kinds that are cluster-scoped; every other kind in our assets is namespaced.
-const CLUSTER_SCOPED: [&str; 5] =
-    ["ClusterRole", "ClusterRoleBinding", "RuntimeClass", "SecurityContextConstraints", "Namespace"];
+const CLUSTER_SCOPED: [&str; 5] = [
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "RuntimeClass",
+    "SecurityContextConstraints",
+    "Namespace",
+];
 
 /// Whether objects of `kind` live in a namespace.
 pub fn is_namespaced(kind: &str) -> bool {
@@ -21,20 +26,31 @@ pub fn is_namespaced(kind: &str) -> bool {
 
 /// Fill the placeholders of `obj` for operator namespace `ns` and runtime class `runtime_class`.
 pub fn fill(obj: &mut Value, ns: &str, runtime_class: &str) {
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+    let kind = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     if is_namespaced(&kind) {
         obj["metadata"]["namespace"] = json!(ns);
     }
     match kind.as_str() {
         "RoleBinding" | "ClusterRoleBinding" => {
-            for s in obj.get_mut("subjects").and_then(Value::as_array_mut).into_iter().flatten() {
+            for s in obj
+                .get_mut("subjects")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
                 if s.get("namespace").and_then(Value::as_str) == Some(PLACEHOLDER) {
                     s["namespace"] = json!(ns);
                 }
             }
         }
         "ServiceMonitor" => {
-            let names = obj.pointer_mut("/spec/namespaceSelector/matchNames").and_then(Value::as_array_mut);
+            let names = obj
+                .pointer_mut("/spec/namespaceSelector/matchNames")
+                .and_then(Value::as_array_mut);
             for n in names.into_iter().flatten() {
                 if n == PLACEHOLDER {
                     *n = json!(ns);
@@ -47,8 +63,17 @@ pub fn fill(obj: &mut Value, ns: &str, runtime_class: &str) {
             }
         }
         "SecurityContextConstraints" => {
-            let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
-            for u in obj.get_mut("users").and_then(Value::as_array_mut).into_iter().flatten() {
+            let name = obj
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            for u in obj
+                .get_mut("users")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
                 if u.as_str().is_some_and(|s| s.contains(PLACEHOLDER)) {
                     *u = json!(format!("system:serviceaccount:{ns}:{name}"));
                 }

@@ -47,7 +47,10 @@ impl Policy {
     /// [`PolicyError`], naming the field.
     pub fn from_object(doc: &Value) -> Result<Policy, PolicyError> {
         let obj = doc.as_object().ok_or(PolicyError::NotAnObject)?;
-        let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        let api = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if api != "nvidia.com/v1" {
             return Err(PolicyError::ApiVersion(api.to_string()));
         }
@@ -62,13 +65,28 @@ impl Policy {
         let spec = ClusterPolicySpec::from_json(&spec_json)?;
         spec.validate()?;
         let meta = obj.get("metadata");
-        let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default().to_string();
-        let plugins = match meta.and_then(|m| m.pointer(&format!("/annotations/{}", escape(PLUGINS_ANNOTATION)))) {
+        let name = meta
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let plugins = match meta
+            .and_then(|m| m.pointer(&format!("/annotations/{}", escape(PLUGINS_ANNOTATION))))
+        {
             Some(Value::String(s)) => PluginConfig::parse(s).map_err(PolicyError::Plugins)?,
-            Some(other) => return Err(PolicyError::Plugins(format!("{PLUGINS_ANNOTATION} must be a string, got {other}"))),
+            Some(other) => {
+                return Err(PolicyError::Plugins(format!(
+                    "{PLUGINS_ANNOTATION} must be a string, got {other}"
+                )));
+            }
             None => PluginConfig::default(),
         };
-        Ok(Policy { name, spec_json, spec, plugins })
+        Ok(Policy {
+            name,
+            spec_json,
+            spec,
+            plugins,
+        })
     }
 }
 
@@ -84,15 +102,30 @@ mod tests {
 
     #[test]
     fn rejects_wrong_identity_and_names_fields() {
-        assert_eq!(Policy::from_object(&json!([])).unwrap_err(), PolicyError::NotAnObject);
-        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v2", "kind": "ClusterPolicy"})).unwrap_err();
-        assert_eq!(e.to_string(), "apiVersion: expected nvidia.com/v1, got \"nvidia.com/v2\"");
-        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "Pod"})).unwrap_err();
+        assert_eq!(
+            Policy::from_object(&json!([])).unwrap_err(),
+            PolicyError::NotAnObject
+        );
+        let e =
+            Policy::from_object(&json!({"apiVersion": "nvidia.com/v2", "kind": "ClusterPolicy"}))
+                .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "apiVersion: expected nvidia.com/v1, got \"nvidia.com/v2\""
+        );
+        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "Pod"}))
+            .unwrap_err();
         assert_eq!(e.to_string(), "kind: expected ClusterPolicy, got \"Pod\"");
-        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "spec": {"mig": {"strategy": "double"}}}))
+        let e = Policy::from_object(
+            &json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "spec": {"mig": {"strategy": "double"}}}),
+        )
         .unwrap_err();
-        assert!(e.to_string().starts_with("spec.mig.strategy: unknown variant `double`"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("spec.mig.strategy: unknown variant `double`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -63,9 +63,13 @@ impl PluginConfig {
             .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
         let mut map = BTreeMap::new();
         for (key, plugins) in raw {
-            let state: State =
-                key.parse().map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
-            let pins = plugins.pin.iter().chain(plugins.then.iter().filter_map(|p| p.sha256.as_ref()));
+            let state: State = key
+                .parse()
+                .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
+            let pins = plugins
+                .pin
+                .iter()
+                .chain(plugins.then.iter().filter_map(|p| p.sha256.as_ref()));
             for pin in pins {
                 if pin.len() != 64 || !pin.chars().all(|c| c.is_ascii_hexdigit()) {
                     return Err(format!(
@@ -81,10 +85,15 @@ impl PluginConfig {
     /// The chain for `state`: its standard plugin (pinned if configured), then the site plugins.
     pub fn chain(&self, state: State) -> Vec<PluginRef> {
         let cfg = self.0.get(&state);
-        let mut chain =
-            vec![PluginRef { name: state.name().to_string(), sha256: cfg.and_then(|c| c.pin.clone()) }];
+        let mut chain = vec![PluginRef {
+            name: state.name().to_string(),
+            sha256: cfg.and_then(|c| c.pin.clone()),
+        }];
         for p in cfg.into_iter().flat_map(|c| &c.then) {
-            chain.push(PluginRef { name: p.name.clone(), sha256: p.sha256.clone() });
+            chain.push(PluginRef {
+                name: p.name.clone(),
+                sha256: p.sha256.clone(),
+            });
         }
         chain
     }
@@ -107,8 +116,20 @@ mod tests {
         assert_eq!(chain[0].sha256.as_deref(), Some(pin.as_str()));
         assert_eq!(chain[1], PluginRef::named("site-x"));
         assert_eq!(cfg.chain(State::Dcgm), vec![PluginRef::named("dcgm")]);
-        assert!(PluginConfig::parse("bogus-state: {}").unwrap_err().contains("unknown state \"bogus-state\""));
-        assert!(PluginConfig::parse("dcgm: {pin: abc}").unwrap_err().contains("not a sha256"));
-        assert!(PluginConfig::parse("dcgm: {extra: 1}").unwrap_err().contains("unknown field `extra`"));
+        assert!(
+            PluginConfig::parse("bogus-state: {}")
+                .unwrap_err()
+                .contains("unknown state \"bogus-state\"")
+        );
+        assert!(
+            PluginConfig::parse("dcgm: {pin: abc}")
+                .unwrap_err()
+                .contains("not a sha256")
+        );
+        assert!(
+            PluginConfig::parse("dcgm: {extra: 1}")
+                .unwrap_err()
+                .contains("unknown field `extra`")
+        );
     }
 }

@@ -22,8 +22,12 @@ fn host() -> Arc<PluginHost> {
     static HOST: OnceLock<Arc<PluginHost>> = OnceLock::new();
     HOST.get_or_init(|| {
         // A disk cache under target/ shares compiled plugins between test binaries and runs.
-        let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kiln-test-plugin-cache");
-        let cfg = HostConfig { cache_dir: Some(cache), ..HostConfig::in_memory() };
+        let cache =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kiln-test-plugin-cache");
+        let cfg = HostConfig {
+            cache_dir: Some(cache),
+            ..HostConfig::in_memory()
+        };
         Arc::new(PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED).expect("plugin host"))
     })
     .clone()
@@ -43,24 +47,38 @@ fn plugin_dirs() -> Vec<String> {
 fn states_assets_plugins_and_bundle_agree() {
     let mut states: Vec<String> = State::ALL.iter().map(|s| s.name().to_string()).collect();
     states.sort();
-    let folders: Vec<String> =
-        kiln_render::assets::folders().iter().map(|f| f.trim_start_matches("state-").to_string()).collect();
+    let folders: Vec<String> = kiln_render::assets::folders()
+        .iter()
+        .map(|f| f.trim_start_matches("state-").to_string())
+        .collect();
     assert_eq!(folders, states, "assets/state-* folders vs State::ALL");
     assert_eq!(plugin_dirs(), states, "plugins/* crates vs State::ALL");
-    let mut bundled: Vec<String> = kiln_bundled_plugins::BUNDLED.iter().map(|(n, _)| n.to_string()).collect();
+    let mut bundled: Vec<String> = kiln_bundled_plugins::BUNDLED
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
     bundled.sort();
     assert_eq!(bundled, states, "bundled plugins vs State::ALL");
     for s in State::ALL {
-        let loaded = host().load(s.name(), None).unwrap_or_else(|e| panic!("{e}"));
+        let loaded = host()
+            .load(s.name(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.name(), s.name());
-        assert!(!kiln_render::assets::load_state(s, true).unwrap().is_empty(), "{s} has no objects");
+        assert!(
+            !kiln_render::assets::load_state(s, true).unwrap().is_empty(),
+            "{s} has no objects"
+        );
     }
 }
 
 fn guest_error_parts(e: &PluginError) -> Option<(&'static str, Option<&str>, String)> {
     match e {
         PluginError::Guest { error, .. } => Some(match error {
-            GuestError::InvalidField { path, message } => ("invalid-field", Some(path.as_str()), format!("{path}: {message}")),
+            GuestError::InvalidField { path, message } => (
+                "invalid-field",
+                Some(path.as_str()),
+                format!("{path}: {message}"),
+            ),
             GuestError::InvalidObject(m) => ("invalid-object", None, m.clone()),
             GuestError::Failed(m) => ("failed", None, m.clone()),
         }),
@@ -74,11 +92,17 @@ fn every_transform_case_passes_through_the_wasm_plugin() {
     let mut failures = Vec::new();
     for plugin in plugin_dirs() {
         let dir = repo().join("plugins").join(&plugin).join("cases");
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        let mut files: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
         files.sort();
         for f in files {
-            let raw: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            let raw: Value =
+                serde_yaml_ng::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
             let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let mut ctx = case.context.clone();
             ctx.state = plugin.clone();
@@ -105,7 +129,12 @@ fn every_transform_case_passes_through_the_wasm_plugin() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert!(ran >= 60, "only {ran} case files found");
 }
 
@@ -123,26 +152,42 @@ fn render_file(path: &Path) -> Vec<Value> {
 
 fn assert_golden(name: &str, objects: &[Value]) {
     let text = output::yaml_stream(objects).unwrap();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
     if std::env::var_os("KILN_BLESS").is_some() {
         std::fs::write(&path, &text).unwrap();
     }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with KILN_BLESS=1 to create it, then review it)", path.display()));
-    pretty_assertions::assert_eq!(want, text, "{name} drifted; review and re-bless with KILN_BLESS=1");
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with KILN_BLESS=1 to create it, then review it)",
+            path.display()
+        )
+    });
+    pretty_assertions::assert_eq!(
+        want,
+        text,
+        "{name} drifted; review and re-bless with KILN_BLESS=1"
+    );
 }
 
 #[test]
 fn golden_render_of_the_upstream_sample() {
     let objects = render_file(&repo().join("../shared/upstream/clusterpolicy-sample.yaml"));
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
-    assert_eq!(kinds.iter().filter(|k| **k == "DaemonSet").count(), 9, "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "DaemonSet").count(),
+        9,
+        "{kinds:?}"
+    );
     assert_golden("upstream-sample.yaml", &objects);
 }
 
 #[test]
 fn golden_render_of_the_helm_defaults() {
-    let objects = render_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/helm-defaults-policy.yaml"));
+    let objects = render_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/helm-defaults-policy.yaml"),
+    );
     assert_golden("helm-defaults.yaml", &objects);
 }
 
@@ -170,6 +215,10 @@ fn the_deploy_sample_renders_every_default_state() {
     );
     for o in &objects {
         let text = o.to_string();
-        assert!(!text.contains("FILLED_BY_OPERATOR"), "placeholder left in {}", o["metadata"]["name"]);
+        assert!(
+            !text.contains("FILLED_BY_OPERATOR"),
+            "placeholder left in {}",
+            o["metadata"]["name"]
+        );
     }
 }

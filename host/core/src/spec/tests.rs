@@ -54,7 +54,10 @@ fn nri_requires_cdi_and_toolkit() {
 
 #[test]
 fn host_paths_use_upstream_key_spelling() {
-    let s = ClusterPolicySpec::from_json(&json!({"hostPaths": {"rootFS": "/host", "driverInstallDir": "/d"}})).unwrap();
+    let s = ClusterPolicySpec::from_json(
+        &json!({"hostPaths": {"rootFS": "/host", "driverInstallDir": "/d"}}),
+    )
+    .unwrap();
     assert_eq!(s.host_paths.root_fs, "/host");
     assert_eq!(s.host_paths.driver_install_dir, "/d");
 }
