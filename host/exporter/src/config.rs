@@ -11,6 +11,7 @@ use crate::{
     catalogue::{Catalogue, CatalogueError},
     podresources::{PodResourcesClient, PodResourcesError, refresh_forever},
     poller::Poller,
+    process::ProcessMapper,
     render::RenderOptions,
     server::router,
     state::Shared,
@@ -70,6 +71,20 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub nvidia_resource_names: Vec<String>,
+    /// Per-pod GPU memory and SM utilisation from NVML's process lists (needs `hostPID: true`
+    /// and the kubelet's pod log directory mounted).
+    #[arg(long, env = "KILN_EXPORTER_KUBERNETES_PROCESS_METRICS")]
+    pub kubernetes_process_metrics: bool,
+    /// The host's `/proc` (process metrics).
+    #[arg(long, env = "KILN_EXPORTER_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// The kubelet's pod log directory, `<namespace>_<pod>_<uid>` entries (process metrics).
+    #[arg(
+        long,
+        env = "KILN_EXPORTER_POD_LOGS_DIR",
+        default_value = "/var/log/pods"
+    )]
+    pub pod_logs_dir: PathBuf,
     /// `Hostname` label value; the machine's host name if unset (set it from `spec.nodeName`).
     #[arg(long, env = "KILN_EXPORTER_NODE_NAME")]
     pub node_name: Option<String>,
@@ -201,12 +216,16 @@ pub async fn run(
         cfg.nvidia_resource_names.clone(),
     ));
     let interval = Duration::from_millis(cfg.collect_interval.max(100));
+    let mapper = cfg.kubernetes_process_metrics.then(|| ProcessMapper {
+        proc_root: cfg.proc_root.clone(),
+        pod_logs_dir: cfg.pod_logs_dir.clone(),
+    });
     let poller =
-        tokio::task::block_in_place(|| Poller::start(inventory, shared.clone(), interval, false))
+        tokio::task::block_in_place(|| Poller::start(inventory, shared.clone(), interval, mapper))
             .map_err(|source| ExporterError::Io {
-            what: "starting the poller".into(),
-            source,
-        })?;
+                what: "starting the poller".into(),
+                source,
+            })?;
     let refresher = if cfg.kubernetes {
         let client =
             PodResourcesClient::new(&cfg.pod_resources_kubelet_socket, Duration::from_secs(10))?;

@@ -18,6 +18,7 @@ pub mod exposition;
 pub mod fields;
 pub mod podresources;
 pub mod poller;
+pub mod process;
 pub mod render;
 pub mod server;
 pub mod snapshot;

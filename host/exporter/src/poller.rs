@@ -11,15 +11,21 @@ use std::{
 use kiln_gpu::GpuInventory;
 
 use crate::{
+    process::ProcessMapper,
     snapshot::{GpuSnapshot, Snapshot},
     state::Shared,
 };
 
 /// Reads every GPU once, carrying XID history over from `prev`. Per-GPU failures leave that
-/// GPU without a sample and count one collect error each; returns the snapshot and the number
-/// of errors.
-pub fn collect(inv: &dyn GpuInventory, prev: &Snapshot, with_processes: bool) -> (Snapshot, u64) {
+/// GPU without a sample and count one collect error each; with a `mapper`, per-pod usage is read
+/// too. Returns the snapshot and the number of errors.
+pub fn collect(
+    inv: &dyn GpuInventory,
+    prev: &Snapshot,
+    mapper: Option<&ProcessMapper>,
+) -> (Snapshot, u64) {
     let mut errors = 0;
+    let pod_dir = mapper.map(ProcessMapper::pod_directory).unwrap_or_default();
     let system = inv
         .system()
         .map_err(|e| tracing::warn!(error = %e, "reading driver versions"))
@@ -48,8 +54,13 @@ pub fn collect(inv: &dyn GpuInventory, prev: &Snapshot, with_processes: bool) ->
                     errors += 1;
                 }
             }
-            if with_processes {
-                g.processes = inv.processes(g.device.index).unwrap_or_default();
+            if let Some(m) = mapper {
+                match inv.processes(g.device.index) {
+                    Ok(procs) => g.pod_usage = m.usage(&procs, &pod_dir),
+                    Err(e) => {
+                        tracing::debug!(gpu = g.device.index, error = %e, "reading GPU processes")
+                    }
+                }
             }
             g
         })
@@ -105,10 +116,10 @@ impl Poller {
         inv: Arc<dyn GpuInventory>,
         shared: Arc<Shared>,
         interval: Duration,
-        with_processes: bool,
+        mapper: Option<ProcessMapper>,
     ) -> std::io::Result<Self> {
         let poll = move |inv: &dyn GpuInventory, shared: &Shared| {
-            let (snap, errors) = collect(inv, &shared.snapshot(), with_processes);
+            let (snap, errors) = collect(inv, &shared.snapshot(), mapper.as_ref());
             shared
                 .metrics
                 .collect_errors

@@ -5,13 +5,15 @@
 //! label fields by name, then the sample's attributes by name (`container`, `err_code`,
 //! `namespace`, `pod`). Samples NVML does not provide are left out. kiln's own families follow:
 //! `kiln_gpu_pod_info` (one series per container using each GPU, value 1) and
-//! `kiln_gpu_xid_errors_total` (XIDs per GPU and number).
+//! `kiln_gpu_xid_errors_total` (XIDs per GPU and number), and with process metrics on,
+//! `kiln_gpu_pod_fb_used_mib` / `kiln_gpu_pod_sm_util` (see [`crate::process`]).
 
 use crate::{
     attribution::{Attribution, PodRef},
     catalogue::{Catalogue, MetricType},
     exposition::{Format, Kind, push_label, write_header, write_sample},
     fields::{Source, Value},
+    process::PodUsage,
     snapshot::{GpuSnapshot, Snapshot},
 };
 
@@ -76,6 +78,7 @@ pub fn render_gpus(
     }
     render_pod_info(out, format, snap, attribution, catalogue, opts);
     render_xids(out, format, snap, catalogue, opts);
+    render_pod_usage(out, format, snap, catalogue, opts);
 }
 
 fn field_value(source: Source, gpu: &GpuSnapshot) -> Option<Value> {
@@ -195,6 +198,46 @@ fn render_xids(
             let mut labels = base.clone();
             push_label(&mut labels, false, "xid", &xid.to_string());
             write_sample(out, XID_TOTAL, &labels, Value::Int(*n));
+        }
+    }
+}
+
+fn render_pod_usage(
+    out: &mut String,
+    format: Format,
+    snap: &Snapshot,
+    cat: &Catalogue,
+    opts: &RenderOptions,
+) {
+    type Get = fn(&PodUsage) -> Option<Value>;
+    let families: [(&str, &str, Get); 2] = [
+        (
+            "kiln_gpu_pod_fb_used_mib",
+            "GPU memory used by the pod's processes (in MiB).",
+            |u| Some(Value::Int(u.memory_bytes >> 20)),
+        ),
+        (
+            "kiln_gpu_pod_sm_util",
+            "SM utilization of the pod's processes (in %).",
+            |u| u.sm_util_pct.map(|v| Value::Int(v.into())),
+        ),
+    ];
+    for (name, help, get) in families {
+        let mut header = false;
+        for gpu in &snap.gpus {
+            let base = base_labels(gpu, snap, cat, opts, false);
+            for u in &gpu.pod_usage {
+                let Some(v) = get(u) else { continue };
+                if !header {
+                    write_header(out, format, name, help, Kind::Gauge);
+                    header = true;
+                }
+                let mut labels = base.clone();
+                push_label(&mut labels, false, "namespace", &u.pod.namespace);
+                push_label(&mut labels, false, "pod", &u.pod.pod);
+                push_label(&mut labels, false, "pod_uid", &u.pod.uid);
+                write_sample(out, name, &labels, v);
+            }
         }
     }
 }

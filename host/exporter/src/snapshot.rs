@@ -2,7 +2,9 @@
 
 use std::{collections::BTreeMap, time::SystemTime};
 
-use kiln_gpu::{DeviceSample, GpuDevice, GpuProcess, SystemInfo};
+use kiln_gpu::{DeviceSample, GpuDevice, SystemInfo};
+
+use crate::process::PodUsage;
 
 /// Everything a scrape renders about the GPUs, as of one poll.
 #[derive(Debug, Clone, Default)]
@@ -28,8 +30,8 @@ pub struct GpuSnapshot {
     pub last_xid: u64,
     /// XID number → occurrences since start-up (`kiln_gpu_xid_errors_total`).
     pub xid_counts: BTreeMap<u64, u64>,
-    /// Compute processes, when per-pod process metrics are on.
-    pub processes: Vec<GpuProcess>,
+    /// Per-pod usage from NVML's process list, when per-pod process metrics are on.
+    pub pod_usage: Vec<PodUsage>,
 }
 
 impl GpuSnapshot {
@@ -41,7 +43,7 @@ impl GpuSnapshot {
             sample: None,
             last_xid: 0,
             xid_counts: BTreeMap::new(),
-            processes: Vec::new(),
+            pod_usage: Vec::new(),
         }
     }
 }

@@ -18,7 +18,7 @@ mod nvml;
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
 pub use error::GpuError;
-pub use fake::{FakeBackend, Fixture};
+pub use fake::{FakeBackend, Fixture, FixtureGpu};
 pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, SystemInfo, XidEvent};
 pub use nvml::NvmlBackend;
 

@@ -7,6 +7,7 @@ use kiln_exporter::{
     catalogue::Catalogue,
     exposition::Format,
     poller::collect,
+    process::ProcessMapper,
     render::{RenderOptions, render_gpus},
     snapshot::Snapshot,
 };
@@ -28,7 +29,7 @@ fn allocations() -> Vec<Allocation> {
 
 fn body(format: Format) -> String {
     let inv = FakeBackend::from_file(&fixture()).unwrap();
-    let (snap, errors) = collect(&inv, &Snapshot::default(), false);
+    let (snap, errors) = collect(&inv, &Snapshot::default(), None);
     assert_eq!(errors, 0);
     let devices: Vec<_> = inv.devices().unwrap();
     let attribution = attribute(&allocations(), &devices, &[]);
@@ -133,4 +134,82 @@ fn openmetrics_output_matches_golden() {
     golden("golden.om.txt", &om);
     assert!(om.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\n"));
     assert!(om.contains("# TYPE kiln_gpu_xid_errors counter\n"));
+}
+
+#[test]
+fn per_pod_process_usage_is_mapped_through_cgroups_and_pod_log_dirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid_a = "0f3c2a1e-9b7d-4c11-8e2f-6a5b4c3d2e1f";
+    let uid_b = "1f3c2a1e-9b7d-4c11-8e2f-6a5b4c3d2e1f";
+    let proc_root = dir.path().join("proc");
+    for (pid, uid) in [(101, uid_a), (102, uid_b)] {
+        std::fs::create_dir_all(proc_root.join(pid.to_string())).unwrap();
+        let cg = format!(
+            "0::/kubepods.slice/kubepods-pod{}.slice/cri-containerd-1.scope\n",
+            uid.replace('-', "_")
+        );
+        std::fs::write(proc_root.join(format!("{pid}/cgroup")), cg).unwrap();
+    }
+    std::fs::create_dir_all(proc_root.join("103")).unwrap();
+    std::fs::write(
+        proc_root.join("103/cgroup"),
+        "0::/system.slice/sshd.service\n",
+    )
+    .unwrap();
+    let logs = dir.path().join("pods");
+    std::fs::create_dir_all(logs.join(format!("ml_trainer-a_{uid_a}"))).unwrap();
+    std::fs::create_dir_all(logs.join(format!("ml_trainer-b_{uid_b}"))).unwrap();
+    let mapper = ProcessMapper {
+        proc_root,
+        pod_logs_dir: logs,
+    };
+
+    let inv = FakeBackend::from_file(&fixture()).unwrap();
+    let (snap, _) = collect(&inv, &Snapshot::default(), Some(&mapper));
+    let mut out = String::new();
+    let opts = RenderOptions {
+        hostname: None,
+        ..Default::default()
+    };
+    render_gpus(
+        &mut out,
+        Format::Text,
+        &Catalogue::default_list(),
+        &snap,
+        &attribute(&[], &[], &[]),
+        &opts,
+    );
+    let scrape = parse(&out);
+    let value = |metric: &str, pod: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && s.labels.get("pod") == Some(pod))
+            .map(|s| s.value.clone())
+    };
+    assert_eq!(
+        value("kiln_gpu_pod_fb_used_mib", "trainer-a"),
+        Some(prometheus_parse::Value::Gauge(2048.0))
+    );
+    assert_eq!(
+        value("kiln_gpu_pod_fb_used_mib", "trainer-b"),
+        Some(prometheus_parse::Value::Gauge(1024.0))
+    );
+    assert_eq!(
+        value("kiln_gpu_pod_sm_util", "trainer-a"),
+        Some(prometheus_parse::Value::Gauge(40.0))
+    );
+    let mapped = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "kiln_gpu_pod_fb_used_mib")
+        .count();
+    assert_eq!(mapped, 2, "the process outside any pod has no series");
+    let a = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "kiln_gpu_pod_sm_util")
+        .unwrap();
+    assert_eq!(a.labels.get("pod_uid"), Some(uid_a));
+    assert_eq!(a.labels.get("namespace"), Some("ml"));
 }

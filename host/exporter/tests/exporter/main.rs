@@ -47,7 +47,7 @@ impl Harness {
             ..Default::default()
         };
         let shared = Arc::new(Shared::new(Catalogue::default_list(), opts, Vec::new()));
-        let poller = Poller::start(inv, shared.clone(), Duration::from_millis(50), false).unwrap();
+        let poller = Poller::start(inv, shared.clone(), Duration::from_millis(50), None).unwrap();
         let client = PodResourcesClient::new(socket, Duration::from_secs(2)).unwrap();
         let refresher = tokio::spawn(refresh_forever(
             client,
