@@ -213,3 +213,35 @@ fn per_pod_process_usage_is_mapped_through_cgroups_and_pod_log_dirs() {
     assert_eq!(a.labels.get("pod_uid"), Some(uid_a));
     assert_eq!(a.labels.get("namespace"), Some("ml"));
 }
+
+#[test]
+fn dashboard_queries_only_metrics_the_exporter_emits() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/grafana/kiln-exporter-dashboard.json");
+    let json = std::fs::read_to_string(path).unwrap();
+    let kiln_families = [
+        kiln_exporter::render::POD_INFO,
+        kiln_exporter::render::XID_TOTAL,
+        "kiln_gpu_pod_fb_used_mib",
+        "kiln_gpu_pod_sm_util",
+        "kiln_exporter_pod_resources_errors_total",
+        "kiln_exporter_last_collect_timestamp_seconds",
+    ];
+    let mut seen = 0;
+    for word in json.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("DCGM_FI_") {
+            assert!(
+                kiln_exporter::fields::field_by_name(word).is_some(),
+                "dashboard uses unknown {word}"
+            );
+            seen += 1;
+        } else if word.starts_with("kiln_") && word != "kiln_gpu_exporter" {
+            assert!(
+                kiln_families.contains(&word),
+                "dashboard uses unknown {word}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 10, "only {seen} metric references found");
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Real-GPU check for `kiln exporter`: starts it on NVML, scrapes /metrics, and compares its values
+# with `nvidia-smi --query-gpu` for every GPU. Run on a machine with an NVIDIA GPU and driver:
+#
+#   cargo build --release -p kiln-cli && scripts/exporter-gpu-check.sh
+#
+# KILN (default target/release/kiln) picks the binary, PORT (default 19400) the port. Prints one
+# line per GPU and field (kiln value, nvidia-smi value, tolerance, ok/DIFF) and exits 1 on any
+# DIFF. Readings that change between the two reads (power, clocks, utilisation) get tolerances.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KILN=${KILN:-target/release/kiln}
+PORT=${PORT:-19400}
+BACKEND=${BACKEND:-nvml} # `fake:<fixture>` only to test this script itself
+command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: not a GPU machine" >&2; exit 2; }
+[ -x "$KILN" ] || { echo "$KILN not built (cargo build --release -p kiln-cli)" >&2; exit 2; }
+
+work=$(mktemp -d)
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+KILN_LOG=warn "$KILN" exporter --gpu-backend "$BACKEND" -a "127.0.0.1:$PORT" -c 1000 --node-name gpu-check \
+  2>"$work/exporter.log" &
+pid=$!
+for _ in $(seq 50); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+sleep 2 # let a poll run after the GPUs settled
+curl -sf "http://127.0.0.1:$PORT/metrics" >"$work/metrics"
+nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,driver_version,temperature.gpu,power.draw,memory.used,memory.free,clocks.sm,clocks.mem,utilization.gpu \
+  --format=csv,noheader,nounits >"$work/smi"
+
+echo "kiln: $("$KILN" --version)   driver: $(head -1 "$work/smi" | cut -d, -f5 | tr -d ' ')"
+echo "start-up warnings:"; sed 's/^/  /' "$work/exporter.log" | head -20
+# value of METRIC for gpu=IDX, or "-" when absent
+val() { awk -v m="$1" -v g="gpu=\"$2\"" 'index($0, m"{")==1 && index($0, g) { print $NF; exit }' "$work/metrics"; }
+label() { grep -m1 "^$1{gpu=\"$2\"" "$work/metrics" | sed -n "s/.*[{,]$3=\"\([^\"]*\)\".*/\1/p"; }
+
+fail=0
+check() { # gpu field kiln smi tolerance(absolute)
+  local ok
+  ok=$(awk -v a="$3" -v b="$4" -v t="$5" 'BEGIN { if (a=="" || b=="" || b ~ /N\/A|Not/) { print "skip"; exit }
+        d=a-b; if (d<0) d=-d; print (d<=t) ? "ok" : "DIFF" }')
+  printf '  GPU %s %-28s kiln %-14s smi %-14s tol %-6s %s\n' "$1" "$2" "${3:--}" "${4:--}" "$5" "$ok"
+  [ "$ok" = DIFF ] && fail=1 || true
+}
+check_str() { # gpu field kiln smi
+  local ok=ok; [ "$3" = "$4" ] || { ok=DIFF; fail=1; }
+  printf '  GPU %s %-28s kiln %-40s smi %-40s %s\n' "$1" "$2" "$3" "$4" "$ok"
+}
+
+while IFS=, read -r idx uuid name bus driver temp power used free sm mem util; do
+  idx=$(echo "$idx" | tr -d ' '); trim() { echo "$1" | sed 's/^ *//;s/ *$//'; }
+  echo "GPU $idx"
+  check_str "$idx" UUID "$(label DCGM_FI_DEV_GPU_TEMP "$idx" UUID)" "$(trim "$uuid")"
+  check_str "$idx" modelName "$(label DCGM_FI_DEV_GPU_TEMP "$idx" modelName)" "$(trim "$name")"
+  check_str "$idx" pci_bus_id "$(label DCGM_FI_DEV_GPU_TEMP "$idx" pci_bus_id)" "$(trim "$bus")"
+  check_str "$idx" DCGM_FI_DRIVER_VERSION "$(label DCGM_FI_DEV_GPU_TEMP "$idx" DCGM_FI_DRIVER_VERSION)" "$(trim "$driver")"
+  check "$idx" DCGM_FI_DEV_GPU_TEMP "$(val DCGM_FI_DEV_GPU_TEMP "$idx")" "$(trim "$temp")" 3
+  check "$idx" DCGM_FI_DEV_POWER_USAGE "$(val DCGM_FI_DEV_POWER_USAGE "$idx")" "$(trim "$power")" 25
+  check "$idx" DCGM_FI_DEV_FB_USED "$(val DCGM_FI_DEV_FB_USED "$idx")" "$(trim "$used")" 64
+  check "$idx" DCGM_FI_DEV_FB_FREE "$(val DCGM_FI_DEV_FB_FREE "$idx")" "$(trim "$free")" 64
+  check "$idx" DCGM_FI_DEV_SM_CLOCK "$(val DCGM_FI_DEV_SM_CLOCK "$idx")" "$(trim "$sm")" 300
+  check "$idx" DCGM_FI_DEV_MEM_CLOCK "$(val DCGM_FI_DEV_MEM_CLOCK "$idx")" "$(trim "$mem")" 300
+  check "$idx" DCGM_FI_DEV_GPU_UTIL "$(val DCGM_FI_DEV_GPU_UTIL "$idx")" "$(trim "$util")" 20
+done <"$work/smi"
+
+[ "$fail" = 0 ] && echo "RESULT: kiln matches nvidia-smi" || echo "RESULT: differences found"
+exit "$fail"
