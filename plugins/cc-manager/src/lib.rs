@@ -2,10 +2,8 @@
 //! (upstream `TransformCCManager`, gpu-operator.md §3.11).
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
-    apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
-};
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_sdk::pod::apply_simple_component;
+use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// Env carrying the default CC mode.
 pub const DEFAULT_CC_MODE_ENV: &str = "DEFAULT_CC_MODE";
@@ -26,9 +24,7 @@ impl Operand for CcManager {
         spec: &ClusterPolicySpec,
         ctx: &TransformContext,
     ) -> Result<(), TransformError> {
-        let name = ds_name(ds);
         let cc = &spec.cc_manager;
-        let c = &cc.common;
         let mode = cc.default_mode.as_str();
         if !mode.is_empty() && !CC_MODES.contains(&mode) {
             return Err(TransformError::field(
@@ -36,16 +32,20 @@ impl Operand for CcManager {
                 format!("{mode:?} is not one of on, off, devtools"),
             ));
         }
-        let img = image::resolve_image("spec.ccManager", c.into(), "CC_MANAGER_IMAGE", ctx)?;
-        let pod = pod_spec(ds);
-        apply_component_basics(pod, &name, None, &img, c)?;
-        let ctr = first_container(pod, &name)?;
-        if !mode.is_empty() {
-            env::set_env(ctr, DEFAULT_CC_MODE_ENV, mode);
-        }
-        env::apply_env(ctr, &c.env);
-        apply_host_network(pod, c.host_network);
-        Ok(())
+        let extra: &[(&str, &str)] = if mode.is_empty() {
+            &[]
+        } else {
+            &[(DEFAULT_CC_MODE_ENV, mode)]
+        };
+        apply_simple_component(
+            ds,
+            spec,
+            ctx,
+            "spec.ccManager",
+            "CC_MANAGER_IMAGE",
+            &cc.common,
+            extra,
+        )
     }
 }
 
@@ -57,12 +57,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        let files = std::fs::read_dir(&dir).unwrap().count();
-        assert_eq!(
-            kiln_plugin_sdk::testing::run_cases::<CcManager>(&dir),
-            files
-        );
-        assert!(files >= 3);
+        kiln_plugin_sdk::testing::assert_cases::<CcManager>(env!("CARGO_MANIFEST_DIR"), 3);
     }
 }

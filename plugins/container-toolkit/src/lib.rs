@@ -95,8 +95,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<ContainerToolkit>(&dir) >= 41);
+        kiln_plugin_sdk::testing::assert_cases::<ContainerToolkit>(env!("CARGO_MANIFEST_DIR"), 41);
     }
 
     #[test]

@@ -45,8 +45,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<Dcgm>(&dir) >= 2);
+        kiln_plugin_sdk::testing::assert_cases::<Dcgm>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 
     #[test]

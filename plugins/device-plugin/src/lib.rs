@@ -82,24 +82,9 @@ fn apply_cdi_env(main: &mut Container, spec: &ClusterPolicySpec) {
         env::set_env(
             main,
             "NVIDIA_CDI_HOOK_PATH",
-            cdi_hook_path(spec.toolkit.install_dir()),
+            kiln_plugin_sdk::pod::cdi_hook_path(spec.toolkit.install_dir()),
         );
     }
-}
-
-/// `filepath.Join(installDir, "toolkit/nvidia-cdi-hook")`: joined with one `/`, duplicate and
-/// trailing slashes of the install dir dropped.
-pub fn cdi_hook_path(install_dir: &str) -> String {
-    let parts: Vec<&str> = install_dir.split('/').filter(|p| !p.is_empty()).collect();
-    let lead = if install_dir.starts_with('/') {
-        "/"
-    } else {
-        ""
-    };
-    if parts.is_empty() {
-        return format!("{lead}toolkit/nvidia-cdi-hook");
-    }
-    format!("{lead}{}/toolkit/nvidia-cdi-hook", parts.join("/"))
 }
 
 /// `devicePlugin.mps.root` when set and different from [`DEFAULT_MPS_ROOT`].
@@ -129,22 +114,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<DevicePlugin>(&dir) >= 14);
-    }
-
-    #[test]
-    fn hook_path_is_a_path_join() {
-        assert_eq!(
-            cdi_hook_path("/usr/local/nvidia"),
-            "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
-        );
-        assert_eq!(
-            cdi_hook_path("/path/to/install/"),
-            "/path/to/install/toolkit/nvidia-cdi-hook"
-        );
-        assert_eq!(cdi_hook_path("//a//b"), "/a/b/toolkit/nvidia-cdi-hook");
-        assert_eq!(cdi_hook_path("/"), "/toolkit/nvidia-cdi-hook");
+        kiln_plugin_sdk::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 14);
     }
 
     #[test]

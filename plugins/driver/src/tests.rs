@@ -5,8 +5,7 @@ use kiln_plugin_sdk::serde_json::{Value, json};
 
 #[test]
 fn cases() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-    assert!(kiln_plugin_sdk::testing::run_cases::<Driver>(&dir) >= 15);
+    kiln_plugin_sdk::testing::assert_cases::<Driver>(env!("CARGO_MANIFEST_DIR"), 15);
 }
 
 fn base_ds() -> Value {

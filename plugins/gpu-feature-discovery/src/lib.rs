@@ -59,7 +59,9 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<GpuFeatureDiscovery>(&dir) >= 6);
+        kiln_plugin_sdk::testing::assert_cases::<GpuFeatureDiscovery>(
+            env!("CARGO_MANIFEST_DIR"),
+            6,
+        );
     }
 }

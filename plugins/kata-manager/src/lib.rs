@@ -4,10 +4,8 @@
 //! that still carry the objects.
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
-    apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
-};
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_sdk::pod::apply_simple_component;
+use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `kata-manager` operand.
 pub struct KataManager;
@@ -22,14 +20,16 @@ impl Operand for KataManager {
         spec: &ClusterPolicySpec,
         ctx: &TransformContext,
     ) -> Result<(), TransformError> {
-        let name = ds_name(ds);
         let c = &spec.kata_manager;
-        let img = image::resolve_image("spec.kataManager", c.into(), "KATA_MANAGER_IMAGE", ctx)?;
-        let pod = pod_spec(ds);
-        apply_component_basics(pod, &name, None, &img, c)?;
-        env::apply_env(first_container(pod, &name)?, &c.env);
-        apply_host_network(pod, c.host_network);
-        Ok(())
+        apply_simple_component(
+            ds,
+            spec,
+            ctx,
+            "spec.kataManager",
+            "KATA_MANAGER_IMAGE",
+            c,
+            &[],
+        )
     }
 }
 
@@ -41,12 +41,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        let files = std::fs::read_dir(&dir).unwrap().count();
-        assert_eq!(
-            kiln_plugin_sdk::testing::run_cases::<KataManager>(&dir),
-            files
-        );
-        assert!(files >= 1);
+        kiln_plugin_sdk::testing::assert_cases::<KataManager>(env!("CARGO_MANIFEST_DIR"), 1);
     }
 }

@@ -61,7 +61,7 @@ impl Operand for MigManager {
                 env::set_env(
                     main,
                     "NVIDIA_CDI_HOOK_PATH",
-                    cdi_hook_path(spec.toolkit.install_dir()),
+                    kiln_plugin_sdk::pod::cdi_hook_path(spec.toolkit.install_dir()),
                 );
             }
         }
@@ -152,20 +152,6 @@ fn config_map_volume(
     Some(vol.config_map.get_or_insert_with(Default::default))
 }
 
-/// `filepath.Join(installDir, "toolkit/nvidia-cdi-hook")`.
-pub fn cdi_hook_path(install_dir: &str) -> String {
-    let parts: Vec<&str> = install_dir.split('/').filter(|p| !p.is_empty()).collect();
-    let lead = if install_dir.starts_with('/') {
-        "/"
-    } else {
-        ""
-    };
-    if parts.is_empty() {
-        return format!("{lead}toolkit/nvidia-cdi-hook");
-    }
-    format!("{lead}{}/toolkit/nvidia-cdi-hook", parts.join("/"))
-}
-
 kiln_plugin_sdk::export_operand!(MigManager);
 
 #[cfg(test)]
@@ -174,15 +160,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<MigManager>(&dir) >= 7);
-    }
-
-    #[test]
-    fn hook_path_join() {
-        assert_eq!(
-            cdi_hook_path("/path/to/install/"),
-            "/path/to/install/toolkit/nvidia-cdi-hook"
-        );
+        kiln_plugin_sdk::testing::assert_cases::<MigManager>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }

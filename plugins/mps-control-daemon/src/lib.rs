@@ -96,8 +96,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<MpsControlDaemon>(&dir) >= 6);
+        kiln_plugin_sdk::testing::assert_cases::<MpsControlDaemon>(env!("CARGO_MANIFEST_DIR"), 6);
     }
 
     #[test]

@@ -46,7 +46,9 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<OperatorValidation>(&dir) >= 12);
+        kiln_plugin_sdk::testing::assert_cases::<OperatorValidation>(
+            env!("CARGO_MANIFEST_DIR"),
+            12,
+        );
     }
 }

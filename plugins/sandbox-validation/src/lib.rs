@@ -45,7 +45,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<SandboxValidation>(&dir) >= 7);
+        kiln_plugin_sdk::testing::assert_cases::<SandboxValidation>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }

@@ -18,11 +18,11 @@ pub mod driver_family;
 pub mod env;
 pub mod error;
 pub mod image;
-pub mod monitoring;
 mod macros;
+pub mod monitoring;
 pub mod pod;
-pub mod validator;
 mod run;
+pub mod validator;
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 pub mod wasm;
@@ -60,6 +60,24 @@ pub mod testing {
 
     use crate::{Operand, TransformError, apply_native};
 
+    /// The standard `cases()` test of a plugin crate: run every case file of
+    /// `<manifest_dir>/cases` natively, assert that each ran and that there are at least `min`.
+    pub fn assert_cases<O: Operand>(manifest_dir: &str, min: usize) {
+        let dir = Path::new(manifest_dir).join("cases");
+        let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(
+            run_cases::<O>(&dir),
+            files,
+            "every file in {} is a case",
+            dir.display()
+        );
+        assert!(
+            files >= min,
+            "{} has {files} cases, expected at least {min}",
+            dir.display()
+        );
+    }
+
     /// Run every `*.yaml` case in `dir` through `O` natively; panics listing every failing case.
     /// Returns how many cases ran (callers assert it is non-zero).
     pub fn run_cases<O: Operand>(dir: &Path) -> usize {
@@ -72,7 +90,8 @@ pub mod testing {
         let mut failures = Vec::new();
         for f in &files {
             let text = std::fs::read_to_string(f).unwrap();
-            let raw: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let raw: serde_json::Value =
+                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let mut ctx = case.context.clone();
             ctx.state = O::NAME.to_string();
@@ -80,7 +99,9 @@ pub mod testing {
                 Ok(out) => case.check(&out),
                 Err(e) => {
                     let (kind, path) = match &e {
-                        TransformError::InvalidField { path, .. } => ("invalid-field", Some(path.as_str())),
+                        TransformError::InvalidField { path, .. } => {
+                            ("invalid-field", Some(path.as_str()))
+                        }
                         TransformError::InvalidObject(_) => ("invalid-object", None),
                         TransformError::Failed(_) => ("failed", None),
                     };
@@ -91,7 +112,11 @@ pub mod testing {
                 failures.push(format!("{} ({}): {msg}", f.display(), case.name));
             }
         }
-        assert!(failures.is_empty(), "failing cases:\n{}", failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "failing cases:\n{}",
+            failures.join("\n")
+        );
         files.len()
     }
 }

@@ -455,3 +455,68 @@ pub fn apply_component_basics(
     set_resources_all(pod, c.resources.as_ref());
     Ok(())
 }
+
+/// The whole transform of a simple operand (upstream's sandbox device plugins, VFIO/CC/kata
+/// managers, node status exporter pattern): validation init containers; image resolved from
+/// `c` at spec path `path` (fallback `fallback_env`); pull policy, secrets, resources and args;
+/// `extra_env` then the user env on container[0]; hostNetwork. No runtime class.
+///
+/// # Errors
+/// An unresolvable image (naming `path`), a pod without containers.
+pub fn apply_simple_component(
+    ds: &mut DaemonSet,
+    spec: &ClusterPolicySpec,
+    ctx: &TransformContext,
+    path: &str,
+    fallback_env: &str,
+    c: &kiln_core::spec::ComponentSpec,
+    extra_env: &[(&str, &str)],
+) -> Result<(), TransformError> {
+    let name = ds_name(ds);
+    let img = resolve_image(path, ImageFields::from(c), fallback_env, ctx)?;
+    let pod = pod_spec(ds);
+    transform_validation_init_containers(pod, spec, ctx)?;
+    apply_component_basics(pod, &name, None, &img, c)?;
+    let ctr = first_container(pod, &name)?;
+    for (k, v) in extra_env {
+        set_env(ctr, k, *v);
+    }
+    crate::env::apply_env(ctr, &c.env);
+    apply_host_network(pod, c.host_network);
+    Ok(())
+}
+
+/// Path of the CDI hook under the toolkit install dir: Go's
+/// `filepath.Join(installDir, "toolkit/nvidia-cdi-hook")` (one `/` between parts; duplicate and
+/// trailing slashes dropped), as upstream sets `NVIDIA_CDI_HOOK_PATH`.
+pub fn cdi_hook_path(install_dir: &str) -> String {
+    let parts: Vec<&str> = install_dir.split('/').filter(|p| !p.is_empty()).collect();
+    let lead = if install_dir.starts_with('/') {
+        "/"
+    } else {
+        ""
+    };
+    if parts.is_empty() {
+        return format!("{lead}toolkit/nvidia-cdi-hook");
+    }
+    format!("{lead}{}/toolkit/nvidia-cdi-hook", parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_path_is_a_path_join() {
+        assert_eq!(
+            cdi_hook_path("/usr/local/nvidia"),
+            "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+        );
+        assert_eq!(
+            cdi_hook_path("/path/to/install/"),
+            "/path/to/install/toolkit/nvidia-cdi-hook"
+        );
+        assert_eq!(cdi_hook_path("//a//b"), "/a/b/toolkit/nvidia-cdi-hook");
+        assert_eq!(cdi_hook_path("/"), "/toolkit/nvidia-cdi-hook");
+    }
+}

@@ -2,10 +2,16 @@
 //! keeps building as the SDK changes.
 
 use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{ClusterPolicySpec, Decision, Outcome, TransformContext, TransformError, transform_each};
+use kiln_plugin_sdk::{
+    ClusterPolicySpec, Decision, Outcome, TransformContext, TransformError, transform_each,
+};
 
 /// Add `nodeSelector: {pool: gpu-a}` to every DaemonSet of the state; keep everything else.
-fn edit(obj: &mut Value, _spec: &ClusterPolicySpec, _ctx: &TransformContext) -> Result<Decision, TransformError> {
+fn edit(
+    obj: &mut Value,
+    _spec: &ClusterPolicySpec,
+    _ctx: &TransformContext,
+) -> Result<Decision, TransformError> {
     if obj["kind"] == "DaemonSet" {
         let pod = obj
             .pointer_mut("/spec/template/spec")
@@ -22,13 +28,26 @@ fn worked_example_adds_the_node_selector_and_leaves_other_objects() {
     let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"},
         "spec": {"selector": {"matchLabels": {"app": "d"}}, "template": {"spec": {"containers": []}}}});
     let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "d"}});
-    let out = transform_each(&[ds.to_string(), sa.to_string()], "{}", &TransformContext::default(), edit).unwrap();
+    let out = transform_each(
+        &[ds.to_string(), sa.to_string()],
+        "{}",
+        &TransformContext::default(),
+        edit,
+    )
+    .unwrap();
     assert_eq!(
         out[0],
-        Outcome::Patch(r#"[{"op":"add","path":"/spec/template/spec/nodeSelector","value":{"pool":"gpu-a"}}]"#.into())
+        Outcome::Patch(
+            r#"[{"op":"add","path":"/spec/template/spec/nodeSelector","value":{"pool":"gpu-a"}}]"#
+                .into()
+        )
     );
     assert_eq!(out[1], Outcome::Patch("[]".into()));
     let bad = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"}});
-    let err = transform_each(&[bad.to_string()], "{}", &TransformContext::default(), edit).unwrap_err();
-    assert_eq!(err, TransformError::InvalidObject("DaemonSet without a pod spec".into()));
+    let err =
+        transform_each(&[bad.to_string()], "{}", &TransformContext::default(), edit).unwrap_err();
+    assert_eq!(
+        err,
+        TransformError::InvalidObject("DaemonSet without a pod spec".into())
+    );
 }

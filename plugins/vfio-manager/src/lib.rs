@@ -53,7 +53,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<VfioManager>(&dir) >= 4);
+        kiln_plugin_sdk::testing::assert_cases::<VfioManager>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 }

@@ -90,7 +90,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<VgpuDeviceManager>(&dir) >= 4);
+        kiln_plugin_sdk::testing::assert_cases::<VgpuDeviceManager>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 }

@@ -87,7 +87,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
-        assert!(kiln_plugin_sdk::testing::run_cases::<VgpuManager>(&dir) >= 5);
+        kiln_plugin_sdk::testing::assert_cases::<VgpuManager>(env!("CARGO_MANIFEST_DIR"), 5);
     }
 }
