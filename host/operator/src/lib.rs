@@ -20,6 +20,7 @@
 
 pub mod apply;
 pub mod context;
+pub mod crd;
 pub mod facts;
 pub mod leader;
 pub mod metrics;

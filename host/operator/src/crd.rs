@@ -1,0 +1,138 @@
+//! The ClusterPolicy CRD, generated from the Rust types (`kiln crdgen`; committed as
+//! `deploy/crds/clusterpolicies.nvidia.com.yaml`, a test fails when it drifts).
+//!
+//! [`ClusterPolicy::crd`] gives the schema, scope (cluster), status subresource and the
+//! upstream printer columns `Status` and `Age`; kiln adds `Reason` (the reason of the condition
+//! that is `True`) and `Message`/`Active` at `-o wide`, so `kubectl get clusterpolicy` shows why
+//! a policy is not ready or which one it is ignored in favour of.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceColumnDefinition, CustomResourceDefinition,
+};
+use kiln_core::spec::ClusterPolicy;
+use kube::CustomResourceExt;
+use serde_json::Value;
+
+fn column(
+    name: &str,
+    path: &str,
+    priority: i32,
+    description: &str,
+) -> CustomResourceColumnDefinition {
+    CustomResourceColumnDefinition {
+        name: name.into(),
+        type_: "string".into(),
+        json_path: path.into(),
+        priority: Some(priority),
+        description: Some(description.into()),
+        format: None,
+    }
+}
+
+/// Make a derived schema node structural and upstream-like, recursively:
+/// - drop `default`s (they come from serde's `Default`, not from upstream; kiln applies the
+///   upstream nil rules in code, so the API server must not fill objects in);
+/// - a node with no `type`, `properties`, combinator or int-or-string marker (a
+///   `serde_json::Value` field such as `driver.upgradePolicy`) keeps unknown fields
+///   (`x-kubernetes-preserve-unknown-fields: true`), as a structural schema requires.
+fn make_structural(node: &mut Value) {
+    let Some(obj) = node.as_object_mut() else {
+        return;
+    };
+    obj.remove("default");
+    let typed = [
+        "type",
+        "properties",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "x-kubernetes-int-or-string",
+    ]
+    .iter()
+    .any(|k| obj.contains_key(*k));
+    if !typed {
+        obj.insert(
+            "x-kubernetes-preserve-unknown-fields".into(),
+            Value::Bool(true),
+        );
+    }
+    if let Some(props) = obj.get_mut("properties").and_then(Value::as_object_mut) {
+        props.values_mut().for_each(make_structural);
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = obj.get_mut(key).filter(|c| c.is_object()) {
+            make_structural(child);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(list) = obj.get_mut(key).and_then(Value::as_array_mut) {
+            list.iter_mut().for_each(make_structural);
+        }
+    }
+}
+
+/// The CRD object: the derive's output, made structural (see `make_structural`), with
+/// unknown `spec` fields preserved (site plugins read the policy's original spec, so fields
+/// kiln does not model must survive) and kiln's extra printer columns.
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = ClusterPolicy::crd();
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        let mut v = serde_json::to_value(&*schema).expect("a schema serializes");
+        if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
+            props.values_mut().for_each(make_structural);
+        }
+        if let Some(spec) = v
+            .pointer_mut("/properties/spec")
+            .and_then(Value::as_object_mut)
+        {
+            spec.insert(
+                "x-kubernetes-preserve-unknown-fields".into(),
+                Value::Bool(true),
+            );
+        }
+        *schema = serde_json::from_value(v).expect("a schema deserializes");
+    }
+    for version in &mut crd.spec.versions {
+        let cols = version
+            .additional_printer_columns
+            .get_or_insert_with(Vec::new);
+        // Keep upstream's Status first and Age last; insert the extras between.
+        let age = cols
+            .iter()
+            .position(|c| c.name == "Age")
+            .unwrap_or(cols.len());
+        cols.splice(
+            age..age,
+            [
+                column(
+                    "Reason",
+                    ".status.conditions[?(@.status==\"True\")].reason",
+                    0,
+                    "Why the policy is in its state",
+                ),
+                column(
+                    "Message",
+                    ".status.conditions[?(@.type==\"Error\")].message",
+                    1,
+                    "States not ready and why",
+                ),
+            ],
+        );
+    }
+    crd
+}
+
+/// The CRD as YAML, exactly as committed under `deploy/crds/`.
+pub fn crd_yaml() -> String {
+    let body = serde_yaml_ng::to_string(&crd()).expect("a CRD serializes to YAML");
+    format!(
+        "# Generated by `kiln crdgen` from the Rust types in host/core/src/spec; do not edit.\n{body}"
+    )
+}

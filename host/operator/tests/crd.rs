@@ -1,0 +1,150 @@
+//! The committed CRD matches the Rust types, and stays compatible with upstream's.
+//!
+//! Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test crd` (or
+//! `kiln crdgen > deploy/crds/clusterpolicies.nvidia.com.yaml`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const COMMITTED: &str = "deploy/crds/clusterpolicies.nvidia.com.yaml";
+
+#[test]
+fn committed_crd_matches_the_types() {
+    let path = repo().join(COMMITTED);
+    let generated = kiln_operator::crd::crd_yaml();
+    if std::env::var_os("KILN_UPDATE_CRD").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{COMMITTED} drifted from the Rust types; regenerate with `kiln crdgen > {COMMITTED}`"
+    );
+}
+
+fn spec_schema(crd: &Value) -> Value {
+    crd.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec")
+        .cloned()
+        .unwrap()
+}
+
+/// `path → type` for every property under `schema` (arrays descend into `items` as `path[]`).
+fn types(schema: &Value, path: &str, out: &mut BTreeMap<String, String>) {
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        out.insert(path.to_string(), t.to_string());
+    }
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            types(v, &format!("{path}.{k}"), out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        types(items, &format!("{path}[]"), out);
+    }
+}
+
+fn upstream() -> Option<Value> {
+    let text =
+        std::fs::read_to_string(repo().join("../shared/upstream/clusterpolicies-crd.yaml")).ok()?;
+    serde_yaml_ng::from_str(&text).ok()
+}
+
+/// Every upstream spec field that kiln models keeps its name and type. Known, deliberate
+/// differences are listed here with the reason.
+#[test]
+fn modelled_fields_keep_upstream_types() {
+    let Some(up) = upstream() else {
+        eprintln!("shared/upstream/clusterpolicies-crd.yaml not available; skipping");
+        return;
+    };
+    let ours = serde_json::to_value(kiln_operator::crd::crd()).unwrap();
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    types(&spec_schema(&ours), "spec", &mut a);
+    types(&spec_schema(&up), "spec", &mut b);
+    let mismatched: Vec<String> = a
+        .iter()
+        .filter_map(|(p, t)| {
+            let u = b.get(p)?;
+            (u != t).then(|| format!("{p}: ours {t}, upstream {u}"))
+        })
+        .collect();
+    assert_eq!(mismatched, Vec::<String>::new());
+    // Fields kiln's shared component types add that upstream's CRD lacks (harmless: they are
+    // optional and kiln ignores them where upstream has no such setting).
+    let ours_only: Vec<&str> = a
+        .keys()
+        .filter(|p| !b.contains_key(*p))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        ours_only,
+        [
+            "spec.gdrcopy.hostNetwork",
+            "spec.gdrcopy.resources",
+            "spec.gdrcopy.resources.limits",
+            "spec.gdrcopy.resources.requests",
+            "spec.gds.hostNetwork",
+            "spec.gds.resources",
+            "spec.gds.resources.limits",
+            "spec.gds.resources.requests",
+            "spec.validator.enabled",
+            "spec.vfioManager.kernelModuleConfig",
+            "spec.vfioManager.kernelModuleConfig.name",
+        ]
+    );
+    // Upstream fields kiln does not type: deprecated/unused ones, and subtrees kept as JSON
+    // (`x-kubernetes-preserve-unknown-fields`, so nothing is pruned). Roots only.
+    let upstream_only: Vec<&str> = b
+        .keys()
+        .filter(|p| !a.contains_key(*p))
+        .filter(|p| {
+            !b.keys().any(|q| {
+                q != *p
+                    && !a.contains_key(q)
+                    && (p.starts_with(&format!("{q}.")) || p.starts_with(&format!("{q}[")))
+            })
+        })
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        upstream_only,
+        [
+            "spec.dcgmExporter.serviceMonitor.relabelings[]",
+            "spec.driver.upgradePolicy",
+            "spec.kataManager.config",
+            "spec.operator.annotations",
+            "spec.operator.initContainer",
+            "spec.operator.labels",
+            "spec.operator.metrics.serviceMonitor.relabelings[]",
+        ]
+    );
+}
+
+#[test]
+fn crd_is_cluster_scoped_with_status_and_columns() {
+    let crd = serde_json::to_value(kiln_operator::crd::crd()).unwrap();
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["group"], "nvidia.com");
+    assert_eq!(crd["spec"]["names"]["plural"], "clusterpolicies");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1");
+    assert!(v["subresources"]["status"].is_object());
+    let cols: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Status", "Reason", "Message", "Age"]);
+    let state = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["state"];
+    assert_eq!(
+        state["enum"],
+        serde_json::json!(["ready", "notReady", "ignored"])
+    );
+}
