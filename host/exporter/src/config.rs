@@ -198,8 +198,7 @@ fn local_hostname() -> String {
         .unwrap_or_else(|_| "localhost".to_owned())
 }
 
-/// Runs the exporter until `shutdown` resolves: opens the GPU backend, polls once, starts the
-/// pod-resources refresher (with `--kubernetes`) and serves HTTP.
+/// Runs the exporter until `shutdown` resolves: binds `--address`, then [`serve`]s.
 ///
 /// # Errors
 /// Any [`ExporterError`] from start-up or serving.
@@ -208,6 +207,26 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ExporterError> {
     let addr = cfg.listen_addr()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ExporterError::Io {
+            what: format!("binding {addr}"),
+            source,
+        })?;
+    serve(cfg, listener, shutdown).await
+}
+
+/// Serves on an already bound `listener` until `shutdown` resolves: opens the GPU backend,
+/// polls once, starts the pod-resources refresher (with `--kubernetes`) and answers HTTP.
+/// Needs a multi-threaded tokio runtime (the first poll runs in `block_in_place`).
+///
+/// # Errors
+/// [`ExporterError::Gpu`] (e.g. no NVML), [`ExporterError::Collectors`], or serving failures.
+pub async fn serve(
+    cfg: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ExporterError> {
     let catalogue = cfg.catalogue()?;
     let inventory = kiln_gpu::open(&cfg.gpu_backend)?;
     let shared = Arc::new(Shared::new(
@@ -230,22 +249,19 @@ pub async fn run(
         let client =
             PodResourcesClient::new(&cfg.pod_resources_kubelet_socket, Duration::from_secs(10))?;
         let every = Duration::from_millis(cfg.pod_resources_interval.max(100));
+        let extra = cfg.nvidia_resource_names.clone();
         Some(tokio::spawn(refresh_forever(
             client,
             shared.clone(),
             every,
-            cfg.nvidia_resource_names.clone(),
+            extra,
         )))
     } else {
         None
     };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ExporterError::Io {
-            what: format!("binding {addr}"),
-            source,
-        })?;
-    tracing::info!(%addr, "serving /metrics");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics");
+    }
     let served = axum::serve(listener, router(shared))
         .with_graceful_shutdown(shutdown)
         .await;

@@ -24,4 +24,4 @@ pub mod server;
 pub mod snapshot;
 pub mod state;
 
-pub use config::{Config, ExporterError, run};
+pub use config::{Config, ExporterError, run, serve};

@@ -44,6 +44,9 @@ pub struct SelfMetrics {
     pub collect_errors: AtomicU64,
 }
 
+/// A rendered GPU section: (format, snapshot generation, pod generation, body).
+type CachedBody = (Format, u64, u64, Arc<str>);
+
 /// The shared state; see the module docs.
 #[derive(Debug)]
 pub struct Shared {
@@ -52,7 +55,7 @@ pub struct Shared {
     extra_resources: Vec<String>,
     snapshot: RwLock<Arc<Snapshot>>,
     pods: RwLock<Arc<PodState>>,
-    cache: Mutex<Vec<(Format, u64, u64, Arc<str>)>>,
+    cache: Mutex<Vec<CachedBody>>,
     /// Self-metrics counters.
     pub metrics: SelfMetrics,
 }

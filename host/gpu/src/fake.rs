@@ -124,7 +124,7 @@ impl FakeBackend {
             .enumerate()
             .map(|(i, g)| to_device(i, g))
             .collect();
-        let samples = fixture.gpus.iter().map(|g| sample_with_total(g)).collect();
+        let samples = fixture.gpus.iter().map(sample_with_total).collect();
         let processes = fixture.gpus.iter().map(|g| g.processes.clone()).collect();
         let xids = fixture
             .gpus
@@ -200,10 +200,10 @@ impl GpuInventory for FakeBackend {
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if st.system_reads > 0 {
-            if let Some(v) = st.driver_changes.pop_front() {
-                st.system.driver_version = v;
-            }
+        if st.system_reads > 0
+            && let Some(v) = st.driver_changes.pop_front()
+        {
+            st.system.driver_version = v;
         }
         st.system_reads += 1;
         Ok(st.system.clone())

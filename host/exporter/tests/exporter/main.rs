@@ -7,6 +7,7 @@
 mod attribution;
 mod exposition;
 mod kubelet;
+mod server;
 mod standin;
 
 use std::{path::Path, sync::Arc, time::Duration};

@@ -1,0 +1,134 @@
+//! The real server path: flags parsed like the CLI's, `serve` on a TCP socket, HTTP/1.1 by hand.
+
+use std::time::Duration;
+
+use clap::Parser;
+use kiln_exporter::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{fixture, parse, standin::StandIn};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    cfg: Config,
+}
+
+async fn get(port: u16, path: &str, accept: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let req =
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_metrics_and_health_over_tcp_with_flags_from_env_and_args() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = StandIn::start(&dir.path().join("kubelet.sock")).await;
+    let backend = format!("fake:{}", fixture().display());
+    let socket = kubelet.path.display().to_string();
+    let cli = Cli::try_parse_from([
+        "kiln-exporter",
+        "--gpu-backend",
+        &backend,
+        "-k",
+        "--pod-resources-kubelet-socket",
+        &socket,
+        "--pod-resources-interval",
+        "100",
+        "--node-name",
+        "node-z",
+        "-c",
+        "200",
+    ])
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(kiln_exporter::serve(cli.cfg, listener, async {
+        let _ = rx.await;
+    }));
+
+    let health = get(port, "/health", "*/*").await;
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("OK"),
+        "{health}"
+    );
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = get(port, "/metrics", "text/plain").await;
+        if text.contains("pod=\"trainer-a\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        text.contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+        "{text}"
+    );
+    let body = text.split_once("\r\n\r\n").unwrap().1;
+    let scrape = parse(body);
+    let temp = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "DCGM_FI_DEV_GPU_TEMP")
+        .unwrap();
+    assert_eq!(temp.labels.get("Hostname"), Some("node-z"));
+    assert_eq!(temp.labels.get("pod"), Some("trainer-a"));
+    let om = get(
+        port,
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;q=0.3",
+    )
+    .await;
+    assert!(
+        om.contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(om.ends_with("# EOF\n"));
+
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn every_flag_has_a_kiln_exporter_env_var_and_defaults_match_the_readme() {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut flags = 0;
+    for arg in cmd
+        .get_arguments()
+        .filter(|a| a.get_long().is_some_and(|l| l != "help"))
+    {
+        let env = arg
+            .get_env()
+            .unwrap_or_else(|| panic!("--{} has no env var", arg.get_long().unwrap()));
+        assert!(
+            env.to_str().unwrap().starts_with("KILN_EXPORTER_"),
+            "{env:?}"
+        );
+        flags += 1;
+    }
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for arg in cmd
+        .get_arguments()
+        .filter(|a| a.get_long().is_some_and(|l| l != "help"))
+    {
+        let env = arg.get_env().unwrap().to_str().unwrap();
+        assert!(readme.contains(&format!("`{env}`")), "README lacks {env}");
+    }
+    assert_eq!(flags, 15);
+    let cli = Cli::try_parse_from(["kiln-exporter"]).unwrap();
+    assert_eq!(cli.cfg.listen_addr().unwrap().port(), 9400);
+    assert_eq!(cli.cfg.collect_interval, 30_000);
+    assert_eq!(cli.cfg.pod_resources_interval, 10_000);
+}
