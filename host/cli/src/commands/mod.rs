@@ -45,6 +45,21 @@ impl Cli {
 pub(crate) fn plugin_host(
     plugins_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<std::sync::Arc<kiln_plugin_host::PluginHost>> {
-    let cfg = kiln_plugin_host::HostConfig { drop_in_dir: plugins_dir, ..Default::default() };
-    Ok(std::sync::Arc::new(kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?))
+    let cfg = kiln_plugin_host::HostConfig {
+        drop_in_dir: plugins_dir,
+        ..Default::default()
+    };
+    Ok(std::sync::Arc::new(kiln_plugin_host::PluginHost::new(
+        cfg,
+        kiln_bundled_plugins::BUNDLED,
+    )?))
+}
+
+/// Write `text` to stdout; a closed pipe (`kiln render … | head`) is not an error.
+pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }

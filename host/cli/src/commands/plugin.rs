@@ -26,7 +26,11 @@ impl PluginCommand {
             PluginCommand::Check { file } => check(&file),
             PluginCommand::List => {
                 for (name, bytes) in kiln_bundled_plugins::BUNDLED {
-                    println!("{name}\t{}\t{} bytes", kiln_plugin_host::sha256_hex(bytes), bytes.len());
+                    println!(
+                        "{name}\t{}\t{} bytes",
+                        kiln_plugin_host::sha256_hex(bytes),
+                        bytes.len()
+                    );
                 }
                 Ok(ExitCode::SUCCESS)
             }
@@ -46,7 +50,11 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     }
     println!("imports:");
     for i in &report.imports {
-        let mark = if kiln_plugin_host::is_allowed_import(i) { "allowed" } else { "FORBIDDEN" };
+        let mark = if kiln_plugin_host::is_allowed_import(i) {
+            "allowed"
+        } else {
+            "FORBIDDEN"
+        };
         println!("  {i} ({mark})");
     }
     match &report.refusal {

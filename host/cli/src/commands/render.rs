@@ -64,29 +64,48 @@ fn parse_runtime(s: &str) -> Result<ContainerRuntime, String> {
 }
 
 fn parse_os(s: &str) -> Result<NodeOs, String> {
-    let (id, version) = s.split_once(':').ok_or("expected ID:VERSION_ID, e.g. ubuntu:22.04")?;
-    Ok(NodeOs { id: id.into(), version_id: version.into() })
+    let (id, version) = s
+        .split_once(':')
+        .ok_or("expected ID:VERSION_ID, e.g. ubuntu:22.04")?;
+    Ok(NodeOs {
+        id: id.into(),
+        version_id: version.into(),
+    })
 }
 
 impl RenderArgs {
     fn context(&self) -> anyhow::Result<TransformContext> {
         let mut ctx = defaults::render_context();
-        ctx.runtime = if self.openshift_version.is_some() { ContainerRuntime::Crio } else { self.runtime };
+        ctx.runtime = if self.openshift_version.is_some() {
+            ContainerRuntime::Crio
+        } else {
+            self.runtime
+        };
         ctx.operator_namespace = self.namespace.clone();
         ctx.gpu_node_os = Some(self.os.clone());
         ctx.kubernetes_version = self.kubernetes_version.clone();
         ctx.openshift_version = self.openshift_version.clone();
         ctx.has_service_monitor_crd = !self.no_service_monitors;
         for spec in &self.images {
-            let (env, image) = spec.split_once('=').with_context(|| format!("--image {spec:?}: expected ENV=IMAGE"))?;
+            let (env, image) = spec
+                .split_once('=')
+                .with_context(|| format!("--image {spec:?}: expected ENV=IMAGE"))?;
             ctx.fallback_images.retain(|(k, _)| k != env);
-            ctx.fallback_images.push((env.to_string(), image.to_string()));
+            ctx.fallback_images
+                .push((env.to_string(), image.to_string()));
         }
         for spec in &self.config_maps {
             let (name, keys) = spec.split_once('=').unwrap_or((spec, ""));
-            let mut keys: Vec<String> = keys.split(',').filter(|k| !k.is_empty()).map(str::to_string).collect();
+            let mut keys: Vec<String> = keys
+                .split(',')
+                .filter(|k| !k.is_empty())
+                .map(str::to_string)
+                .collect();
             keys.sort();
-            ctx.config_maps.push(ConfigMapKeys { name: name.to_string(), keys });
+            ctx.config_maps.push(ConfigMapKeys {
+                name: name.to_string(),
+                keys,
+            });
         }
         ctx.secrets = self.secrets.clone();
         Ok(ctx)
@@ -95,7 +114,8 @@ impl RenderArgs {
     /// Render and print; exit 1 (printing nothing on stdout) when any state fails.
     pub fn run(self) -> anyhow::Result<ExitCode> {
         let file = self.policy.display().to_string();
-        let text = std::fs::read_to_string(&self.policy).with_context(|| format!("{file}: cannot read"))?;
+        let text = std::fs::read_to_string(&self.policy)
+            .with_context(|| format!("{file}: cannot read"))?;
         let doc: serde_json::Value =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{file}: invalid YAML"))?;
         let policy = Policy::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
@@ -116,10 +136,11 @@ impl RenderArgs {
         if failed > 0 {
             bail!("{failed} state(s) failed to render");
         }
-        match self.output {
-            Format::Yaml => print!("{}", output::yaml_stream(&objects)?),
-            Format::Json => print!("{}", output::json_list(&objects)),
-        }
+        let text = match self.output {
+            Format::Yaml => output::yaml_stream(&objects)?,
+            Format::Json => output::json_list(&objects),
+        };
+        super::write_stdout(&text)?;
         Ok(ExitCode::SUCCESS)
     }
 }
