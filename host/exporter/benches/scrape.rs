@@ -3,7 +3,8 @@
 //! Run: `cargo bench -p kiln-exporter --bench scrape`. Prints p50/p99 of a full `/metrics`
 //! request through the axum router (in-process, no socket) for three cases — the steady state
 //! (body cached between polls), a fresh render on every scrape (a new sample each time, the
-//! worst case), and `--kubernetes-virtual-gpus` fresh renders — then the process's RSS.
+//! worst case), and `--kubernetes-virtual-gpus` fresh renders — then the whole exporter
+//! (`serve`, poller, pod-resources refresher) over TCP, and the process's RSS after each stage.
 //! Targets from the issue: p99 ≤ 2 ms, RSS ≤ 20 MiB.
 
 use std::{
@@ -134,8 +135,8 @@ fn rss_kib() -> u64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing else we need.
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
@@ -147,5 +148,175 @@ fn main() {
         measure("fresh render every scrape", false, true).await;
         measure("fresh, --kubernetes-virtual-gpus", true, true).await;
     });
-    println!("RSS after all cases: {:.1} MiB", rss_kib() as f64 / 1024.0);
+    println!(
+        "RSS after the in-process cases: {:.1} MiB",
+        rss_kib() as f64 / 1024.0
+    );
+    rt.block_on(tcp::measure());
+    println!(
+        "RSS after the TCP case: {:.1} MiB",
+        rss_kib() as f64 / 1024.0
+    );
+}
+
+/// The whole exporter as `kiln exporter` runs it — `serve` with `--kubernetes`, a 1 s poll and a
+/// 1 s pod-resources refresh against a stand-in kubelet reporting the 64 pods — scraped over
+/// TCP with HTTP/1.1 keep-alive.
+mod tcp {
+    use std::time::{Duration, Instant};
+
+    use kiln_exporter::podresources::proto::{
+        AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+        ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse,
+        ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+        pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+    };
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tonic::{Request, Response, Status};
+
+    use super::{GPUS, SCRAPES, allocations, percentile};
+
+    struct Kubelet;
+
+    #[tonic::async_trait]
+    impl PodResourcesLister for Kubelet {
+        async fn list(
+            &self,
+            _: Request<ListPodResourcesRequest>,
+        ) -> Result<Response<ListPodResourcesResponse>, Status> {
+            let pod_resources = allocations()
+                .into_iter()
+                .map(|a| PodResources {
+                    name: a.pod,
+                    namespace: a.namespace,
+                    containers: vec![ContainerResources {
+                        name: a.container,
+                        devices: vec![ContainerDevices {
+                            resource_name: a.resource_name,
+                            device_ids: a.device_ids,
+                            topology: None,
+                        }],
+                        ..Default::default()
+                    }],
+                })
+                .collect();
+            Ok(Response::new(ListPodResourcesResponse { pod_resources }))
+        }
+        async fn get_allocatable_resources(
+            &self,
+            _: Request<AllocatableResourcesRequest>,
+        ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+        async fn get(
+            &self,
+            _: Request<GetPodResourcesRequest>,
+        ) -> Result<Response<GetPodResourcesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+    }
+
+    fn fixture_yaml() -> String {
+        let sample = "{sm_clock_mhz: 1980, mem_clock_mhz: 2619, gpu_temp_c: 41, power_usage_mw: 72345, \
+                      total_energy_mj: 123456789, pcie_replay_count: 0, gpu_util_pct: 87, mem_copy_util_pct: 35, \
+                      enc_util_pct: 0, dec_util_pct: 0, fb_free_bytes: 42949672960, fb_used_bytes: 40802189312, \
+                      fb_reserved_bytes: 570425344, pcie_tx_kib_per_s: 1200, pcie_rx_kib_per_s: 3400}";
+        let mut y = String::from("driver_version: \"550.144.03\"\ncuda_version: \"12.4\"\ngpus:\n");
+        for i in 0..GPUS {
+            y.push_str(&format!(
+                "  - {{uuid: GPU-{i:08x}-2222-3333-4444-555555555555, name: NVIDIA H100 80GB HBM3, \
+                 memory_total_mib: 81559, compute_capability: \"9.0\", sample: {sample}}}\n"
+            ));
+        }
+        y
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cfg: kiln_exporter::Config,
+    }
+
+    pub async fn measure() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = dir.path().join("gpus.yaml");
+        std::fs::write(&fixture, fixture_yaml()).unwrap();
+        let sock = dir.path().join("kubelet.sock");
+        let uds = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(Kubelet))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(uds)),
+        );
+        let backend = format!("fake:{}", fixture.display());
+        let sock_arg = sock.display().to_string();
+        let args = [
+            "x",
+            "--gpu-backend",
+            &backend,
+            "-k",
+            "--pod-resources-kubelet-socket",
+            &sock_arg,
+        ];
+        let mut cli = Cli::parse_from(args);
+        cli.cfg.collect_interval = 1000;
+        cli.cfg.pod_resources_interval = 1000;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(kiln_exporter::serve(
+            cli.cfg,
+            listener,
+            std::future::pending(),
+        ));
+
+        let mut conn = BufReader::new(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap(),
+        );
+        let mut body = Vec::new();
+        // Wait for the pod labels (the first List after start-up).
+        let start = Instant::now();
+        while !String::from_utf8_lossy(&body).contains("pod=\"")
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            scrape(&mut conn, &mut body).await;
+        }
+        let mut times = Vec::with_capacity(SCRAPES);
+        for _ in 0..SCRAPES {
+            let t = Instant::now();
+            scrape(&mut conn, &mut body).await;
+            times.push(t.elapsed());
+        }
+        times.sort_unstable();
+        println!(
+            "{:<34} body {:>6} B  p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms",
+            "TCP: serve() + kubelet stand-in",
+            body.len(),
+            percentile(&times, 0.50).as_secs_f64() * 1e3,
+            percentile(&times, 0.99).as_secs_f64() * 1e3,
+            times.last().unwrap().as_secs_f64() * 1e3,
+        );
+    }
+
+    async fn scrape(conn: &mut BufReader<tokio::net::TcpStream>, body: &mut Vec<u8>) {
+        conn.get_mut()
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            conn.read_line(&mut line).await.unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        body.resize(len, 0);
+        conn.read_exact(body).await.unwrap();
+    }
 }
