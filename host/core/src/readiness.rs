@@ -3,7 +3,7 @@
 //! DaemonSets, the pods and ControllerRevisions of its namespace, and hands them in.
 //!
 //! ```text
-//! missing ─► notReady      desired 0 ─► ready      numberUnavailable ≠ 0 ─► notReady
+//! missing ─► notReady      desired 0 ─► ready (once observed)      numberUnavailable ≠ 0 ─► notReady
 //! RollingUpdate: observedGeneration ≥ generation ∧ updated = desired ∧ available = desired
 //! OnDelete: every owned pod on the newest ControllerRevision, Running, all containers ready
 //! ```
@@ -31,6 +31,9 @@ pub enum Readiness {
 pub enum NotReady {
     /// The DaemonSet does not exist (yet).
     Missing,
+    /// The DaemonSet controller has not observed the current generation yet and reports no pods
+    /// (kiln's guard before upstream's "desired 0 is ready").
+    NotObserved,
     /// `status.numberUnavailable` pods are unavailable.
     Unavailable(i32),
     /// RollingUpdate still in progress.
@@ -75,6 +78,7 @@ impl fmt::Display for NotReady {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NotReady::Missing => write!(f, "DaemonSet not found"),
+            NotReady::NotObserved => write!(f, "not yet observed by the DaemonSet controller"),
             NotReady::Unavailable(n) => write!(f, "{n} pod(s) unavailable"),
             NotReady::Rollout {
                 generation,
@@ -120,9 +124,16 @@ pub fn daemonset_readiness(
     let Some(ds) = ds else {
         return Readiness::NotReady(NotReady::Missing);
     };
-    let status = ds.status.clone().unwrap_or_default();
+    let Some(status) = ds.status.clone() else {
+        return Readiness::NotReady(NotReady::NotObserved);
+    };
     let desired = status.desired_number_scheduled;
     if desired == 0 {
+        // Deliberate guard before upstream's rule: a DaemonSet the controller has not observed
+        // yet (fresh, status empty) says nothing about its nodes.
+        if status.observed_generation.unwrap_or(0) < ds.metadata.generation.unwrap_or(0) {
+            return Readiness::NotReady(NotReady::NotObserved);
+        }
         return Readiness::Ready;
     }
     let unavailable = status.number_unavailable.unwrap_or(0);

@@ -52,8 +52,19 @@ fn n1_missing_daemonset_is_not_ready() {
 #[test]
 fn desired_zero_is_ready_and_unavailable_is_not() {
     assert_eq!(
-        daemonset_readiness(Some(&rolling(5, 1, 0, 0, 0)), &[], &[]),
+        daemonset_readiness(Some(&rolling(5, 5, 0, 0, 0)), &[], &[]),
         Readiness::Ready
+    );
+    // A fresh DaemonSet the controller has not observed yet is not ready, even at desired 0.
+    assert_eq!(
+        daemonset_readiness(Some(&rolling(2, 1, 0, 0, 0)), &[], &[]),
+        Readiness::NotReady(NotReady::NotObserved)
+    );
+    let mut fresh = rolling(1, 1, 0, 0, 0);
+    fresh.status = None;
+    assert_eq!(
+        daemonset_readiness(Some(&fresh), &[], &[]),
+        Readiness::NotReady(NotReady::NotObserved)
     );
     let mut d = rolling(2, 2, 3, 3, 3);
     d.status.as_mut().unwrap().number_unavailable = Some(2);

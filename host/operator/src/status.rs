@@ -27,7 +27,15 @@ pub async fn write_status(
 ) -> Result<bool> {
     let name = policy.metadata.name.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let current = policy.status.as_ref();
+    // The reconciled object may come from a cache older than our last status write: read the
+    // stored status so transition times are kept and an unchanged status is not written again.
+    let api: Api<ClusterPolicy> = Api::all(ctx.client.clone());
+    let fresh = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube(format!("get ClusterPolicy {name}"), e))?;
+    let Some(fresh) = fresh else { return Ok(false) };
+    let current = fresh.status.as_ref();
     let new = make_status(
         current,
         verdict,
@@ -55,7 +63,6 @@ pub async fn write_status(
     if !needs_write(current, &new) {
         return Ok(false);
     }
-    let api: Api<ClusterPolicy> = Api::all(ctx.client.clone());
     let body = serde_json::json!({"status": new});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await

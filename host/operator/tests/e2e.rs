@@ -1,0 +1,323 @@
+//! End-to-end: the operator, run in-process, against the real control plane of
+//! `kiln-testcluster` (8 nodes, 5 GPU nodes). One scenario, in order, on one cluster:
+//! sample policy → labels on the GPU nodes only, validator init-container order, `ready`;
+//! disabling dcgmExporter deletes its objects and returns to `ready`; a second policy is
+//! `ignored`, naming the active one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kiln_core::spec::ClusterPolicy;
+use kiln_testcluster::{TestCluster, exclusive, shared};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
+const TIMEOUT: Duration = Duration::from_secs(150);
+
+fn sample() -> anyhow::Result<Value> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/samples/clusterpolicy.yaml"
+    );
+    Ok(serde_yaml_ng::from_str(&std::fs::read_to_string(path)?)?)
+}
+
+async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = kiln_operator::crd::crd();
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("kiln-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    cluster
+        .wait_for("CRD established", TIMEOUT, || {
+            let crds = crds.clone();
+            async move {
+                let c = crds.get("clusterpolicies.nvidia.com").await?;
+                let ok = c
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(if ok {
+                    Ok(())
+                } else {
+                    Err("not established".into())
+                })
+            }
+        })
+        .await
+}
+
+fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let cfg = kiln_plugin_host::HostConfig::default();
+    let host = Arc::new(kiln_plugin_host::PluginHost::new(
+        cfg,
+        kiln_bundled_plugins::BUNDLED,
+    )?);
+    let renderer = kiln_render::Renderer::new(host);
+    let config = kiln_operator::Config {
+        namespace: NS.into(),
+        metrics_addr: "127.0.0.1:0".into(),
+        ..kiln_operator::Config::default()
+    };
+    Ok(tokio::spawn(async move {
+        if let Err(e) = kiln_operator::run(client, renderer, config).await {
+            eprintln!("operator stopped: {e}");
+        }
+    }))
+}
+
+async fn policy_state(api: &Api<ClusterPolicy>, name: &str) -> anyhow::Result<(String, String)> {
+    let p = api.get(name).await?;
+    let s = p.status.unwrap_or_default();
+    let state = serde_json::to_value(s.state)?
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let msg = s
+        .conditions
+        .iter()
+        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    Ok((state, msg))
+}
+
+async fn wait_state(
+    cluster: &TestCluster,
+    api: &Api<ClusterPolicy>,
+    name: &str,
+    want: &str,
+) -> anyhow::Result<String> {
+    cluster
+        .wait_for(format!("ClusterPolicy {name} {want}"), TIMEOUT, || async {
+            let (state, msg) = policy_state(api, name).await?;
+            Ok(if state == want {
+                Ok(msg)
+            } else {
+                Err(format!("{state}: {msg}"))
+            })
+        })
+        .await
+}
+
+/// Resource versions of the policy and every operand ConfigMap/ServiceAccount, and the
+/// generations of the DaemonSets (their resourceVersion moves with pod status).
+async fn snapshot(client: &Client, policy: &str) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    let lp = ListParams::default();
+    let p = Api::<ClusterPolicy>::all(client.clone())
+        .get(policy)
+        .await?;
+    let mut out = vec![format!(
+        "policy {:?} {}",
+        p.metadata.resource_version,
+        serde_json::to_string(&p.status)?
+    )];
+    for cm in Api::<ConfigMap>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.push(format!(
+            "cm {} {:?}",
+            cm.metadata.name.unwrap_or_default(),
+            cm.metadata.resource_version
+        ));
+    }
+    for sa in Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.push(format!(
+            "sa {} {:?}",
+            sa.metadata.name.unwrap_or_default(),
+            sa.metadata.resource_version
+        ));
+    }
+    for ds in Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.push(format!(
+            "ds {} {:?}",
+            ds.metadata.name.unwrap_or_default(),
+            ds.metadata.generation
+        ));
+    }
+    for n in Api::<Node>::all(client.clone()).list(&lp).await?.items {
+        let mut l = n.metadata.labels.unwrap_or_default();
+        l.remove("kiln.dev/poke");
+        out.push(format!(
+            "node {} {:?}",
+            n.metadata.name.unwrap_or_default(),
+            l
+        ));
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_end_to_end() -> anyhow::Result<()> {
+    let cluster = shared()?;
+    let _guard = exclusive().await;
+    cluster.with_logs(scenario(cluster).await)
+}
+
+async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    install_crd(cluster, &client).await?;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    if nss.get_opt(NS).await?.is_none() {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    }
+    let operator = start_operator(client.clone())?;
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let mut doc = sample()?;
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .unwrap_or("cluster-policy")
+        .to_string();
+    doc["metadata"] = json!({"name": name});
+    let cp: ClusterPolicy = serde_json::from_value(doc.clone())?;
+    policies.create(&PostParams::default(), &cp).await?;
+
+    // Labels: every GPU node carries gpu.present and all container deploy labels; CPU nodes none.
+    let nodes: Api<Node> = Api::all(client.clone());
+    cluster
+        .wait_for("GPU nodes labelled", TIMEOUT, || async {
+            let list = nodes.list(&ListParams::default()).await?;
+            let mut bad = Vec::new();
+            for n in &list.items {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let gpu = name.starts_with("gpu-node-");
+                let deploy = kiln_core::labels::CONTAINER_COMPONENTS
+                    .iter()
+                    .filter(|c| {
+                        l.get(&format!("nvidia.com/gpu.deploy.{c}"))
+                            .map(String::as_str)
+                            == Some("true")
+                    })
+                    .count();
+                let present = l.get("nvidia.com/gpu.present").map(String::as_str) == Some("true");
+                if gpu != present || (gpu && deploy != 9) || (!gpu && deploy != 0) {
+                    bad.push(format!("{name}: present={present} deploy={deploy}"));
+                }
+            }
+            Ok(if bad.is_empty() && list.items.len() == 8 {
+                Ok(())
+            } else {
+                Err(bad.join(", "))
+            })
+        })
+        .await?;
+
+    let msg = wait_state(cluster, &policies, &name, "ready").await?;
+    assert!(msg.contains("Ready=True Reconciled"), "{msg}");
+
+    // Validator init containers run in the readiness-chain order.
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let inits = |ds: DaemonSet| -> Vec<String> {
+        ds.spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.init_containers)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.name)
+            .collect()
+    };
+    assert_eq!(
+        inits(dss.get("nvidia-operator-validator").await?),
+        [
+            "driver-validation",
+            "toolkit-validation",
+            "cuda-validation",
+            "plugin-validation"
+        ]
+    );
+    // config-manager-init follows only when devicePlugin.config is set (not in the sample).
+    let dp = inits(dss.get("nvidia-device-plugin-daemonset").await?);
+    assert_eq!(
+        dp.first().map(String::as_str),
+        Some("toolkit-validation"),
+        "{dp:?}"
+    );
+    assert_eq!(
+        inits(dss.get("nvidia-dcgm-exporter").await?),
+        ["toolkit-validation"]
+    );
+
+    // Steady state: a reconcile woken by a node label change writes nothing.
+    let before = snapshot(&client, &name).await?;
+    let cpu = "cpu-node-1";
+    nodes
+        .patch(
+            cpu,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kiln.dev/poke": "1"}}})),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = snapshot(&client, &name).await?;
+    let changed: Vec<String> = after
+        .iter()
+        .zip(&before)
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| format!("{b} -> {a}"))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "a steady-state reconcile wrote: {changed:?}"
+    );
+
+    // Disabling dcgmExporter deletes its objects; the policy returns to ready.
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dcgmExporter": {"enabled": false}}})),
+        )
+        .await?;
+    cluster
+        .wait_for("dcgm-exporter DaemonSet deleted", TIMEOUT, || async {
+            Ok(match dss.get_opt("nvidia-dcgm-exporter").await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            })
+        })
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
+
+    // A second, newer policy is ignored and names the active one.
+    let mut second = doc.clone();
+    second["metadata"] = json!({"name": "second"});
+    policies
+        .create(&PostParams::default(), &serde_json::from_value(second)?)
+        .await?;
+    let msg = wait_state(cluster, &policies, "second", "ignored").await?;
+    assert!(
+        msg.contains(&format!("\"{name}\" is the active policy")),
+        "{msg}"
+    );
+    let (state, _) = policy_state(&policies, &name).await?;
+    assert_eq!(state, "ready");
+
+    operator.abort();
+    Ok(())
+}
