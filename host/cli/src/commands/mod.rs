@@ -1,5 +1,6 @@
 //! Subcommands, one module each; every one is a clap struct with `run`.
 
+mod exporter;
 mod plugin;
 mod render;
 
@@ -22,6 +23,8 @@ enum Command {
     /// Inspect and try plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Serve DCGM-compatible GPU metrics from NVML, with stable pod attribution.
+    Exporter(exporter::ExporterArgs),
 }
 
 impl Cli {
@@ -30,6 +33,7 @@ impl Cli {
         let result = match self.command {
             Command::Render(a) => a.run(),
             Command::Plugin(p) => p.run(),
+            Command::Exporter(e) => e.run(),
         };
         match result {
             Ok(code) => code,
