@@ -1,6 +1,8 @@
 //! Subcommands, one module each; every one is a clap struct with `run`.
 
+mod crdgen;
 mod exporter;
+mod operator;
 mod plugin;
 mod render;
 
@@ -23,6 +25,10 @@ enum Command {
     /// Inspect and try plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).
+    Operator(operator::OperatorArgs),
+    /// Print the ClusterPolicy CRD generated from the Rust types.
+    Crdgen(crdgen::CrdgenArgs),
     /// Serve DCGM-compatible GPU metrics from NVML, with stable pod attribution.
     Exporter(exporter::ExporterArgs),
 }
@@ -33,6 +39,8 @@ impl Cli {
         let result = match self.command {
             Command::Render(a) => a.run(),
             Command::Plugin(p) => p.run(),
+            Command::Operator(o) => o.run(),
+            Command::Crdgen(c) => c.run(),
             Command::Exporter(e) => e.run(),
         };
         match result {

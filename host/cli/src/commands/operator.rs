@@ -1,0 +1,73 @@
+//! `kiln operator`: run the ClusterPolicy reconciler (in a cluster, or out of it with
+//! `--kubeconfig FILE`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Arguments of `kiln operator`.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace the operands go into.
+    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "gpu-operator")]
+    namespace: String,
+    /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
+    #[arg(long, env = "KILN_PLUGINS_DIR")]
+    plugins_dir: Option<PathBuf>,
+    /// Listen address of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+    /// Take part in leader election on the Lease `kiln-operator` (for more than one replica).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Override a fallback operand image, as ENV=IMAGE (e.g. `DRIVER_IMAGE=registry/driver:1`).
+    #[arg(long = "image", value_parser = parse_image)]
+    images: Vec<(String, String)>,
+}
+
+fn parse_image(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected ENV=IMAGE, got {s:?}"))
+}
+
+impl OperatorArgs {
+    /// Run until a shutdown signal.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        rt.block_on(self.run_async())?;
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn run_async(self) -> anyhow::Result<()> {
+        let client = match &self.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+                kube::Client::try_from(cfg)?
+            }
+            None => kube::Client::try_default().await.context("kube client")?,
+        };
+        let host = super::plugin_host(self.plugins_dir.clone())?;
+        let renderer = kiln_render::Renderer::new(host);
+        let config = kiln_operator::Config {
+            namespace: self.namespace,
+            plugins_dir: self.plugins_dir,
+            metrics_addr: self.metrics_addr,
+            leader_election: self.leader_elect,
+            images: self.images,
+            ..kiln_operator::Config::default()
+        };
+        kiln_operator::run(client, renderer, config).await?;
+        Ok(())
+    }
+}
