@@ -103,7 +103,7 @@ pub enum ExporterError {
     #[error(transparent)]
     Gpu(#[from] GpuError),
     /// The metrics CSV could not be read.
-    #[error("reading metrics CSV {path}: {source}")]
+    #[error("reading metrics CSV {path}")]
     ReadCollectors {
         /// The CSV path.
         path: PathBuf,
@@ -112,7 +112,7 @@ pub enum ExporterError {
         source: std::io::Error,
     },
     /// The metrics CSV is invalid.
-    #[error("metrics CSV {path}: {source}")]
+    #[error("metrics CSV {path}")]
     Collectors {
         /// The CSV path.
         path: PathBuf,
@@ -127,7 +127,7 @@ pub enum ExporterError {
     #[error(transparent)]
     PodResources(#[from] PodResourcesError),
     /// Binding, serving or spawning failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// What was being done.
         what: String,

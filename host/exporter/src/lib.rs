@@ -25,3 +25,28 @@ pub mod snapshot;
 pub mod state;
 
 pub use config::{Config, ExporterError, run, serve};
+
+/// `err: cause: cause…`, for log lines (error types here keep causes in `source()`).
+#[must_use]
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_chain_joins_causes_once() {
+        let e = crate::ExporterError::Io {
+            what: "binding x".into(),
+            source: std::io::Error::other("in use"),
+        };
+        assert_eq!(super::error_chain(&e), "binding x: in use");
+    }
+}

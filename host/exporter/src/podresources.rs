@@ -37,7 +37,7 @@ pub enum PodResourcesError {
     #[error("invalid pod-resources socket path {0}")]
     BadPath(String),
     /// The kubelet did not answer (socket missing, kubelet restarting, timeout, or an error).
-    #[error("pod-resources List failed: {0}")]
+    #[error("pod-resources List failed")]
     List(#[from] tonic::Status),
 }
 
@@ -132,7 +132,7 @@ pub async fn refresh_forever(
                     .metrics
                     .pod_resources_errors
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(error = %e, "pod-resources List failed");
+                tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed");
                 let stale = shared
                     .pods()
                     .last_success

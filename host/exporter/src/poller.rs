@@ -28,13 +28,13 @@ pub fn collect(
     let pod_dir = mapper.map(ProcessMapper::pod_directory).unwrap_or_default();
     let system = inv
         .system()
-        .map_err(|e| tracing::warn!(error = %e, "reading driver versions"))
+        .map_err(|e| tracing::warn!(error = %crate::error_chain(&e), "reading driver versions"))
         .ok();
     errors += u64::from(system.is_none());
     let devices = match inv.devices() {
         Ok(d) => d,
         Err(e) => {
-            tracing::warn!(error = %e, "listing GPUs; keeping the previous GPU list without samples");
+            tracing::warn!(error = %crate::error_chain(&e), "listing GPUs; keeping the previous GPU list without samples");
             errors += 1;
             prev.gpus.iter().map(|g| g.device.clone()).collect()
         }
@@ -50,7 +50,7 @@ pub fn collect(
             match inv.sample(g.device.index) {
                 Ok(s) => g.sample = Some(s),
                 Err(e) => {
-                    tracing::warn!(gpu = g.device.index, error = %e, "reading GPU counters");
+                    tracing::warn!(gpu = g.device.index, error = %crate::error_chain(&e), "reading GPU counters");
                     errors += 1;
                 }
             }
@@ -58,7 +58,7 @@ pub fn collect(
                 match inv.processes(g.device.index) {
                     Ok(procs) => g.pod_usage = m.usage(&procs, &pod_dir),
                     Err(e) => {
-                        tracing::debug!(gpu = g.device.index, error = %e, "reading GPU processes")
+                        tracing::debug!(gpu = g.device.index, error = %crate::error_chain(&e), "reading GPU processes")
                     }
                 }
             }

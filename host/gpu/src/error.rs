@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-/// Why a GPU backend could not be opened or answer a query.
+/// Why a GPU backend could not be opened or answer a query. Messages name what failed; the
+/// cause is the error's `source()` (print the chain, e.g. anyhow's `{:#}`).
 ///
 /// NVML's own per-call "not supported on this device" answers never become an error: the
 /// reading is `None` in [`crate::DeviceSample`] instead, as dcgm-exporter skips blank values.
@@ -10,10 +11,10 @@ use std::path::PathBuf;
 pub enum GpuError {
     /// `libnvidia-ml.so.1` could not be loaded or initialised (no driver, no GPU, or a
     /// container without the NVIDIA runtime). Every agent reports this at start-up.
-    #[error("NVML init failed: {0}")]
+    #[error("NVML init failed")]
     NvmlInit(#[source] nvml_wrapper::error::NvmlError),
     /// An NVML call failed for a reason other than "not supported".
-    #[error("NVML {call} failed on GPU {index}: {source}")]
+    #[error("NVML {call} failed on GPU {index}")]
     NvmlCall {
         /// The NVML function, by its C name (e.g. `nvmlDeviceGetUUID`).
         call: &'static str,
@@ -33,7 +34,7 @@ pub enum GpuError {
     #[error("no GPU with index {0}")]
     NoSuchDevice(u32),
     /// The fake backend's fixture file could not be read.
-    #[error("reading GPU fixture {path}: {source}")]
+    #[error("reading GPU fixture {path}")]
     FixtureRead {
         /// The fixture path.
         path: PathBuf,
@@ -42,7 +43,7 @@ pub enum GpuError {
         source: std::io::Error,
     },
     /// The fake backend's fixture file is not valid YAML/JSON for the fixture format.
-    #[error("parsing GPU fixture {path}: {source}")]
+    #[error("parsing GPU fixture {path}")]
     FixtureParse {
         /// The fixture path.
         path: PathBuf,
