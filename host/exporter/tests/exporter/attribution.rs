@@ -42,7 +42,7 @@ async fn hundred_scrapes_give_one_identical_pod_label_set_per_gpu() {
     }
     // The kubelet really was asked many times, in many orders, during those scrapes.
     assert!(
-        kubelet.calls() - lists_before >= 20,
+        kubelet.calls() - lists_before >= 10,
         "only {} List calls",
         kubelet.calls() - lists_before
     );
