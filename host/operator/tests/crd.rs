@@ -20,6 +20,8 @@ fn committed_crd_matches_the_types() {
     let generated = kiln_operator::crd::crd_yaml();
     if std::env::var_os("KILN_UPDATE_CRD").is_some() {
         std::fs::write(&path, &generated).unwrap();
+        let chart = repo().join("deploy/helm/kiln/crds/clusterpolicies.nvidia.com.yaml");
+        std::fs::write(chart, &generated).unwrap();
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
