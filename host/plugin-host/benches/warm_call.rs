@@ -24,11 +24,23 @@ fn warm_call(c: &mut Criterion) {
     let ctx = common::ctx();
     host.load("good", None).unwrap();
     c.bench_function("warm_call/good/1_daemonset", |b| {
-        b.iter(|| black_box(host.transform("good", black_box(&objects), &spec, &ctx).unwrap()))
+        b.iter(|| {
+            black_box(
+                host.transform("good", black_box(&objects), &spec, &ctx)
+                    .unwrap(),
+            )
+        })
     });
-    let many: Vec<_> = (0..20).map(|i| common::daemonset(&format!("ds-{i}"))).collect();
+    let many: Vec<_> = (0..20)
+        .map(|i| common::daemonset(&format!("ds-{i}")))
+        .collect();
     c.bench_function("warm_call/good/20_daemonsets", |b| {
-        b.iter(|| black_box(host.transform("good", black_box(&many), &spec, &ctx).unwrap()))
+        b.iter(|| {
+            black_box(
+                host.transform("good", black_box(&many), &spec, &ctx)
+                    .unwrap(),
+            )
+        })
     });
 }
 
@@ -44,8 +56,13 @@ fn load(c: &mut Criterion) {
         })
     });
     let dirs = common::Dirs::new();
-    let config = HostConfig { cache_dir: Some(dirs.cache.clone()), ..dirs.config() };
-    common::host_with_good(&dirs, config.clone()).load("good", None).unwrap();
+    let config = HostConfig {
+        cache_dir: Some(dirs.cache.clone()),
+        ..dirs.config()
+    };
+    common::host_with_good(&dirs, config.clone())
+        .load("good", None)
+        .unwrap();
     group.bench_function("disk_cache/good", |b| {
         b.iter(|| {
             let host = PluginHost::new(config.clone(), &[]).unwrap();

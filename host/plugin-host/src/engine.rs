@@ -4,16 +4,29 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::config::{EPOCH_TICK, HostConfig};
 use crate::error::PluginError;
 
+/// Component instances the pooling allocator keeps slots for: the most plugin calls one host
+/// runs at the same time.
+pub const POOL_SLOTS: u32 = 32;
+
 /// An engine with fuel metering and epoch interruption on, so that no call can run without a
-/// CPU bound.
+/// CPU bound, and a pooling allocator: instantiating into a reused slot (with copy-on-write
+/// memory images) is what keeps a fresh store per call cheap.
 pub(crate) fn make_engine(cfg: &HostConfig) -> Result<Engine, PluginError> {
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(POOL_SLOTS)
+        .total_core_instances(POOL_SLOTS * 8)
+        .total_memories(POOL_SLOTS * 2)
+        .total_tables(POOL_SLOTS * 8)
+        .total_stacks(POOL_SLOTS)
+        .max_memory_size(cfg.memory_limit_bytes);
     let mut config = Config::new();
     config
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .wasm_component_model(true)
         .consume_fuel(true)
         .epoch_interruption(true)

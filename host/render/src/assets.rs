@@ -3,6 +3,8 @@
 //! Files are read in sorted path order (the numeric prefixes fix the apply order, as upstream);
 //! a file whose name contains `openshift` is used only on OpenShift.
 
+use std::sync::OnceLock;
+
 use include_dir::{Dir, include_dir};
 use kiln_core::State;
 use serde_json::Value;
@@ -10,7 +12,7 @@ use serde_json::Value;
 static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../assets");
 
 /// Why a state's bundle cannot be loaded (a build defect: assets are checked by tests).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AssetError {
     /// No `assets/state-<name>` folder.
     #[error("no assets folder for state {0}")]
@@ -35,10 +37,27 @@ pub struct Asset {
 }
 
 /// The objects of `state`, in apply order; `openshift` files only when `openshift` is true.
+/// Parsed once per process and cloned afterwards (YAML parsing would otherwise dominate a
+/// render).
 ///
 /// # Errors
 /// [`AssetError`] when the folder is missing or a file does not parse.
 pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetError> {
+    type Parsed = Result<Vec<Asset>, AssetError>;
+    static CACHE: OnceLock<Vec<Parsed>> = OnceLock::new();
+    let all = CACHE.get_or_init(|| State::ALL.iter().map(|&s| parse_state(s)).collect());
+    let idx = State::ALL
+        .iter()
+        .position(|&s| s == state)
+        .expect("State::ALL lists every state");
+    let assets = all[idx].clone()?;
+    Ok(assets
+        .into_iter()
+        .filter(|a| openshift || !a.path.contains("openshift"))
+        .collect())
+}
+
+fn parse_state(state: State) -> Result<Vec<Asset>, AssetError> {
     let dir = ASSETS
         .get_dir(state.folder())
         .ok_or(AssetError::MissingFolder(state))?;
@@ -49,7 +68,6 @@ pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetErro
                 .extension()
                 .is_some_and(|e| e == "yaml" || e == "yml")
         })
-        .filter(|f| openshift || !f.path().to_string_lossy().contains("openshift"))
         .collect();
     files.sort_by_key(|f| f.path());
     files
