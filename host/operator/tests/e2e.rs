@@ -110,6 +110,20 @@ async fn wait_state(
         .await
 }
 
+/// Names of the operand pods (namespace gpu-operator) bound to `node`.
+async fn operand_pods(client: &Client, node: &str) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::Pod;
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect())
+}
+
 /// Resource versions of the policy and every operand ConfigMap/ServiceAccount, and the
 /// generations of the DaemonSets (their resourceVersion moves with pod status).
 async fn snapshot(client: &Client, policy: &str) -> anyhow::Result<Vec<String>> {
@@ -285,6 +299,111 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         changed.is_empty(),
         "a steady-state reconcile wrote: {changed:?}"
     );
+
+    // Per-node opt-outs: operands=false empties gpu-node-5; dcgm-exporter=false on gpu-node-4
+    // removes only that operand there.
+    cluster.label_node(
+        "gpu-node-5",
+        &[("nvidia.com/gpu.deploy.operands", Some("false"))],
+    )?;
+    cluster.label_node(
+        "gpu-node-4",
+        &[("nvidia.com/gpu.deploy.dcgm-exporter", Some("false"))],
+    )?;
+    cluster
+        .wait_for("opt-outs honoured", TIMEOUT, || async {
+            let on5 = operand_pods(&client, "gpu-node-5").await?;
+            let on4 = operand_pods(&client, "gpu-node-4").await?;
+            let l5 = nodes
+                .get("gpu-node-5")
+                .await?
+                .metadata
+                .labels
+                .unwrap_or_default();
+            let deploy5 = l5
+                .keys()
+                .filter(|k| {
+                    k.starts_with("nvidia.com/gpu.deploy.")
+                        && *k != "nvidia.com/gpu.deploy.operands"
+                })
+                .count();
+            let ok = on5.is_empty()
+                && deploy5 == 0
+                && !on4.iter().any(|p| p.starts_with("nvidia-dcgm-exporter-"))
+                && on4
+                    .iter()
+                    .any(|p| p.starts_with("nvidia-device-plugin-daemonset-"));
+            Ok(if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "gpu-node-5: {on5:?} ({deploy5} deploy labels); gpu-node-4: {on4:?}"
+                ))
+            })
+        })
+        .await?;
+
+    // A sixth GPU node is labelled and runs the operands with no policy change.
+    cluster.add_node("gpu-node-6", 1)?;
+    cluster
+        .wait_for("gpu-node-6 runs the operands", TIMEOUT, || async {
+            let pods = operand_pods(&client, "gpu-node-6").await?;
+            let labelled = nodes
+                .get("gpu-node-6")
+                .await?
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("nvidia.com/gpu.deploy.device-plugin")
+                .map(String::as_str)
+                == Some("true");
+            let ok = labelled
+                && pods
+                    .iter()
+                    .any(|p| p.starts_with("nvidia-device-plugin-daemonset-"));
+            Ok(if ok {
+                Ok(())
+            } else {
+                Err(format!("labelled={labelled} pods={pods:?}"))
+            })
+        })
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
+
+    // Bad input: an unknown enum value is refused by the CRD schema; a cross-field error gets
+    // Error naming the field and deletes nothing.
+    let mut bad = doc.clone();
+    bad["metadata"] = json!({"name": "bad-enum"});
+    bad["spec"]["mig"] = json!({"strategy": "double"});
+    let refused = Api::<kube::api::DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
+    )
+    .create(&PostParams::default(), &serde_json::from_value(bad)?)
+    .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
+    let nri = json!({"spec": {"cdi": {"enabled": false, "nriPluginEnabled": true}}});
+    policies
+        .patch(&name, &PatchParams::default(), &Patch::Merge(nri))
+        .await?;
+    let msg = wait_state(cluster, &policies, &name, "notReady").await?;
+    assert!(
+        msg.contains("ReconcileFailed: spec.cdi.nriPluginEnabled"),
+        "{msg}"
+    );
+    assert!(
+        dss.get_opt("nvidia-device-plugin-daemonset")
+            .await?
+            .is_some()
+    );
+    let fixed = json!({"spec": {"cdi": {"enabled": true, "nriPluginEnabled": false}}});
+    policies
+        .patch(&name, &PatchParams::default(), &Patch::Merge(fixed))
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
 
     // Disabling dcgmExporter deletes its objects; the policy returns to ready.
     policies
