@@ -389,11 +389,22 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     policies
         .patch(&name, &PatchParams::default(), &Patch::Merge(nri))
         .await?;
-    let msg = wait_state(cluster, &policies, &name, "notReady").await?;
-    assert!(
-        msg.contains("ReconcileFailed: spec.cdi.nriPluginEnabled"),
-        "{msg}"
-    );
+    cluster
+        .wait_for(
+            "Error naming spec.cdi.nriPluginEnabled",
+            TIMEOUT,
+            || async {
+                let (state, msg) = policy_state(&policies, &name).await?;
+                let ok = state == "notReady"
+                    && msg.contains("ReconcileFailed: spec.cdi.nriPluginEnabled");
+                Ok(if ok {
+                    Ok(())
+                } else {
+                    Err(format!("{state}: {msg}"))
+                })
+            },
+        )
+        .await?;
     assert!(
         dss.get_opt("nvidia-device-plugin-daemonset")
             .await?
