@@ -57,8 +57,28 @@ async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<(
         .await
 }
 
-fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let cfg = kiln_plugin_host::HostConfig::default();
+/// A drop-in plugin named `boom` that traps on every call (plugin-host's hostile fixture
+/// `trap.wat` in its component shell), written into `dir`.
+fn write_trapping_plugin(dir: &std::path::Path) -> anyhow::Result<()> {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-host/tests/fixtures");
+    let core = std::fs::read_to_string(format!("{fixtures}/trap.wat"))?;
+    let shell = std::fs::read_to_string(format!("{fixtures}/shell.wat"))?;
+    let text = shell
+        .replace("@CORE@", &core)
+        .replace("@NAMELEN@", "4")
+        .replace("@NAME@", "boom");
+    std::fs::write(dir.join("boom.wasm"), wat::parse_str(&text)?)?;
+    Ok(())
+}
+
+fn start_operator(
+    client: Client,
+    plugins: &std::path::Path,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let cfg = kiln_plugin_host::HostConfig {
+        drop_in_dir: Some(plugins.to_path_buf()),
+        ..kiln_plugin_host::HostConfig::default()
+    };
     let host = Arc::new(kiln_plugin_host::PluginHost::new(
         cfg,
         kiln_bundled_plugins::BUNDLED,
@@ -200,7 +220,9 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let operator = start_operator(client.clone())?;
+    let plugins = tempfile::tempdir()?;
+    write_trapping_plugin(plugins.path())?;
+    let operator = start_operator(client.clone(), plugins.path())?;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let mut doc = sample()?;
     let name = doc["metadata"]["name"]
@@ -413,6 +435,40 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let fixed = json!({"spec": {"cdi": {"enabled": true, "nriPluginEnabled": false}}});
     policies
         .patch(&name, &PatchParams::default(), &Patch::Merge(fixed))
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
+
+    // A plugin fault: a site plugin that traps after dcgm-exporter's standard plugin. Only that
+    // state is notReady, the plugin is named, and its last applied objects stay.
+    let annotate = |v: Value| json!({"metadata": {"annotations": {"kiln.dev/plugins": v}}});
+    let chain = "dcgm-exporter:\n  then:\n    - name: boom\n";
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(annotate(json!(chain))),
+        )
+        .await?;
+    cluster
+        .wait_for("dcgm-exporter failed, naming boom", TIMEOUT, || async {
+            let (state, msg) = policy_state(&policies, &name).await?;
+            let ok = state == "notReady"
+                && msg.contains("states not ready: [dcgm-exporter];")
+                && msg.contains("plugin \"boom\" trapped");
+            Ok(if ok {
+                Ok(())
+            } else {
+                Err(format!("{state}: {msg}"))
+            })
+        })
+        .await?;
+    assert!(dss.get_opt("nvidia-dcgm-exporter").await?.is_some());
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(annotate(Value::Null)),
+        )
         .await?;
     wait_state(cluster, &policies, &name, "ready").await?;
 
