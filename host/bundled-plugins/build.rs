@@ -32,26 +32,43 @@ const CLEARED_ENV: &[&str] = &[
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
     // host/bundled-plugins → the workspace root.
-    let workspace = manifest_dir.parent().and_then(Path::parent).expect("workspace root").to_path_buf();
+    let workspace = manifest_dir
+        .parent()
+        .and_then(Path::parent)
+        .expect("workspace root")
+        .to_path_buf();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("bundled.rs");
     for path in ["plugins", "wit", "host/core", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=KILN_SKIP_PLUGIN_BUILD");
 
-    let skip = std::env::var_os("KILN_SKIP_PLUGIN_BUILD").is_some_and(|v| !v.is_empty() && v != "0");
-    let plugins = if skip { Vec::new() } else { plugin_dirs(&workspace.join("plugins")) };
+    let skip =
+        std::env::var_os("KILN_SKIP_PLUGIN_BUILD").is_some_and(|v| !v.is_empty() && v != "0");
+    let plugins = if skip {
+        Vec::new()
+    } else {
+        plugin_dirs(&workspace.join("plugins"))
+    };
     if !plugins.is_empty() {
         check_target_installed();
         build(&workspace, &plugins);
     }
     let artifacts = workspace.join("target/plugins").join(TARGET).join("plugin");
-    let mut code = String::from("/// Every bundled plugin as (name, wasm component bytes), sorted by name.\n");
+    let mut code =
+        String::from("/// Every bundled plugin as (name, wasm component bytes), sorted by name.\n");
     code.push_str("pub static BUNDLED: &[(&str, &[u8])] = &[\n");
     for name in &plugins {
         let wasm = artifacts.join(format!("kiln_plugin_{}.wasm", name.replace('-', "_")));
-        assert!(wasm.is_file(), "plugin {name}: {} was not built", wasm.display());
-        code.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", wasm.display().to_string()));
+        assert!(
+            wasm.is_file(),
+            "plugin {name}: {} was not built",
+            wasm.display()
+        );
+        code.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            wasm.display().to_string()
+        ));
     }
     code.push_str("];\n");
     std::fs::write(&out, code).expect("write bundled.rs");
@@ -59,7 +76,9 @@ fn main() {
 
 /// Names of the plugin directories (all but `sdk`, with a Cargo.toml), sorted.
 fn plugin_dirs(plugins: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(plugins) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(plugins) else {
+        return Vec::new();
+    };
     let mut names: Vec<String> = entries
         .filter_map(Result::ok)
         .filter(|e| e.path().join("Cargo.toml").is_file())
@@ -75,7 +94,10 @@ fn rustc() -> Command {
 }
 
 fn check_target_installed() {
-    let out = rustc().args(["--print", "sysroot"]).output().expect("run rustc --print sysroot");
+    let out = rustc()
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("run rustc --print sysroot");
     let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     if !sysroot.join("lib/rustlib").join(TARGET).is_dir() {
         panic!(

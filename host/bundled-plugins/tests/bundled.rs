@@ -12,13 +12,24 @@ fn every_bundled_plugin_loads() {
                 assert_eq!(plugin.name(), *name);
                 assert_eq!(plugin.source(), &PluginSource::Bundled);
                 assert_eq!(plugin.sha256(), kiln_plugin_host::sha256_hex(bytes));
-                println!("{name}: {} bytes, imports {:?}", bytes.len(), plugin.imports());
+                println!(
+                    "{name}: {} bytes, imports {:?}",
+                    bytes.len(),
+                    plugin.imports()
+                );
             }
             Err(e) => failures.push(e.to_string()),
         }
     }
-    assert!(failures.is_empty(), "bundled plugins that do not load:\n{}", failures.join("\n"));
-    let mut names: Vec<&str> = kiln_bundled_plugins::BUNDLED.iter().map(|(n, _)| *n).collect();
+    assert!(
+        failures.is_empty(),
+        "bundled plugins that do not load:\n{}",
+        failures.join("\n")
+    );
+    let mut names: Vec<&str> = kiln_bundled_plugins::BUNDLED
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
     names.dedup();
     assert_eq!(names.len(), kiln_bundled_plugins::BUNDLED.len());
 }
