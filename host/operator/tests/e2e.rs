@@ -130,6 +130,19 @@ async fn wait_state(
         .await
 }
 
+/// Sorted names of the DaemonSets in the operator namespace.
+async fn daemonset_names(dss: &Api<DaemonSet>) -> anyhow::Result<Vec<String>> {
+    let mut names: Vec<String> = dss
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|d| d.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// Names of the operand pods (namespace gpu-operator) bound to `node`.
 async fn operand_pods(client: &Client, node: &str) -> anyhow::Result<Vec<String>> {
     use k8s_openapi::api::core::v1::Pod;
@@ -503,6 +516,34 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     );
     let (state, _) = policy_state(&policies, &name).await?;
     assert_eq!(state, "ready");
+
+    // kube-apiserver restarted mid-reconcile: re-enabling dcgmExporter still converges, with
+    // exactly one DaemonSet per operand.
+    let before: Vec<String> = daemonset_names(&dss).await?;
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dcgmExporter": {"enabled": true}}})),
+        )
+        .await?;
+    cluster.restart_apiserver()?;
+    let client = cluster.client().await?;
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    cluster
+        .wait_for("dcgm-exporter back after the restart", TIMEOUT, || async {
+            Ok(match dss.get_opt("nvidia-dcgm-exporter").await? {
+                Some(_) => Ok(()),
+                None => Err("absent".to_string()),
+            })
+        })
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
+    let mut want = before;
+    want.push("nvidia-dcgm-exporter".into());
+    want.sort();
+    assert_eq!(daemonset_names(&dss).await?, want);
 
     operator.abort();
     Ok(())
