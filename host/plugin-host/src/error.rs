@@ -18,7 +18,7 @@ pub enum PluginError {
         message: String,
     },
     /// No drop-in file and no bundled plugin has this name.
-    #[error("plugin {plugin:?} not found (looked for {drop_in:?} and in the bundled plugins)")]
+    #[error("plugin {plugin:?} not found ({})", looked_in(drop_in.as_deref()))]
     NotFound {
         /// Requested name.
         plugin: String,
@@ -195,6 +195,14 @@ pub enum PluginError {
         /// Wasmtime's explanation.
         message: String,
     },
+}
+
+/// Where a plugin was looked for, for [`PluginError::NotFound`].
+fn looked_in(drop_in: Option<&std::path::Path>) -> String {
+    match drop_in {
+        Some(p) => format!("no {} and no bundled plugin of that name", p.display()),
+        None => "no bundled plugin of that name, and no drop-in directory is configured".into(),
+    }
 }
 
 impl PluginError {

@@ -90,6 +90,21 @@ impl Policy {
     }
 }
 
+/// Top-level `spec` keys that are not ClusterPolicy fields (likely typos such as `migg`). They
+/// are kept and handed to plugins, so this is a warning, not an error.
+pub fn unknown_spec_keys(spec: &Value) -> Vec<String> {
+    let known = serde_json::to_value(ClusterPolicySpec::default()).unwrap_or_default();
+    let mut unknown: Vec<String> = spec
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| known.get(k.as_str()).is_none() && !matches!(k.as_str(), "psp" | "psa"))
+        .cloned()
+        .collect();
+    unknown.sort();
+    unknown
+}
+
 /// JSON-pointer escaping of one token (`/` → `~1`).
 fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
@@ -126,6 +141,12 @@ mod tests {
                 .starts_with("spec.mig.strategy: unknown variant `double`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn unknown_top_level_keys_are_listed() {
+        let spec = json!({"mig": {}, "migg": {}, "psa": {}, "devicePlugin": {}, "zzz": 1});
+        assert_eq!(unknown_spec_keys(&spec), ["migg", "zzz"]);
     }
 
     #[test]

@@ -53,18 +53,24 @@ impl Cli {
     }
 }
 
-/// A plugin host over the bundled plugins and, if given, a drop-in directory.
+/// A plugin host over the bundled plugins and a drop-in directory (`plugins_dir`, default
+/// `/etc/kiln/plugins`). A directory given explicitly that does not exist is reported.
 pub(crate) fn plugin_host(
     plugins_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<std::sync::Arc<kiln_plugin_host::PluginHost>> {
+    if let Some(dir) = plugins_dir.as_ref().filter(|d| !d.is_dir()) {
+        eprintln!(
+            "warning: plugins directory {} does not exist; only bundled plugins are available",
+            dir.display()
+        );
+    }
+    let drop_in_dir = plugins_dir.or_else(|| Some(kiln_plugin_host::DEFAULT_DROP_IN_DIR.into()));
     let cfg = kiln_plugin_host::HostConfig {
-        drop_in_dir: plugins_dir,
+        drop_in_dir,
         ..Default::default()
     };
-    Ok(std::sync::Arc::new(kiln_plugin_host::PluginHost::new(
-        cfg,
-        kiln_bundled_plugins::BUNDLED,
-    )?))
+    let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?;
+    Ok(std::sync::Arc::new(host))
 }
 
 /// Write `text` to stdout; a closed pipe (`kiln render … | head`) is not an error.

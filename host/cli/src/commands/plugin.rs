@@ -40,6 +40,12 @@ impl PluginCommand {
 
 fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    if !bytes.starts_with(b"\0asm") {
+        anyhow::bail!(
+            "{}: not a WebAssembly file (no \\0asm header)",
+            file.display()
+        );
+    }
     let report = kiln_plugin_host::inspect(&bytes).with_context(|| file.display().to_string())?;
     println!("file:    {}", file.display());
     println!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
@@ -56,6 +62,15 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
             "FORBIDDEN"
         };
         println!("  {i} ({mark})");
+    }
+    let stem = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    if let Some(name) = report.name.as_deref().filter(|n| *n != stem) {
+        println!(
+            "warning: the file is {stem:?} but the component calls itself {name:?}; install it as {name}.wasm"
+        );
     }
     match &report.refusal {
         None => {

@@ -27,7 +27,7 @@ pub struct RenderArgs {
     /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
     #[arg(long, env = "KILN_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
-    /// Container runtime of the GPU nodes.
+    /// Container runtime of the GPU nodes: containerd, crio or docker.
     #[arg(long, default_value = "containerd", value_parser = parse_runtime)]
     runtime: ContainerRuntime,
     /// Output format.
@@ -119,6 +119,11 @@ impl RenderArgs {
         let doc: serde_json::Value =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{file}: invalid YAML"))?;
         let policy = Policy::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        for key in kiln_render::policy::unknown_spec_keys(&policy.spec_json) {
+            eprintln!(
+                "warning: {file}: spec.{key} is not a ClusterPolicy field kiln knows; it is passed to plugins unread"
+            );
+        }
         let ctx = self.context()?;
         let renderer = Renderer::new(super::plugin_host(self.plugins_dir.clone())?);
         let mut objects = Vec::new();
