@@ -2,19 +2,16 @@
 //! `nvidia-device-plugin-daemonset` (upstream `TransformDevicePlugin`, gpu-operator.md §3.3).
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{Container, PodSpec};
+use kiln_plugin_sdk::k8s_openapi::api::core::v1::Container;
 use kiln_plugin_sdk::pod::{
     apply_component_basics, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
-    fit_command_to_image, handle_device_plugin_config, pod_spec, require_container, set_host_path,
+    fit_command_to_image, handle_device_plugin_config, pod_spec, require_container,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
 use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env};
 
 /// The main container of the device plugin DaemonSet.
 pub const MAIN: &str = "nvidia-device-plugin";
-
-/// The default MPS root on the host (upstream `DefaultMPSRoot`).
-pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
 
 /// Entrypoint of the main container on a non-kiln image: the asset's
 /// `nvidia-device-plugin-entrypoint` ConfigMap, mounted at `/bin/entrypoint.sh`, which picks the
@@ -57,9 +54,9 @@ impl Operand for DevicePlugin {
         let main = require_container(pod, &name, MAIN)?;
         apply_mig_env(main, spec);
         apply_cdi_env(main, spec);
-        if let Some(root) = custom_mps_root(spec) {
+        if let Some(root) = spec.device_plugin.custom_mps_root() {
             env::set_env(require_container(pod, &name, MAIN)?, "MPS_ROOT", root);
-            rewrite_mps_volumes(pod, root);
+            kiln_plugin_sdk::pod::rewrite_mps_volumes(pod, root);
         }
         let main = require_container(pod, &name, MAIN)?;
         env::apply_env(main, &dp.env);
@@ -87,25 +84,6 @@ fn apply_cdi_env(main: &mut Container, spec: &ClusterPolicySpec) {
     }
 }
 
-/// `devicePlugin.mps.root` when set and different from [`DEFAULT_MPS_ROOT`].
-pub fn custom_mps_root(spec: &ClusterPolicySpec) -> Option<&str> {
-    spec.device_plugin
-        .mps
-        .root
-        .as_deref()
-        .filter(|r| !r.is_empty() && *r != DEFAULT_MPS_ROOT)
-}
-
-/// Upstream MPS root rewrite: hostPath volume `mps-root` → root, `mps-shm` → `<root>/shm`.
-pub fn rewrite_mps_volumes(pod: &mut PodSpec, root: &str) {
-    set_host_path(pod, "mps-root", root);
-    set_host_path(
-        pod,
-        "mps-shm",
-        &format!("{}/shm", root.trim_end_matches('/')),
-    );
-}
-
 kiln_plugin_sdk::export_operand!(DevicePlugin);
 
 #[cfg(test)]
@@ -115,15 +93,5 @@ mod tests {
     #[test]
     fn cases() {
         kiln_plugin_sdk::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 14);
-    }
-
-    #[test]
-    fn default_mps_root_is_not_custom() {
-        let mut spec = ClusterPolicySpec::default();
-        assert_eq!(custom_mps_root(&spec), None);
-        spec.device_plugin.mps.root = Some(DEFAULT_MPS_ROOT.into());
-        assert_eq!(custom_mps_root(&spec), None);
-        spec.device_plugin.mps.root = Some("/var/mps".into());
-        assert_eq!(custom_mps_root(&spec), Some("/var/mps"));
     }
 }

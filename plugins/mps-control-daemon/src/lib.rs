@@ -8,8 +8,8 @@ use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::PodSpec;
 use kiln_plugin_sdk::pod::{
     add_pull_secrets, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
-    handle_device_plugin_config, init_container, pod_spec, require_container, set_host_path,
-    set_main_image, set_nri_annotation, set_resources, set_resources_all, set_runtime_class,
+    handle_device_plugin_config, init_container, pod_spec, require_container, set_main_image,
+    set_nri_annotation, set_resources, set_resources_all, set_runtime_class,
     transform_validation_init_containers,
 };
 use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
@@ -19,9 +19,6 @@ pub const MAIN: &str = "mps-control-daemon-ctr";
 
 /// The init container that mounts the MPS shared memory.
 pub const MOUNTS_INIT: &str = "mps-control-daemon-mounts";
-
-/// The default MPS root on the host (upstream `DefaultMPSRoot`).
-pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
 
 /// The `mps-control-daemon` operand.
 pub struct MpsControlDaemon;
@@ -69,23 +66,11 @@ impl Operand for MpsControlDaemon {
 }
 
 /// `devicePlugin.mps.root` set and ≠ `/run/nvidia/mps`: hostPath `mps-root` → root and
-/// `mps-shm` → `<root>/shm`.
+/// `mps-shm` → `<root>/shm` (no `MPS_ROOT` env here, unlike the device plugin).
 pub fn rewrite_mps_root(pod: &mut PodSpec, spec: &ClusterPolicySpec) {
-    let Some(root) = spec
-        .device_plugin
-        .mps
-        .root
-        .as_deref()
-        .filter(|r| !r.is_empty() && *r != DEFAULT_MPS_ROOT)
-    else {
-        return;
-    };
-    set_host_path(pod, "mps-root", root);
-    set_host_path(
-        pod,
-        "mps-shm",
-        &format!("{}/shm", root.trim_end_matches('/')),
-    );
+    if let Some(root) = spec.device_plugin.custom_mps_root() {
+        kiln_plugin_sdk::pod::rewrite_mps_volumes(pod, root);
+    }
 }
 
 kiln_plugin_sdk::export_operand!(MpsControlDaemon);
@@ -104,13 +89,14 @@ mod tests {
         let mut pod = PodSpec {
             volumes: Some(vec![kiln_plugin_sdk::pod::host_path_volume(
                 "mps-root",
-                DEFAULT_MPS_ROOT,
+                kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT,
                 None,
             )]),
             ..Default::default()
         };
         let mut spec = ClusterPolicySpec::default();
-        spec.device_plugin.mps.root = Some(DEFAULT_MPS_ROOT.into());
+        spec.device_plugin.mps.root =
+            Some(kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT.into());
         rewrite_mps_root(&mut pod, &spec);
         let path = |p: &PodSpec| {
             p.volumes.as_ref().unwrap()[0]
@@ -119,7 +105,10 @@ mod tests {
                 .unwrap()
                 .path
         };
-        assert_eq!(path(&pod), DEFAULT_MPS_ROOT);
+        assert_eq!(
+            path(&pod),
+            kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT
+        );
         spec.device_plugin.mps.root = Some("/var/mps/".into());
         rewrite_mps_root(&mut pod, &spec);
         assert_eq!(path(&pod), "/var/mps/");

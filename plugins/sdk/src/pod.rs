@@ -486,6 +486,17 @@ pub fn apply_simple_component(
     Ok(())
 }
 
+/// Upstream MPS root rewrite (device plugin and MPS control daemon): hostPath volume `mps-root`
+/// → `root`, `mps-shm` → `<root>/shm`.
+pub fn rewrite_mps_volumes(pod: &mut PodSpec, root: &str) {
+    set_host_path(pod, "mps-root", root);
+    set_host_path(
+        pod,
+        "mps-shm",
+        &format!("{}/shm", root.trim_end_matches('/')),
+    );
+}
+
 /// Path of the CDI hook under the toolkit install dir: Go's
 /// `filepath.Join(installDir, "toolkit/nvidia-cdi-hook")` (one `/` between parts; duplicate and
 /// trailing slashes dropped), as upstream sets `NVIDIA_CDI_HOOK_PATH`.

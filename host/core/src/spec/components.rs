@@ -411,6 +411,20 @@ pub struct DevicePluginSpec {
     pub mps: MpsSpec,
 }
 
+/// Upstream's default MPS root on the host (`DefaultMPSRoot`).
+pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
+
+impl DevicePluginSpec {
+    /// `mps.root` when set, non-empty and different from [`DEFAULT_MPS_ROOT`]: only then do the
+    /// device plugin and MPS DaemonSets get their `mps-root`/`mps-shm` volumes rewritten.
+    pub fn custom_mps_root(&self) -> Option<&str> {
+        self.mps
+            .root
+            .as_deref()
+            .filter(|r| !r.is_empty() && *r != DEFAULT_MPS_ROOT)
+    }
+}
+
 /// `devicePlugin.config`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]

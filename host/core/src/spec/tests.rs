@@ -61,3 +61,15 @@ fn host_paths_use_upstream_key_spelling() {
     assert_eq!(s.host_paths.root_fs, "/host");
     assert_eq!(s.host_paths.driver_install_dir, "/d");
 }
+
+#[test]
+fn only_a_non_default_mps_root_is_custom() {
+    let mut s = ClusterPolicySpec::default();
+    assert_eq!(s.device_plugin.custom_mps_root(), None);
+    s.device_plugin.mps.root = Some(DEFAULT_MPS_ROOT.into());
+    assert_eq!(s.device_plugin.custom_mps_root(), None);
+    s.device_plugin.mps.root = Some(String::new());
+    assert_eq!(s.device_plugin.custom_mps_root(), None);
+    s.device_plugin.mps.root = Some("/var/mps".into());
+    assert_eq!(s.device_plugin.custom_mps_root(), Some("/var/mps"));
+}
