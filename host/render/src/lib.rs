@@ -104,15 +104,24 @@ impl Renderer {
         })
     }
 
-    /// Render every state `policy` enables, in apply order; each state's result is independent.
+    /// Render every state `policy` enables, returned in apply order; each state's result is
+    /// independent. States render concurrently (one scoped thread each, sharing the host): no
+    /// state's transform reads another's output.
     pub fn render(
         &self,
         policy: &Policy,
         base: &TransformContext,
     ) -> Vec<(State, Result<RenderedState, RenderError>)> {
-        kiln_core::plan::enabled_states(&policy.spec)
-            .into_iter()
-            .map(|s| (s, self.render_state(s, policy, base)))
-            .collect()
+        let states = kiln_core::plan::enabled_states(&policy.spec);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = states
+                .iter()
+                .map(|&s| (s, scope.spawn(move || self.render_state(s, policy, base))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(s, h)| (s, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+                .collect()
+        })
     }
 }
