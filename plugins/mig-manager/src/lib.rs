@@ -3,6 +3,7 @@
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::{ConfigMapVolumeSource, KeyToPath, PodSpec};
+use kiln_plugin_sdk::monitoring::default_config_map_gate;
 use kiln_plugin_sdk::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
@@ -78,19 +79,14 @@ impl Operand for MigManager {
         spec: &ClusterPolicySpec,
         _ctx: &TransformContext,
     ) -> Result<Decision, TransformError> {
-        if obj.get("kind").and_then(Value::as_str) != Some("ConfigMap") {
-            return Ok(Decision::Keep);
-        }
-        let name = obj.pointer("/metadata/name").and_then(Value::as_str);
-        let mig_cfg = spec.mig_manager.config.as_ref().map(|c| c.name.as_str());
-        let replaced = |default: &str, configured: Option<&str>| {
-            name == Some(default) && configured.is_some_and(|c| !c.is_empty() && c != default)
-        };
-        if replaced(DEFAULT_MIG_PARTED_CONFIG, mig_cfg)
-            || replaced(
-                DEFAULT_GPU_CLIENTS,
-                Some(spec.mig_manager.gpu_clients_config.name.as_str()),
-            )
+        let mig_cfg = spec
+            .mig_manager
+            .config
+            .as_ref()
+            .map_or("", |c| c.name.as_str());
+        let clients = spec.mig_manager.gpu_clients_config.name.as_str();
+        if default_config_map_gate(obj, DEFAULT_MIG_PARTED_CONFIG, mig_cfg) == Decision::Omit
+            || default_config_map_gate(obj, DEFAULT_GPU_CLIENTS, clients) == Decision::Omit
         {
             return Ok(Decision::Omit);
         }

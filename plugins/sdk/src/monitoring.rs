@@ -19,6 +19,18 @@ pub fn name(obj: &Value) -> &str {
         .unwrap_or_default()
 }
 
+/// Upstream §2.4 ConfigMap rule: a state's shipped default ConfigMap `default` is omitted when
+/// the policy names a *different* ConfigMap (`configured` non-empty and ≠ `default`); an empty
+/// or equal name keeps it. Objects other than that ConfigMap are kept.
+pub fn default_config_map_gate(obj: &Value, default: &str, configured: &str) -> Decision {
+    let replaced = !configured.is_empty() && configured != default;
+    if kind(obj) == "ConfigMap" && name(obj) == default && replaced {
+        Decision::Omit
+    } else {
+        Decision::Keep
+    }
+}
+
 /// Upstream ServiceMonitor control: without the `servicemonitors.monitoring.coreos.com` CRD the
 /// object is skipped ([`Decision::Omit`]), otherwise kept.
 pub fn service_monitor_gate(ctx: &TransformContext) -> Decision {

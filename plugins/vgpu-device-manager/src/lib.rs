@@ -3,6 +3,7 @@
 //! and its default ConfigMap (§2.4).
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_sdk::monitoring::default_config_map_gate;
 use kiln_plugin_sdk::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     transform_validation_init_containers,
@@ -68,13 +69,11 @@ impl Operand for VgpuDeviceManager {
         spec: &ClusterPolicySpec,
         _ctx: &TransformContext,
     ) -> Result<Decision, TransformError> {
-        let is_default_cm = obj.get("kind").and_then(Value::as_str) == Some("ConfigMap")
-            && obj.pointer("/metadata/name").and_then(Value::as_str) == Some(DEFAULT_CONFIG_MAP);
-        let configured = spec.vgpu_device_manager.config.name.as_str();
-        if is_default_cm && !configured.is_empty() && configured != DEFAULT_CONFIG_MAP {
-            return Ok(Decision::Omit);
-        }
-        Ok(Decision::Keep)
+        Ok(default_config_map_gate(
+            obj,
+            DEFAULT_CONFIG_MAP,
+            &spec.vgpu_device_manager.config.name,
+        ))
     }
 }
 
