@@ -54,6 +54,7 @@ fn fixture() -> Fixture {
             mig_enabled: None,
             mig_devices: Vec::new(),
             sample: sample.clone(),
+            mig_samples: Default::default(),
             processes: Vec::new(),
             xid_events: Vec::new(),
         })

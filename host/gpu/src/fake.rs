@@ -16,17 +16,23 @@
 //!     compute_capability: "9.0"
 //!     mig_enabled: true                     # omit: GPU without MIG support
 //!     mig_devices: [{uuid: MIG-..., gpu_instance_id: 1, profile: 1g.10gb}]
+//!     mig_samples: {MIG-...: {fb_used_bytes: 1048576}}  # what `mig_samples()` returns
 //!     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345, fb_used_bytes: 1048576}
 //!     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
 //!     xid_events: [31, 79]                  # one released per `drain_xid_events()` call
 //! ```
 
-use std::{collections::VecDeque, path::Path, sync::Mutex};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::Path,
+    sync::Mutex,
+};
 
 use serde::Deserialize;
 
 use crate::{
-    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, SystemInfo, XidEvent,
+    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, MigSample, SystemInfo,
+    XidEvent,
 };
 
 /// The fixture file's top level (see the module docs for an example).
@@ -71,6 +77,9 @@ pub struct FixtureGpu {
     /// What every `sample()` returns.
     #[serde(default)]
     pub sample: DeviceSample,
+    /// MIG device UUID → what `mig_samples()` returns for it (an empty sample when absent).
+    #[serde(default)]
+    pub mig_samples: BTreeMap<String, DeviceSample>,
     /// What every `processes()` returns.
     #[serde(default)]
     pub processes: Vec<GpuProcess>,
@@ -85,6 +94,7 @@ pub struct FixtureGpu {
 pub struct FakeBackend {
     devices: Vec<GpuDevice>,
     samples: Vec<DeviceSample>,
+    mig_samples: Vec<Vec<MigSample>>,
     processes: Vec<Vec<GpuProcess>>,
     state: Mutex<FakeState>,
 }
@@ -118,13 +128,27 @@ impl FakeBackend {
     /// Builds the fake from an in-memory fixture.
     #[must_use]
     pub fn new(fixture: Fixture) -> Self {
-        let devices = fixture
+        let devices: Vec<GpuDevice> = fixture
             .gpus
             .iter()
             .enumerate()
             .map(|(i, g)| to_device(i, g))
             .collect();
         let samples = fixture.gpus.iter().map(sample_with_total).collect();
+        let mig_samples = fixture
+            .gpus
+            .iter()
+            .zip(&devices)
+            .map(|(g, d): (&FixtureGpu, &GpuDevice)| {
+                d.mig_devices
+                    .iter()
+                    .map(|m| MigSample {
+                        uuid: m.uuid.clone(),
+                        sample: g.mig_samples.get(&m.uuid).cloned().unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .collect();
         let processes = fixture.gpus.iter().map(|g| g.processes.clone()).collect();
         let xids = fixture
             .gpus
@@ -148,6 +172,7 @@ impl FakeBackend {
         Self {
             devices,
             samples,
+            mig_samples,
             processes,
             state: Mutex::new(state),
         }
@@ -217,6 +242,10 @@ impl GpuInventory for FakeBackend {
         Ok(self.samples[self.check(index)?].clone())
     }
 
+    fn mig_samples(&self, index: u32) -> Result<Vec<MigSample>, GpuError> {
+        Ok(self.mig_samples[self.check(index)?].clone())
+    }
+
     fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, GpuError> {
         Ok(self.processes[self.check(index)?].clone())
     }
@@ -256,6 +285,9 @@ gpus:
     mig_enabled: true
     mig_devices:
       - {uuid: MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee, gpu_instance_id: 7, profile: 1g.10gb}
+      - {uuid: MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee, gpu_instance_id: 8, profile: 1g.10gb}
+    mig_samples:
+      MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee: {fb_used_bytes: 2097152, fb_total_bytes: 10737418240}
     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345}
     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
     xid_events: [31, 79]
@@ -292,6 +324,13 @@ gpus:
         assert_eq!(s.gpu_temp_c, None);
         assert_eq!(s.fb_total_bytes, Some(81559 << 20));
         assert_eq!(f.processes(0).unwrap()[0].pid, 4242);
+        let migs = f.mig_samples(0).unwrap();
+        assert_eq!(migs.len(), 2);
+        assert_eq!(migs[0].uuid, "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
+        assert_eq!(migs[0].sample.fb_used_bytes, Some(2 << 20));
+        assert_eq!(migs[0].sample.fb_total_bytes, Some(10 << 30));
+        assert_eq!(migs[1].sample, DeviceSample::default());
+        assert!(f.mig_samples(1).unwrap().is_empty());
         assert!(matches!(f.sample(2), Err(GpuError::NoSuchDevice(2))));
     }
 

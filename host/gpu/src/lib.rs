@@ -19,7 +19,7 @@ use std::{path::PathBuf, str::FromStr, sync::Arc};
 
 pub use error::GpuError;
 pub use fake::{FakeBackend, Fixture, FixtureGpu};
-pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, SystemInfo, XidEvent};
+pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, MigSample, SystemInfo, XidEvent};
 pub use nvml::NvmlBackend;
 
 /// Read-only access to the node's GPUs. Implementations are cheap to call from a poller thread
@@ -43,6 +43,17 @@ pub trait GpuInventory: Send + Sync {
     /// [`GpuError::NoSuchDevice`], [`GpuError::GpuLost`], or [`GpuError::NvmlCall`] for
     /// failures other than "not supported".
     fn sample(&self, index: u32) -> Result<DeviceSample, GpuError>;
+
+    /// Counters of each MIG device of GPU `index`, in [`GpuDevice::mig_devices`] order; empty
+    /// when MIG is off. Readings NVML has no per-MIG-device answer for are `None`. The default
+    /// answers no MIG devices (a backend without MIG support).
+    ///
+    /// # Errors
+    /// As [`GpuInventory::sample`].
+    fn mig_samples(&self, index: u32) -> Result<Vec<MigSample>, GpuError> {
+        let _ = index;
+        Ok(Vec::new())
+    }
 
     /// Compute processes on GPU `index`, with memory and SM utilisation where available.
     ///

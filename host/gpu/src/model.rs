@@ -48,9 +48,20 @@ pub struct MigDevice {
     /// NVML compute-instance id, when known.
     #[serde(default)]
     pub compute_instance_id: Option<u32>,
-    /// Profile name, e.g. `1g.10gb`, when known.
+    /// Profile name, e.g. `1g.10gb` (dcgm-exporter's `GPU_I_PROFILE`), when known; the NVML
+    /// backend takes it from the MIG device's name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`).
     #[serde(default)]
     pub profile: Option<String>,
+}
+
+/// One reading of a MIG device's counters ([`crate::GpuInventory::mig_samples`]): the readings
+/// NVML answers on the MIG device handle (framebuffer size and use); the rest stay `None`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MigSample {
+    /// The MIG device, `MIG-xxxxxxxx-...` (as in [`MigDevice::uuid`]).
+    pub uuid: String,
+    /// Its counters; NVML gives `fb_*` per MIG device (bytes of that instance's memory slice).
+    pub sample: DeviceSample,
 }
 
 /// One reading of a GPU's counters. `None` means the GPU or driver does not provide it

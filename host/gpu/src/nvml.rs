@@ -20,7 +20,8 @@ use nvml_wrapper::{
 };
 
 use crate::{
-    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, SystemInfo, XidEvent,
+    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, MigSample, SystemInfo,
+    XidEvent,
 };
 
 const SYSTEM: u32 = u32::MAX;
@@ -148,6 +149,17 @@ impl GpuInventory for NvmlBackend {
         read_sample(&self.device(index)?, index)
     }
 
+    fn mig_samples(&self, index: u32) -> Result<Vec<MigSample>, GpuError> {
+        let d = self.device(index)?;
+        let on =
+            optional("nvmlDeviceGetMigMode", index, d.mig_mode())?.is_some_and(|m| m.current == 1);
+        if on {
+            read_mig_samples(&d, index)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
     fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, GpuError> {
         let d = self.device(index)?;
         let procs = optional(
@@ -228,7 +240,7 @@ fn identify(d: &Device<'_>, index: u32) -> Result<GpuDevice, GpuError> {
                     uuid,
                     gpu_instance_id: None,
                     compute_instance_id: None,
-                    profile: None,
+                    profile: m.name().ok().as_deref().and_then(mig_profile),
                 });
             }
         }
@@ -243,6 +255,42 @@ fn identify(d: &Device<'_>, index: u32) -> Result<GpuDevice, GpuError> {
         mig_enabled,
         mig_devices,
     })
+}
+
+/// The profile in a MIG device's name: `NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`.
+fn mig_profile(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then(|| profile.to_owned())
+}
+
+/// Framebuffer readings of each MIG device of `d` (empty slots skipped, as in `identify`).
+fn read_mig_samples(d: &Device<'_>, index: u32) -> Result<Vec<MigSample>, GpuError> {
+    let n = optional(
+        "nvmlDeviceGetMaxMigDeviceCount",
+        index,
+        d.mig_device_count(),
+    )?
+    .unwrap_or(0);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let Ok(m) = d.mig_device_by_index(i) else {
+            continue;
+        };
+        let Ok(uuid) = m.uuid() else { continue };
+        let mem = optional("nvmlDeviceGetMemoryInfo", index, m.memory_info())?;
+        out.push(MigSample {
+            uuid,
+            sample: DeviceSample {
+                fb_free_bytes: mem.as_ref().map(|m| m.free),
+                fb_used_bytes: mem.as_ref().map(|m| m.used),
+                fb_reserved_bytes: mem.as_ref().map(|m| m.reserved),
+                fb_total_bytes: mem.as_ref().map(|m| m.total),
+                ..DeviceSample::default()
+            },
+        });
+    }
+    Ok(out)
 }
 
 fn read_sample(d: &Device<'_>, i: u32) -> Result<DeviceSample, GpuError> {
@@ -355,5 +403,22 @@ fn watch_xids(nvml: &Nvml, xids: &Mutex<Vec<XidEvent>>, stop: &AtomicBool) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mig_profile_comes_from_the_mig_device_name() {
+        assert_eq!(
+            super::mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb").as_deref(),
+            Some("1g.5gb")
+        );
+        assert_eq!(
+            super::mig_profile("NVIDIA H100 80GB HBM3 MIG 3g.40gb+me").as_deref(),
+            Some("3g.40gb+me")
+        );
+        assert_eq!(super::mig_profile("NVIDIA H100 80GB HBM3"), None);
+        assert_eq!(super::mig_profile("X MIG "), None);
     }
 }
