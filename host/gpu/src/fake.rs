@@ -105,6 +105,7 @@ struct FakeState {
     system_reads: u64,
     driver_changes: VecDeque<String>,
     xids: Vec<VecDeque<u64>>,
+    lost: Vec<bool>,
 }
 
 impl FakeBackend {
@@ -167,6 +168,7 @@ impl FakeBackend {
             system,
             system_reads: 0,
             driver_changes: fixture.driver_version_changes.into(),
+            lost: vec![false; fixture.gpus.len()],
             xids,
         };
         Self {
@@ -176,6 +178,34 @@ impl FakeBackend {
             processes,
             state: Mutex::new(state),
         }
+    }
+
+    /// Queues XID `xid` on GPU `index`, released by a later `drain_xid_events()` (tests inject
+    /// faults at run time this way). An unknown index is ignored.
+    pub fn inject_xid(&self, index: u32, xid: u64) {
+        let mut st = self.lock();
+        if let Some(q) = st.xids.get_mut(index as usize) {
+            q.push_back(xid);
+        }
+    }
+
+    /// Marks GPU `index` lost (`sample()` then fails with [`GpuError::GpuLost`], as NVML does
+    /// after XID 79) or back.
+    pub fn set_lost(&self, index: u32, lost: bool) {
+        if let Some(l) = self.lock().lost.get_mut(index as usize) {
+            *l = lost;
+        }
+    }
+
+    /// Changes the driver version `system()` reports from now on (an in-place driver upgrade).
+    pub fn set_driver_version(&self, version: &str) {
+        self.lock().system.driver_version = version.to_owned();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn check(&self, index: u32) -> Result<usize, GpuError> {
@@ -239,7 +269,11 @@ impl GpuInventory for FakeBackend {
     }
 
     fn sample(&self, index: u32) -> Result<DeviceSample, GpuError> {
-        Ok(self.samples[self.check(index)?].clone())
+        let i = self.check(index)?;
+        if self.lock().lost[i] {
+            return Err(GpuError::GpuLost { index });
+        }
+        Ok(self.samples[i].clone())
     }
 
     fn mig_samples(&self, index: u32) -> Result<Vec<MigSample>, GpuError> {
@@ -340,10 +374,18 @@ gpus:
         assert_eq!(f.drain_xid_events(), vec![XidEvent { index: 0, xid: 31 }]);
         assert_eq!(f.drain_xid_events(), vec![XidEvent { index: 0, xid: 79 }]);
         assert!(f.drain_xid_events().is_empty());
+        f.inject_xid(1, 48);
+        assert_eq!(f.drain_xid_events(), vec![XidEvent { index: 1, xid: 48 }]);
+        f.set_lost(1, true);
+        assert!(matches!(f.sample(1), Err(GpuError::GpuLost { index: 1 })));
+        f.set_lost(1, false);
+        assert!(f.sample(1).is_ok());
         assert_eq!(f.system().unwrap().driver_version, "550.144.03");
         assert_eq!(f.system().unwrap().nvml_version, "12.550.144.03");
         assert_eq!(f.system().unwrap().driver_version, "560.35.03");
         assert_eq!(f.system().unwrap().driver_version, "560.35.03");
+        f.set_driver_version("570.86.15");
+        assert_eq!(f.system().unwrap().driver_version, "570.86.15");
     }
 
     #[test]
