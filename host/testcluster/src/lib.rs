@@ -302,6 +302,106 @@ impl TestCluster {
         })
     }
 
+    /// Writes `DIR/sa-<namespace>-<name>.kubeconfig`: the admin kubeconfig's cluster (server,
+    /// CA data) with a bearer token of ServiceAccount `namespace/name` from the TokenRequest
+    /// API (valid `ttl`, at least 10 minutes), and returns its path. A client built from it
+    /// has exactly the RBAC rights granted to that ServiceAccount, and the apiserver (audit
+    /// log, `user.username`) sees it as `system:serviceaccount:<namespace>:<name>`.
+    ///
+    /// # Errors
+    /// When the ServiceAccount does not exist, the TokenRequest is refused, or the file cannot
+    /// be written.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<PathBuf> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let client = self.client().await?;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(i64::try_from(ttl.as_secs().max(600))?),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let token = Api::<ServiceAccount>::namespaced(client, namespace)
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("TokenRequest for ServiceAccount {namespace}/{name}"))?
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| anyhow!("TokenRequest for {namespace}/{name} returned no token"))?;
+        let admin = Kubeconfig::read_from(self.kubeconfig_path())?;
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let mut config = serde_json::to_value(&admin)?;
+        config["users"] = serde_json::json!([{"name": user, "user": {"token": token}}]);
+        if let Some(contexts) = config["contexts"].as_array_mut() {
+            for c in contexts {
+                c["context"]["user"] = serde_json::Value::String(user.clone());
+            }
+        }
+        let path = self.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
+        // JSON is YAML: kubectl, helm and `Kubeconfig::read_from` all read it.
+        std::fs::write(&path, serde_json::to_vec_pretty(&config)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// A client authenticated as ServiceAccount `namespace/name` (see
+    /// [`TestCluster::service_account_kubeconfig`]; the token is valid for an hour).
+    pub async fn service_account_client(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<kube::Client> {
+        let path = self
+            .service_account_kubeconfig(namespace, name, Duration::from_secs(3600))
+            .await?;
+        let kubeconfig = Kubeconfig::read_from(&path)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Turns on kube-apiserver's audit log and returns its path (`DIR/audit.log`): one JSON
+    /// line per request, at its `RequestReceived` stage, level `Metadata` (verb, `user`,
+    /// `userAgent`, `objectRef`, `requestReceivedTimestamp`; no bodies). This is how tests and
+    /// benchmarks attribute requests to one client: `apiserver_request_total` carries no user
+    /// or user-agent label.
+    ///
+    /// Adds `--audit-policy-file`, `--audit-log-path` and `--audit-log-format=json` to the
+    /// apiserver's recorded arguments (`DIR/args/kube-apiserver.json`, which
+    /// `restart-apiserver` starts it with) and restarts it, so clients made before should be
+    /// replaced. Calling it again only returns the path.
+    pub fn enable_audit_log(&self) -> anyhow::Result<PathBuf> {
+        let log = self.dir.join("audit.log");
+        let policy = self.dir.join("audit-policy.json");
+        let args_path = self.dir.join("args").join("kube-apiserver.json");
+        let mut args: Vec<String> = serde_json::from_slice(
+            &std::fs::read(&args_path).with_context(|| format!("{}", args_path.display()))?,
+        )
+        .with_context(|| format!("{}: not a JSON list of strings", args_path.display()))?;
+        if args.iter().any(|a| a.starts_with("--audit-log-path=")) {
+            return Ok(log);
+        }
+        let rules = serde_json::json!({
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+            "rules": [{"level": "Metadata"}],
+        });
+        std::fs::write(&policy, serde_json::to_vec_pretty(&rules)?)?;
+        args.push(format!("--audit-policy-file={}", policy.display()));
+        args.push(format!("--audit-log-path={}", log.display()));
+        args.push("--audit-log-format=json".into());
+        std::fs::write(&args_path, serde_json::to_vec(&args)?)?;
+        self.restart_apiserver()?;
+        Ok(log)
+    }
+
     /// Stops every component now (also done on drop).
     pub fn stop(&self) -> anyhow::Result<()> {
         self.run(&["down"])

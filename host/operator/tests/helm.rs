@@ -1,0 +1,343 @@
+//! `helm install` of `deploy/helm/kiln` brings the operator up against testcluster.
+//!
+//! What "up" can honestly mean there: testcluster's nodes are kwok-simulated, so the chart's
+//! operator pod is scheduled, bound and reported Running/Ready by kwok, but no container — no
+//! `kiln` binary — ever runs in it. So the test proves the two halves separately and joins them
+//! through the chart's own credentials:
+//!
+//! 1. `helm install --wait` succeeds with the chart's default values and every object the
+//!    chart owns is in place as rendered: the CRD (Established), the ServiceAccount, the
+//!    ClusterRole with exactly `files/rules.yaml`, the binding to that ServiceAccount, the
+//!    Deployment with the kiln image, `operator --leader-elect` args and the ServiceAccount,
+//!    its two pods bound to nodes, and the chart's ClusterPolicy.
+//! 2. The operator then runs out of cluster (in this process, the code `kiln operator` runs)
+//!    with **a token of the chart's ServiceAccount** from the TokenRequest API, with leader
+//!    election as the chart's Deployment asks. The token is checked to carry no more than the
+//!    chart grants (listing Secrets is forbidden), so every write the operator needs — node
+//!    labels, server-side apply of every operand kind, status, Events, the Lease — succeeding
+//!    proves the chart's RBAC sufficient. The chart's ClusterPolicy reaches `ready`.
+//! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
+//!    (their owner references point at the chart's ClusterPolicy).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kiln_core::spec::ClusterPolicy;
+use kiln_testcluster::{TestCluster, shared, shared_access};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
+const RELEASE: &str = "kiln";
+const POLICY: &str = "cluster-policy";
+const TIMEOUT: Duration = Duration::from_secs(150);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `testcluster/bin/helm ARGS --kubeconfig K` with helm's cache/config/data under
+/// `home`, returning stdout; fails with helm's stderr.
+async fn helm(cluster: &TestCluster, home: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let bin = repo().join("testcluster/bin/helm");
+    if !bin.is_file() {
+        bail!(
+            "{} not found: `testcluster/build.sh` builds it",
+            bin.display()
+        );
+    }
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(args)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .current_dir(repo());
+    for (var, sub) in [
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
+        cmd.env(var, home.join(sub));
+    }
+    let what = format!("helm {}", args.join(" "));
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await?
+        .with_context(|| what.clone())?;
+    ensure!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let host = Arc::new(kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig::default(),
+        kiln_bundled_plugins::BUNDLED,
+    )?);
+    let config = kiln_operator::Config {
+        namespace: NS.into(),
+        metrics_addr: "127.0.0.1:0".into(),
+        leader_election: true,
+        identity: "helm-test-replica".into(),
+        ..kiln_operator::Config::default()
+    };
+    let renderer = kiln_render::Renderer::new(host);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = kiln_operator::run(client, renderer, config).await {
+            eprintln!("operator stopped: {e}");
+        }
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_brings_the_operator_up() -> anyhow::Result<()> {
+    let cluster = shared()?;
+    let _guard = shared_access().await;
+    cluster.with_logs(scenario(cluster).await)
+}
+
+async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
+    let home = tempfile::tempdir()?;
+    let home = home.path();
+    helm(
+        cluster,
+        home,
+        &[
+            "install",
+            RELEASE,
+            "deploy/helm/kiln",
+            "--namespace",
+            NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    )
+    .await?;
+    let status: Value = serde_json::from_str(
+        &helm(cluster, home, &["status", RELEASE, "-n", NS, "-o", "json"]).await?,
+    )?;
+    assert_eq!(status["info"]["status"], "deployed", "{status}");
+
+    let admin = cluster.client().await?;
+    check_chart_objects(&admin).await?;
+
+    // The operator, out of cluster, with the chart's ServiceAccount and nothing more.
+    let sa = cluster.service_account_client(NS, "kiln-operator").await?;
+    let forbidden = Api::<Secret>::namespaced(sa.clone(), NS)
+        .list(&ListParams::default())
+        .await;
+    assert!(
+        matches!(&forbidden, Err(kube::Error::Api(s)) if s.code == 403),
+        "the ServiceAccount token must not list Secrets: {forbidden:?}"
+    );
+    let operator = start_operator(sa)?;
+
+    let policies: Api<ClusterPolicy> = Api::all(admin.clone());
+    cluster
+        .wait_for("the chart's ClusterPolicy ready", TIMEOUT, || async {
+            let p = policies.get(POLICY).await?;
+            let s = p.status.unwrap_or_default();
+            let state = serde_json::to_value(&s.state)?;
+            Ok(if state == "ready" {
+                Ok(())
+            } else {
+                Err(format!("{state}: {:?}", s.conditions))
+            })
+        })
+        .await?;
+    check_operator_work(&admin).await?;
+    operator.abort();
+
+    // Uninstall: the chart's objects go; the operands follow their owner (the ClusterPolicy).
+    helm(
+        cluster,
+        home,
+        &["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "60s"],
+    )
+    .await?;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
+    assert!(deployments.get_opt("kiln-operator").await?.is_none());
+    assert!(policies.get_opt(POLICY).await?.is_none());
+    let dss: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
+    cluster
+        .wait_for("operands garbage-collected", TIMEOUT, || async {
+            let left: Vec<String> = dss
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|d| d.metadata.name)
+                .collect();
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("left: {left:?}"))
+            })
+        })
+        .await?;
+    Ok(())
+}
+
+/// Everything the chart installs, as rendered from the default values.
+async fn check_chart_objects(admin: &Client) -> anyhow::Result<()> {
+    let crd = Api::<CustomResourceDefinition>::all(admin.clone())
+        .get("clusterpolicies.nvidia.com")
+        .await?;
+    let established = crd
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Established" && c.status == "True");
+    assert!(established, "CRD not established");
+    assert_eq!(
+        crd.spec
+            .versions
+            .iter()
+            .map(|v| &v.name)
+            .collect::<Vec<_>>(),
+        ["v1"]
+    );
+
+    assert!(
+        Api::<ServiceAccount>::namespaced(admin.clone(), NS)
+            .get_opt("kiln-operator")
+            .await?
+            .is_some()
+    );
+    let role = Api::<ClusterRole>::all(admin.clone())
+        .get("kiln-operator")
+        .await?;
+    let want: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo().join("deploy/helm/kiln/files/rules.yaml"),
+    )?)?;
+    assert_eq!(serde_json::to_value(&role.rules)?, want);
+    let binding = Api::<ClusterRoleBinding>::all(admin.clone())
+        .get("kiln-operator")
+        .await?;
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("ClusterRole", "kiln-operator")
+    );
+    assert_eq!(
+        serde_json::to_value(&binding.subjects)?,
+        json!([{"kind": "ServiceAccount", "name": "kiln-operator", "namespace": NS}])
+    );
+
+    let dep = Api::<Deployment>::namespaced(admin.clone(), NS)
+        .get("kiln-operator")
+        .await?;
+    let pod_spec = dep
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .context("Deployment without a pod template")?;
+    assert_eq!(
+        pod_spec.service_account_name.as_deref(),
+        Some("kiln-operator")
+    );
+    let c = &pod_spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some("ghcr.io/kiln-dev/kiln:0.1.0"));
+    assert_eq!(
+        c.args.as_deref(),
+        Some(&["operator".to_string(), "--leader-elect".to_string()][..])
+    );
+    let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert!(env.contains(&"OPERATOR_NAMESPACE"), "{env:?}");
+    let available = dep.status.and_then(|s| s.available_replicas);
+    assert_eq!(available, Some(2));
+    let pods = Api::<Pod>::namespaced(admin.clone(), NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=kiln-operator"))
+        .await?
+        .items;
+    let bound: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            let phase = p.status.as_ref()?.phase.clone()?;
+            Some((node, phase))
+        })
+        .collect();
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    assert!(
+        bound.iter().all(|(_, phase)| phase == "Running"),
+        "{bound:?}"
+    );
+
+    let policy = Api::<ClusterPolicy>::all(admin.clone()).get(POLICY).await?;
+    assert_eq!(
+        policy
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("Helm")
+    );
+    Ok(())
+}
+
+/// What the operator, holding only the chart's rights, did: the Lease, node labels, operands
+/// applied by field manager `kiln`, and an Event on the policy.
+async fn check_operator_work(admin: &Client) -> anyhow::Result<()> {
+    let lease = Api::<Lease>::namespaced(admin.clone(), NS)
+        .get("kiln-operator")
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("helm-test-replica")
+    );
+    let present = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default().labels("nvidia.com/gpu.present=true"))
+        .await?
+        .items
+        .len();
+    assert_eq!(present, 5);
+    let dss = Api::<DaemonSet>::namespaced(admin.clone(), NS)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    assert!(dss.len() >= 5, "{} DaemonSets", dss.len());
+    for ds in &dss {
+        let managers: Vec<&str> = ds
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.manager.as_deref())
+            .collect();
+        assert!(
+            managers.contains(&"kiln"),
+            "{:?}: {managers:?}",
+            ds.metadata.name
+        );
+    }
+    let events = Api::<Event>::all(admin.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let ours = events
+        .iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("kiln"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(POLICY))
+        .count();
+    assert!(ours >= 1, "no Event from kiln on {POLICY}");
+    Ok(())
+}
