@@ -31,8 +31,11 @@ nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,driver_version,temperature.gpu
 
 echo "kiln: $("$KILN" --version)   driver: $(head -1 "$work/smi" | cut -d, -f5 | tr -d ' ')"
 echo "start-up warnings:"; sed 's/^/  /' "$work/exporter.log" | head -20
-# value of METRIC for gpu=IDX, or "-" when absent
-val() { awk -v m="$1" -v g="gpu=\"$2\"" 'index($0, m"{")==1 && index($0, g) { print $NF; exit }' "$work/metrics"; }
+# value of METRIC for gpu=IDX; empty (skipped) when absent or when the GPU has MIG on, where
+# framebuffer fields come per MIG device (GPU_I_PROFILE/mig_device_uuid labels), not per GPU
+val() { awk -v m="$1" -v g="gpu=\"$2\"" 'index($0, m"{")==1 && index($0, g) {
+          if (index($0, "mig_device_uuid=")) { mig=1 } else if (v == "") { v=$NF } }
+        END { if (!mig) print v }' "$work/metrics"; }
 label() { grep -m1 "^$1{gpu=\"$2\"" "$work/metrics" | sed -n "s/.*[{,]$3=\"\([^\"]*\)\".*/\1/p"; }
 
 fail=0

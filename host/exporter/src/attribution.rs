@@ -8,6 +8,10 @@
 //! The **first** of that list owns the GPU's single series in the default mode; the whole list
 //! feeds the `kiln_gpu_pod_info` metric and the one-series-per-pod mode.
 //!
+//! The same rule runs per MIG device, over the containers whose ids name that MIG device
+//! (`MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>` or `nvidia<N>/gi<G>`, the last two through the
+//! device's GPU-instance id): those label the MIG device's own series (see [`crate::render`]).
+//!
 //! The result depends only on the *set* of allocations, never on the kubelet's List order, so the
 //! owner stays the same for as long as the same pods run. dcgm-exporter instead lets the last pod
 //! in List order win (reference §3.5), which the kubelet does not keep stable.
@@ -48,6 +52,7 @@ pub struct PodRef {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
     by_gpu: BTreeMap<u32, Vec<PodRef>>,
+    by_mig: BTreeMap<String, Vec<PodRef>>,
     /// GPU-resource device ids that matched no GPU on this node (kept for debug logs).
     pub unresolved: Vec<String>,
 }
@@ -57,6 +62,12 @@ impl Attribution {
     #[must_use]
     pub fn pods(&self, index: u32) -> &[PodRef] {
         self.by_gpu.get(&index).map_or(&[], Vec::as_slice)
+    }
+
+    /// The containers using MIG device `mig_uuid`, owner first; empty when none.
+    #[must_use]
+    pub fn mig_pods(&self, mig_uuid: &str) -> &[PodRef] {
+        self.by_mig.get(mig_uuid).map_or(&[], Vec::as_slice)
     }
 
     /// The container whose labels the GPU's single series carries (default mode).
@@ -81,25 +92,35 @@ pub fn attribute(
     extra_resources: &[String],
 ) -> Attribution {
     let mut sets: BTreeMap<u32, BTreeSet<PodRef>> = BTreeMap::new();
+    let mut migs: BTreeMap<String, BTreeSet<PodRef>> = BTreeMap::new();
     let mut unresolved = BTreeSet::new();
     for a in allocations
         .iter()
         .filter(|a| is_gpu_resource(&a.resource_name, extra_resources))
     {
         for id in &a.device_ids {
-            let Some(index) = parse_device_id(id).and_then(|r| resolve(&r, gpus)) else {
+            let parsed = parse_device_id(id);
+            let Some(index) = parsed.as_ref().and_then(|r| resolve(r, gpus)) else {
                 unresolved.insert(id.clone());
                 continue;
             };
-            sets.entry(index).or_default().insert(PodRef {
+            let pod = PodRef {
                 namespace: a.namespace.clone(),
                 pod: a.pod.clone(),
                 container: a.container.clone(),
-            });
+            };
+            if let Some(mig) = parsed.as_ref().and_then(|r| resolve_mig(r, gpus)) {
+                migs.entry(mig.to_owned()).or_default().insert(pod.clone());
+            }
+            sets.entry(index).or_default().insert(pod);
         }
     }
     Attribution {
         by_gpu: sets
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().collect()))
+            .collect(),
+        by_mig: migs
             .into_iter()
             .map(|(k, v)| (k, v.into_iter().collect()))
             .collect(),
@@ -122,6 +143,33 @@ fn resolve(r: &DeviceRef, gpus: &[GpuDevice]) -> Option<u32> {
     }
 }
 
+/// The UUID of the MIG device a reference names, when it names one on this node.
+fn resolve_mig<'g>(r: &DeviceRef, gpus: &'g [GpuDevice]) -> Option<&'g str> {
+    let by_gi = |g: &'g GpuDevice, gi: u32| {
+        g.mig_devices
+            .iter()
+            .find(|m| m.gpu_instance_id == Some(gi))
+            .map(|m| m.uuid.as_str())
+    };
+    match r {
+        DeviceRef::MigUuid { uuid } => gpus
+            .iter()
+            .flat_map(|g| &g.mig_devices)
+            .find(|m| &m.uuid == uuid)
+            .map(|m| m.uuid.as_str()),
+        DeviceRef::MigOfGpu {
+            gpu_uuid,
+            gpu_instance,
+        } => by_gi(gpus.iter().find(|g| &g.uuid == gpu_uuid)?, *gpu_instance),
+        DeviceRef::Index {
+            index,
+            gpu_instance: Some(gi),
+            ..
+        } => by_gi(gpus.iter().find(|g| g.index == *index)?, *gi),
+        DeviceRef::GpuUuid { .. } | DeviceRef::Index { .. } => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kiln_gpu::MigDevice;
@@ -139,9 +187,10 @@ mod tests {
             mig_enabled: Some(!migs.is_empty()),
             mig_devices: migs
                 .iter()
-                .map(|u| MigDevice {
+                .zip(1..)
+                .map(|(u, gi)| MigDevice {
                     uuid: (*u).into(),
-                    gpu_instance_id: None,
+                    gpu_instance_id: Some(gi),
                     compute_instance_id: None,
                     profile: None,
                 })
@@ -199,6 +248,16 @@ mod tests {
         assert_eq!(names(&a, 0), ["n/by-index", "n/by-uuid"]);
         assert_eq!(names(&a, 1), ["n/gke-mig", "n/mig", "n/old-mig"]);
         assert_eq!(a.unresolved, ["GPU-zzz", "nvidia9"]);
+        let mig = |u: &str| {
+            a.mig_pods(u)
+                .iter()
+                .map(|p| p.pod.as_str())
+                .collect::<Vec<_>>()
+        };
+        // MIG-m1 is GPU instance 1, MIG-m2 instance 2 (see `gpu`).
+        assert_eq!(mig("MIG-m1"), ["old-mig"]);
+        assert_eq!(mig("MIG-m2"), ["mig"]);
+        assert!(mig("MIG-zz").is_empty());
         assert_eq!(a.gpus_in_use(), 2);
         assert!(a.owner(2).is_none());
     }

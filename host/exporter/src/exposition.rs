@@ -1,12 +1,34 @@
-//! Low-level writers for the two exposition formats: Prometheus text 0.0.4 (the default, what
-//! dcgm-exporter serves) and OpenMetrics 1.0 (by content negotiation).
+//! The two exposition formats, written by maintained libraries: Prometheus text 0.0.4 (the
+//! default, what dcgm-exporter serves) by the `prometheus` crate's `TextEncoder`, and OpenMetrics
+//! 1.0 (by content negotiation) by `prometheus-client`'s encoder through a [`Collector`].
 //!
-//! Differences between the two handled here: metadata escaping, the `# EOF` trailer, and
-//! counters. OpenMetrics requires a counter's samples to end in `_total`; DCGM counter names do
-//! not (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`), so in OpenMetrics such a family is declared
-//! `unknown`, which keeps the series name identical in both formats.
+//! A scrape's families are built as `prometheus::proto::MetricFamily` values ([`family`],
+//! [`sample`]) from the latest snapshot; both encoders read the same values.
+//!
+//! # Counters (why two libraries)
+//! dcgm-exporter declares counters whose names do not end in `_total`
+//! (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`, …). The text format
+//! allows that and `TextEncoder` keeps name and `# TYPE … counter` as given. OpenMetrics requires
+//! a counter's samples to end in `_total`, and `prometheus-client` appends it (as its 0.0.4
+//! encoder does too), which would rename DCGM series. So in OpenMetrics such a family is declared
+//! `unknown` and keeps its name; families already ending in `_total` (kiln's own) are declared
+//! `counter` under the name without the suffix, and their samples keep `…_total`.
+//!
+//! # Values
+//! Samples are `f64`. Text 0.0.4 prints Rust's shortest form (`72.345`, `41`); OpenMetrics
+//! prints integral values below 2^53 as integers (`41`) and others with `dtoa` (`72.345`).
+//! dcgm-exporter prints doubles with `%f` (`72.345000`): the same number to a parser.
 
-use std::fmt::Write as _;
+use prometheus::{
+    TextEncoder,
+    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType as ProtoType},
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
 
 use crate::fields::Value;
 
@@ -47,7 +69,7 @@ impl Format {
     }
 }
 
-/// Family type as declared in `# TYPE`.
+/// Family type as declared in `# TYPE` of the text format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// `gauge`.
@@ -56,82 +78,177 @@ pub enum Kind {
     Counter,
 }
 
-/// Writes `# HELP` and `# TYPE` for a family.
-pub fn write_header(out: &mut String, format: Format, name: &str, help: &str, kind: Kind) {
-    let ty = match (kind, format) {
-        (Kind::Gauge, _) => "gauge",
-        (Kind::Counter, Format::Text) => "counter",
-        (Kind::Counter, Format::OpenMetrics) if name.ends_with("_total") => "counter",
-        (Kind::Counter, Format::OpenMetrics) => "unknown",
-    };
-    let family = match (kind, format) {
-        (Kind::Counter, Format::OpenMetrics) => name.strip_suffix("_total").unwrap_or(name),
-        _ => name,
-    };
-    out.push_str("# HELP ");
-    out.push_str(family);
-    out.push(' ');
-    escape_into(out, help, format == Format::OpenMetrics);
-    out.push_str("\n# TYPE ");
-    out.push_str(family);
-    out.push(' ');
-    out.push_str(ty);
-    out.push('\n');
-}
+/// Labels of one sample, in output order: `(name, value)`; values are escaped by the encoders.
+pub type Labels = Vec<(&'static str, String)>;
 
-/// Appends `,name="value"` (or `name="value"` when `first`), escaping the value.
-pub fn push_label(out: &mut String, first: bool, name: &str, value: &str) {
-    if !first {
-        out.push(',');
-    }
-    out.push_str(name);
-    out.push_str("=\"");
-    escape_into(out, value, true);
-    out.push('"');
-}
-
-/// Writes one sample line: `name{labels} value`; `labels` is pre-rendered (may be empty).
-pub fn write_sample(out: &mut String, name: &str, labels: &str, value: Value) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        out.push_str(labels);
-        out.push('}');
-    }
-    out.push(' ');
-    match value {
-        Value::Int(v) => {
-            let _ = write!(out, "{v}");
+/// One sample of a family of `kind` (the value goes into the matching proto field).
+#[must_use]
+pub fn sample(kind: Kind, labels: Labels, value: Value) -> Metric {
+    let v = match value {
+        // Exact up to 2^53 (9e15 mJ is ~400 years of a 700 W GPU).
+        #[allow(clippy::cast_precision_loss)]
+        Value::Int(v) => v as f64,
+        Value::Float(v) => v,
+    };
+    let mut m = Metric::default();
+    m.set_label(
+        labels
+            .into_iter()
+            .map(|(name, value)| {
+                let mut l = LabelPair::default();
+                l.set_name(name.to_owned());
+                l.set_value(value);
+                l
+            })
+            .collect(),
+    );
+    match kind {
+        Kind::Gauge => {
+            let mut g = Gauge::default();
+            g.set_value(v);
+            m.set_gauge(g);
         }
-        Value::Float(v) => {
-            let _ = write!(out, "{v:.6}");
+        Kind::Counter => {
+            let mut c = Counter::default();
+            c.set_value(v);
+            m.set_counter(c);
         }
     }
-    out.push('\n');
+    m
 }
 
-/// Ends a body: `# EOF` for OpenMetrics, nothing for text.
+/// A family; `None` when it has no samples (dcgm-exporter emits no `# HELP`/`# TYPE` for those,
+/// and the text encoder refuses empty families).
+#[must_use]
+pub fn family(name: &str, help: &str, kind: Kind, samples: Vec<Metric>) -> Option<MetricFamily> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_owned());
+    f.set_help(help.to_owned());
+    f.set_field_type(match kind {
+        Kind::Gauge => ProtoType::GAUGE,
+        Kind::Counter => ProtoType::COUNTER,
+    });
+    f.set_metric(samples);
+    Some(f)
+}
+
+/// Appends `families` to `out` in `format`, without OpenMetrics' `# EOF` (see [`finish`]).
+///
+/// # Errors
+/// The encoder's message for a family it refuses (an empty one; [`family`] never builds those).
+pub fn encode(out: &mut String, format: Format, families: Vec<MetricFamily>) -> Result<(), String> {
+    match format {
+        Format::Text => TextEncoder::new()
+            .encode_utf8(&families, out)
+            .map_err(|e| e.to_string()),
+        Format::OpenMetrics => {
+            let mut registry = Registry::default();
+            registry.register_collector(Box::new(OpenMetricsFamilies(families)));
+            prometheus_client::encoding::text::encode_registry(out, &registry)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Ends a body: `# EOF` for OpenMetrics (written by `prometheus-client`), nothing for text.
 pub fn finish(out: &mut String, format: Format) {
     if format == Format::OpenMetrics {
-        out.push_str("# EOF\n");
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode_eof(out);
     }
 }
 
-/// Escapes `\`, newline and (for label values and OpenMetrics help) `"`.
-fn escape_into(out: &mut String, s: &str, quotes: bool) {
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '"' if quotes => out.push_str("\\\""),
-            c => out.push(c),
+/// Families handed to `prometheus-client`'s OpenMetrics encoder (see the module docs).
+#[derive(Debug)]
+struct OpenMetricsFamilies(Vec<MetricFamily>);
+
+impl Collector for OpenMetricsFamilies {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.0 {
+            let counter = f.get_field_type() == ProtoType::COUNTER;
+            let (name, ty) = match f.name().strip_suffix("_total") {
+                Some(base) if counter => (base, MetricType::Counter),
+                _ if counter => (f.name(), MetricType::Unknown),
+                _ => (f.name(), MetricType::Gauge),
+            };
+            let mut metric = encoder.encode_descriptor(name, f.help(), None, ty)?;
+            for m in f.get_metric() {
+                let labels: Vec<(&str, &str)> = m
+                    .get_label()
+                    .iter()
+                    .map(|l| (l.name(), l.value()))
+                    .collect();
+                let mut s = metric.encode_family(&labels)?;
+                if matches!(ty, MetricType::Counter) {
+                    let v = m.get_counter().get_value();
+                    match as_integer(v) {
+                        Some(i) => s.encode_counter::<NoLabelSet, _, f64>(&i, None)?,
+                        None => s.encode_counter::<NoLabelSet, _, f64>(&v, None)?,
+                    }
+                } else {
+                    let v = if counter {
+                        m.get_counter().get_value()
+                    } else {
+                        m.get_gauge().get_value()
+                    };
+                    match as_integer(v) {
+                        Some(i) => s.encode_gauge(&i)?,
+                        None => s.encode_gauge(&v)?,
+                    }
+                }
+            }
         }
+        Ok(())
     }
+}
+
+/// `v` as an integer when it is one and exactly representable.
+fn as_integer(v: f64) -> Option<u64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    (v.fract() == 0.0 && (0.0..EXACT).contains(&v)).then(|| v as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encoded(format: Format, families: Vec<MetricFamily>) -> String {
+        let mut out = String::new();
+        encode(&mut out, format, families).unwrap();
+        finish(&mut out, format);
+        out
+    }
+
+    fn fams() -> Vec<MetricFamily> {
+        let labels: Labels = vec![("a", "q\"\\\n".into()), ("b", "x".into())];
+        vec![
+            family(
+                "DCGM_FI_X",
+                "a \\ b\nc",
+                Kind::Counter,
+                vec![sample(Kind::Counter, labels, Value::Int(7))],
+            )
+            .unwrap(),
+            family(
+                "x_total",
+                "h",
+                Kind::Counter,
+                vec![sample(Kind::Counter, vec![], Value::Int(2))],
+            )
+            .unwrap(),
+            family(
+                "g",
+                "h",
+                Kind::Gauge,
+                vec![sample(Kind::Gauge, vec![], Value::Float(72.345))],
+            )
+            .unwrap(),
+        ]
+    }
 
     #[test]
     fn negotiation_prefers_openmetrics_only_when_offered() {
@@ -146,36 +263,33 @@ mod tests {
     }
 
     #[test]
-    fn counters_without_total_are_unknown_in_openmetrics() {
-        let mut t = String::new();
-        write_header(
-            &mut t,
-            Format::Text,
-            "DCGM_FI_X",
-            "a \"b\"\nc",
-            Kind::Counter,
-        );
+    fn text_keeps_dcgm_counter_names_and_escapes() {
         assert_eq!(
-            t,
-            "# HELP DCGM_FI_X a \"b\"\\nc\n# TYPE DCGM_FI_X counter\n"
-        );
-        let mut o = String::new();
-        write_header(&mut o, Format::OpenMetrics, "DCGM_FI_X", "h", Kind::Counter);
-        write_header(&mut o, Format::OpenMetrics, "x_total", "h", Kind::Counter);
-        assert_eq!(
-            o,
-            "# HELP DCGM_FI_X h\n# TYPE DCGM_FI_X unknown\n# HELP x h\n# TYPE x counter\n"
+            encoded(Format::Text, fams()),
+            "# HELP DCGM_FI_X a \\\\ b\\nc\n# TYPE DCGM_FI_X counter\n\
+             DCGM_FI_X{a=\"q\\\"\\\\\\n\",b=\"x\"} 7\n\
+             # HELP x_total h\n# TYPE x_total counter\nx_total 2\n\
+             # HELP g h\n# TYPE g gauge\ng 72.345\n"
         );
     }
 
     #[test]
-    fn samples_escape_labels_and_format_values_like_dcgm() {
-        let mut labels = String::new();
-        push_label(&mut labels, true, "a", "q\"\\\n");
-        push_label(&mut labels, false, "b", "x");
-        let mut out = String::new();
-        write_sample(&mut out, "m", &labels, Value::Float(72.345));
-        write_sample(&mut out, "m", "", Value::Int(7));
-        assert_eq!(out, "m{a=\"q\\\"\\\\\\n\",b=\"x\"} 72.345000\nm 7\n");
+    fn openmetrics_types_counters_without_total_as_unknown() {
+        let om = encoded(Format::OpenMetrics, fams());
+        assert!(
+            om.contains("# TYPE DCGM_FI_X unknown\nDCGM_FI_X{a=\"q\\\"\\\\\\n\",b=\"x\"} 7\n"),
+            "{om}"
+        );
+        assert!(
+            om.contains("# HELP x h\n# TYPE x counter\nx_total 2\n"),
+            "{om}"
+        );
+        assert!(om.contains("# TYPE g gauge\ng 72.345\n"), "{om}");
+        assert!(om.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn empty_families_are_not_built() {
+        assert!(family("x", "h", Kind::Gauge, Vec::new()).is_none());
     }
 }

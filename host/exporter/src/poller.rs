@@ -54,6 +54,15 @@ pub fn collect(
                     errors += 1;
                 }
             }
+            if !g.device.mig_devices.is_empty() {
+                match inv.mig_samples(g.device.index) {
+                    Ok(m) => g.mig = m,
+                    Err(e) => {
+                        tracing::warn!(gpu = g.device.index, error = %crate::error_chain(&e), "reading MIG device counters");
+                        errors += 1;
+                    }
+                }
+            }
             if let Some(m) = mapper {
                 match inv.processes(g.device.index) {
                     Ok(procs) => g.pod_usage = m.usage(&procs, &pod_dir),
@@ -89,10 +98,10 @@ pub fn missing_fields(shared: &Shared, snap: &Snapshot) -> Vec<&'static str> {
         .metrics
         .iter()
         .filter(|m| match m.field.source {
-            Source::Sample(get) => !snap
-                .gpus
-                .iter()
-                .any(|g| g.sample.as_ref().and_then(get).is_some()),
+            Source::Sample(get) => !snap.gpus.iter().any(|g| {
+                g.sample.as_ref().and_then(get).is_some()
+                    || g.mig.iter().any(|m| get(&m.sample).is_some())
+            }),
             _ => false,
         })
         .map(|m| m.field.name)

@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, time::SystemTime};
 
-use kiln_gpu::{DeviceSample, GpuDevice, SystemInfo};
+use kiln_gpu::{DeviceSample, GpuDevice, MigSample, SystemInfo};
 
 use crate::process::PodUsage;
 
@@ -26,6 +26,8 @@ pub struct GpuSnapshot {
     pub device: GpuDevice,
     /// Counters; `None` when reading them failed this poll (the GPU then has no samples).
     pub sample: Option<DeviceSample>,
+    /// Counters of each MIG device (MIG on only), in `device.mig_devices` order.
+    pub mig: Vec<MigSample>,
     /// The last XID seen since start-up, 0 before any (`DCGM_FI_DEV_XID_ERRORS`).
     pub last_xid: u64,
     /// XID number → occurrences since start-up (`kiln_gpu_xid_errors_total`).
@@ -41,6 +43,7 @@ impl GpuSnapshot {
         Self {
             device,
             sample: None,
+            mig: Vec::new(),
             last_xid: 0,
             xid_counts: BTreeMap::new(),
             pod_usage: Vec::new(),

@@ -15,7 +15,7 @@ use std::{
 use crate::{
     attribution::{Allocation, attribute},
     catalogue::Catalogue,
-    exposition::{Format, Kind, finish, write_header, write_sample},
+    exposition::{Format, Kind, encode, family, finish, sample},
     fields::Value,
     render::{RenderOptions, render_gpus},
     snapshot::Snapshot,
@@ -153,15 +153,11 @@ impl Shared {
                         .collect::<Vec<_>>(),
                     &self.extra_resources,
                 );
+                let families = render_gpus(&self.catalogue, &snap, &attribution, &self.options);
                 let mut body = String::with_capacity(64 * 1024);
-                render_gpus(
-                    &mut body,
-                    format,
-                    &self.catalogue,
-                    &snap,
-                    &attribution,
-                    &self.options,
-                );
+                if let Err(e) = encode(&mut body, format, families) {
+                    tracing::warn!(error = %e, "encoding the GPU families");
+                }
                 let body: Arc<str> = body.into();
                 self.store(format, snap.generation, pods.generation, body.clone());
                 body
@@ -189,6 +185,7 @@ impl Shared {
 
     fn render_self(&self, out: &mut String, format: Format, snap: &Snapshot) {
         let m = &self.metrics;
+        let mut families = Vec::with_capacity(4);
         let counters = [
             (
                 "kiln_exporter_pod_resources_errors_total",
@@ -207,22 +204,24 @@ impl Shared {
             ),
         ];
         for (name, help, v) in counters {
-            write_header(out, format, name, help, Kind::Counter);
-            write_sample(out, name, "", Value::Int(v.load(Ordering::Relaxed)));
+            let value = Value::Int(v.load(Ordering::Relaxed));
+            let samples = vec![sample(Kind::Counter, Vec::new(), value)];
+            families.extend(family(name, help, Kind::Counter, samples));
         }
         if let Some(t) = snap.taken_at {
-            let name = "kiln_exporter_last_collect_timestamp_seconds";
-            write_header(
-                out,
-                format,
-                name,
-                "Unix time the GPUs were last read.",
-                Kind::Gauge,
-            );
             let secs = t
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
-            write_sample(out, name, "", Value::Float(secs));
+            let samples = vec![sample(Kind::Gauge, Vec::new(), Value::Float(secs))];
+            families.extend(family(
+                "kiln_exporter_last_collect_timestamp_seconds",
+                "Unix time the GPUs were last read.",
+                Kind::Gauge,
+                samples,
+            ));
+        }
+        if let Err(e) = encode(out, format, families) {
+            tracing::warn!(error = %e, "encoding the exporter's own families");
         }
     }
 }

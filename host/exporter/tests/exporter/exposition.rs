@@ -5,7 +5,7 @@ use std::path::Path;
 use kiln_exporter::{
     attribution::{Allocation, attribute},
     catalogue::Catalogue,
-    exposition::Format,
+    exposition::{Format, encode},
     poller::collect,
     process::ProcessMapper,
     render::{RenderOptions, render_gpus},
@@ -37,15 +37,9 @@ fn body(format: Format) -> String {
         hostname: Some("node-a".into()),
         ..Default::default()
     };
+    let families = render_gpus(&Catalogue::default_list(), &snap, &attribution, &opts);
     let mut out = String::new();
-    render_gpus(
-        &mut out,
-        format,
-        &Catalogue::default_list(),
-        &snap,
-        &attribution,
-        &opts,
-    );
+    encode(&mut out, format, families).unwrap();
     out
 }
 
@@ -166,19 +160,18 @@ fn per_pod_process_usage_is_mapped_through_cgroups_and_pod_log_dirs() {
 
     let inv = FakeBackend::from_file(&fixture()).unwrap();
     let (snap, _) = collect(&inv, &Snapshot::default(), Some(&mapper));
-    let mut out = String::new();
     let opts = RenderOptions {
         hostname: None,
         ..Default::default()
     };
-    render_gpus(
-        &mut out,
-        Format::Text,
+    let families = render_gpus(
         &Catalogue::default_list(),
         &snap,
         &attribute(&[], &[], &[]),
         &opts,
     );
+    let mut out = String::new();
+    encode(&mut out, Format::Text, families).unwrap();
     let scrape = parse(&out);
     let value = |metric: &str, pod: &str| {
         scrape

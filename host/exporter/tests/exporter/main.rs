@@ -7,6 +7,7 @@
 mod attribution;
 mod exposition;
 mod kubelet;
+mod mig;
 mod server;
 mod standin;
 
