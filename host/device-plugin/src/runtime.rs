@@ -157,7 +157,7 @@ struct Plugin {
     health: HealthTracker,
     label: Option<String>,
     file_text: Option<String>,
-    kubelet_id: Option<(u64, u64)>,
+    kubelet_id: Option<(u64, u64, i64, i64)>,
     status: watch::Sender<Status>,
 }
 
@@ -430,14 +430,19 @@ impl Plugin {
         }
     }
 
-    fn kubelet_socket_id(&self) -> Option<(u64, u64)> {
+    /// Identity of `kubelet.sock`: inode plus change time, since a recreated socket can reuse
+    /// the inode number.
+    fn kubelet_socket_id(&self) -> Option<(u64, u64, i64, i64)> {
         let m = std::fs::metadata(self.opts.kubelet_socket.as_ref()?).ok()?;
-        Some((m.dev(), m.ino()))
+        Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
     }
 
     async fn poll_kubelet(&mut self) {
         let id = self.kubelet_socket_id();
-        if id != self.kubelet_id {
+        // A starting kubelet deletes every socket in the directory; a missing socket of ours
+        // means the same as a new kubelet.sock.
+        let lost_socket = self.servers.values().any(|r| !r.served.socket.exists());
+        if id != self.kubelet_id || (id.is_some() && lost_socket) {
             self.kubelet_id = id;
             if id.is_some() {
                 tracing::info!(
