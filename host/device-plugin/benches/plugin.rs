@@ -1,2 +1,135 @@
-//! Device-plugin benchmark (filled in below).
-fn main() {}
+//! Device-plugin figures against the kubelet stand-in: time from start to `Register`, Allocate
+//! latency (p50/p99 over 5 000 calls), and the RSS of a real `kiln device-plugin` process.
+//!
+//! `cargo bench -p kiln-device-plugin --bench plugin`. The process figures need the `kiln`
+//! binary: `KILN_BIN=<path>` or `target/{release,debug}/kiln` (build it with
+//! `cargo build --release -p kiln-cli`); without it only the in-process figures print.
+
+#[path = "../tests/standin/mod.rs"]
+mod standin;
+
+use std::{sync::Arc, time::Duration, time::Instant};
+
+use kiln_device_plugin::{
+    health::XidFilter,
+    proto::{AllocateRequest, ContainerAllocateRequest},
+    runtime::{self, ConfigSource, Options},
+    settings::Overrides,
+};
+use kiln_gpu::FakeBackend;
+
+const FIXTURE: &str = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+gpus:
+  - {uuid: GPU-11111111-2222-3333-4444-555555555555, name: Tesla T4, memory_total_mib: 15360, compute_capability: "7.5"}
+  - {uuid: GPU-22222222-2222-3333-4444-555555555555, name: Tesla T4, memory_total_mib: 15360, compute_capability: "7.5"}
+"#;
+const CONFIG: &str = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 5}]}}\n";
+const CALLS: usize = 5_000;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(in_process());
+    rt.block_on(process());
+}
+
+async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str) {
+    let mut c = k.client(endpoint).await;
+    let mut lat = Vec::with_capacity(CALLS);
+    for i in 0..CALLS {
+        let id = format!("GPU-11111111-2222-3333-4444-555555555555::{}", i % 5);
+        let req = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![id],
+            }],
+        };
+        let t = Instant::now();
+        c.allocate(req).await.unwrap();
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    println!(
+        "{what}: Allocate p50 {:?}, p99 {:?} ({CALLS} calls over the Unix socket)",
+        lat[CALLS / 2],
+        lat[CALLS * 99 / 100]
+    );
+}
+
+async fn in_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("config.yaml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let k = standin::Kubelet::start(tmp.path());
+    let fake = Arc::new(FakeBackend::new(serde_yaml_ng::from_str(FIXTURE).unwrap()));
+    let opts = Options {
+        overrides: Overrides::default(),
+        source: ConfigSource::File(cfg),
+        plugin_dir: tmp.path().to_owned(),
+        kubelet_socket: Some(k.socket()),
+        cdi_root: tmp.path().join("cdi"),
+        health_interval: Duration::from_secs(1),
+        recovery_after: Duration::from_secs(300),
+        xid_filter: XidFilter::default(),
+        kubelet_poll: Duration::from_millis(200),
+    };
+    let t = Instant::now();
+    let h = runtime::start(opts, fake, None).await.unwrap();
+    let reg = k.next_registration().await;
+    println!("in-process: start → Register {:?}", t.elapsed());
+    allocate_p99(&k, &reg.endpoint, "in-process").await;
+    h.shutdown().await;
+}
+
+async fn process() {
+    let bin = std::env::var("KILN_BIN")
+        .ok()
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+            ["release/kiln", "debug/kiln"]
+                .iter()
+                .map(|p| root.join(p))
+                .find(|p| p.exists())
+        });
+    let Some(bin) = bin else {
+        println!("process: no kiln binary (set KILN_BIN); skipped");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = tmp.path().join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let cfg = tmp.path().join("config.yaml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let k = standin::Kubelet::start(tmp.path());
+    let t = Instant::now();
+    let mut child = tokio::process::Command::new(&bin)
+        .arg("device-plugin")
+        .arg(format!("--gpu-backend=fake:{}", fixture.display()))
+        .arg(format!("--config-file={}", cfg.display()))
+        .arg(format!("--kubelet-socket={}", k.socket().display()))
+        .arg(format!("--plugin-dir={}", tmp.path().display()))
+        .arg(format!("--cdi-root={}", tmp.path().join("cdi").display()))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let reg = k.next_registration().await;
+    println!(
+        "process ({}): spawn → Register {:?}",
+        bin.display(),
+        t.elapsed()
+    );
+    allocate_p99(&k, &reg.endpoint, "process").await;
+    let pid = child.id().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for line in status
+        .lines()
+        .filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM"))
+    {
+        println!("process: {line}");
+    }
+    child.kill().await.unwrap();
+}

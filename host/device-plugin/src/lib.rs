@@ -19,6 +19,8 @@ pub mod config;
 pub mod config_manager;
 pub mod devices;
 pub mod health;
+#[cfg(feature = "kube")]
+pub mod node_label;
 pub mod runtime;
 pub mod selection;
 pub mod server;

@@ -1,6 +1,7 @@
 //! Subcommands, one module each; every one is a clap struct with `run`.
 
 mod crdgen;
+mod device_plugin;
 mod exporter;
 mod operator;
 mod plugin;
@@ -31,6 +32,8 @@ enum Command {
     Crdgen(crdgen::CrdgenArgs),
     /// Serve DCGM-compatible GPU metrics from NVML, with stable pod attribution.
     Exporter(exporter::ExporterArgs),
+    /// Kubelet device plugin for nvidia.com/gpu (time-slicing, CDI, per-node config).
+    DevicePlugin(device_plugin::DevicePluginArgs),
 }
 
 impl Cli {
@@ -42,6 +45,7 @@ impl Cli {
             Command::Operator(o) => o.run(),
             Command::Crdgen(c) => c.run(),
             Command::Exporter(e) => e.run(),
+            Command::DevicePlugin(d) => d.run(),
         };
         match result {
             Ok(code) => code,

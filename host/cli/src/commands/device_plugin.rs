@@ -1,0 +1,263 @@
+//! `kiln device-plugin`: the kubelet device plugin; `kiln device-plugin config-manager`: picks
+//! this node's config by its `nvidia.com/device-plugin.config` label (flags and env vars as
+//! upstream's, see assets/state-device-plugin/0500_daemonset.yaml).
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{ArgAction, Subcommand};
+use kiln_device_plugin::{
+    config_manager::ManagerOptions,
+    health::XidFilter,
+    runtime::{self, ConfigSource, Control, Options},
+    selection::{ConfigDir, NODE_LABEL},
+    settings::Overrides,
+};
+use tokio::{signal::unix::SignalKind, sync::mpsc};
+
+/// `kiln device-plugin [config-manager]`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DevicePluginArgs {
+    #[command(subcommand)]
+    command: Option<DevicePluginCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum DevicePluginCommand {
+    /// Copy the config named by the node label into CONFIG_FILE_DST (init container with
+    /// --oneshot, or sidecar that signals the plugin).
+    ConfigManager(ConfigManagerArgs),
+}
+
+/// Flags of the plugin itself.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    overrides: Overrides,
+    /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
+    #[arg(long, env = "KILN_GPU_BACKEND", default_value = "nvml")]
+    gpu_backend: kiln_gpu::BackendSpec,
+    /// Config file (re-read on SIGHUP and when its content changes).
+    #[arg(long, env = "CONFIG_FILE")]
+    config_file: Option<PathBuf>,
+    /// The kubelet's registration socket; empty skips registration.
+    #[arg(
+        long,
+        env = "KUBELET_SOCKET",
+        default_value = "/var/lib/kubelet/device-plugins/kubelet.sock"
+    )]
+    kubelet_socket: String,
+    /// Directory of the plugin sockets (the kubelet's device-plugins directory).
+    #[arg(
+        long,
+        env = "KILN_DEVICE_PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    plugin_dir: PathBuf,
+    /// Directory of the CDI spec.
+    #[arg(long, env = "KILN_CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
+    /// With --config-dir: watch this node's label and pick the config key built in.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The mounted ConfigMap (one file per key) for the built-in label watch.
+    #[arg(long, env = "KILN_DEVICE_PLUGIN_CONFIG_DIR")]
+    config_dir: Option<PathBuf>,
+    #[command(flatten)]
+    selection: SelectionArgs,
+    /// How often XIDs, the driver version and the config file are checked, milliseconds.
+    #[arg(long, env = "KILN_HEALTH_INTERVAL_MS", default_value_t = 1000)]
+    health_interval_ms: u64,
+    /// Seconds without a new critical XID before a responding GPU is healthy again.
+    #[arg(long, env = "KILN_HEALTH_RECOVERY_AFTER_S", default_value_t = 300)]
+    health_recovery_after_s: u64,
+    /// How often kubelet.sock is checked for a kubelet restart, milliseconds.
+    #[arg(long, env = "KILN_KUBELET_POLL_MS", default_value_t = 200)]
+    kubelet_poll_ms: u64,
+}
+
+/// How a config key is chosen (shared by both commands).
+#[derive(Debug, clap::Args)]
+struct SelectionArgs {
+    /// The node label naming the config key.
+    #[arg(long, env = "NODE_LABEL", default_value = NODE_LABEL)]
+    node_label: String,
+    /// Key used when the label is unset.
+    #[arg(long, env = "DEFAULT_CONFIG")]
+    default_config: Option<String>,
+    /// Fallbacks without label and default: `named` (key `default`), `single`, `empty`.
+    #[arg(long, env = "FALLBACK_STRATEGIES", default_value = "named,single")]
+    fallback_strategies: String,
+}
+
+impl SelectionArgs {
+    fn dir(&self, dir: PathBuf) -> ConfigDir {
+        ConfigDir {
+            dir,
+            default_config: self.default_config.clone(),
+            fallbacks: self
+                .fallback_strategies
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        }
+    }
+}
+
+/// Flags of config-manager (upstream names and env vars).
+#[derive(Debug, clap::Args)]
+struct ConfigManagerArgs {
+    /// This node.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The mounted ConfigMap.
+    #[arg(long, env = "CONFIG_FILE_SRCDIR")]
+    config_file_srcdir: PathBuf,
+    /// The file the plugin reads.
+    #[arg(long, env = "CONFIG_FILE_DST")]
+    config_file_dst: PathBuf,
+    #[command(flatten)]
+    selection: SelectionArgs,
+    /// Apply the current label once and exit (init container).
+    #[arg(long, env = "ONESHOT", action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
+    oneshot: bool,
+    /// Signal the consumer after a change.
+    #[arg(long, env = "SEND_SIGNAL", action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
+    send_signal: bool,
+    /// Signal number.
+    #[arg(long, env = "SIGNAL", default_value_t = 1)]
+    signal: i32,
+    /// Process to signal.
+    #[arg(
+        long,
+        env = "PROCESS_TO_SIGNAL",
+        default_value = "nvidia-device-plugin"
+    )]
+    process_to_signal: String,
+    /// Kubeconfig (out of cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+impl DevicePluginArgs {
+    /// Runs the plugin until SIGINT/SIGTERM/SIGQUIT, or config-manager.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        match self.command {
+            Some(DevicePluginCommand::ConfigManager(a)) => rt.block_on(a.run()),
+            None => rt.block_on(self.run.run()),
+        }
+    }
+}
+
+impl RunArgs {
+    async fn run(self) -> anyhow::Result<ExitCode> {
+        let dir_mode = self.node_name.clone().zip(self.config_dir.clone());
+        let source = match (&dir_mode, &self.config_file) {
+            (Some((_, dir)), _) => ConfigSource::Dir(self.selection.dir(dir.clone())),
+            (None, Some(f)) => ConfigSource::File(f.clone()),
+            (None, None) => ConfigSource::None,
+        };
+        let fail_on_init = self.overrides.fail_on_init_error.unwrap_or(true);
+        let inv = match kiln_gpu::open(&self.gpu_backend) {
+            Ok(i) => i,
+            Err(e) if fail_on_init => return Err(e).context("nvml init failed"),
+            Err(e) => {
+                tracing::error!("nvml init failed: {e}; failOnInitError=false, idling");
+                wait_for_exit().await?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        let (labels_tx, mut labels_rx) = mpsc::channel(4);
+        let mut initial = None;
+        if let Some((node, _)) = &dir_mode {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the API server for the node label watch")?;
+            let (node, label) = (node.clone(), self.selection.node_label.clone());
+            tokio::spawn(async move {
+                let _ = kiln_device_plugin::node_label::watch_node_label(
+                    client, &node, &label, labels_tx,
+                )
+                .await;
+            });
+            initial = labels_rx.recv().await.flatten();
+        }
+        let opts = Options {
+            overrides: self.overrides,
+            source,
+            plugin_dir: self.plugin_dir,
+            kubelet_socket: Some(PathBuf::from(self.kubelet_socket))
+                .filter(|p| !p.as_os_str().is_empty()),
+            cdi_root: self.cdi_root,
+            health_interval: Duration::from_millis(self.health_interval_ms.max(10)),
+            recovery_after: Duration::from_secs(self.health_recovery_after_s),
+            xid_filter: XidFilter::from_env(),
+            kubelet_poll: Duration::from_millis(self.kubelet_poll_ms.max(10)),
+        };
+        let handle = runtime::start(opts, inv, initial).await?;
+        let control = handle.control.clone();
+        let mut hup = tokio::signal::unix::signal(SignalKind::hangup())?;
+        let exit = wait_for_exit();
+        tokio::pin!(exit);
+        loop {
+            tokio::select! {
+                r = &mut exit => { r?; break; }
+                _ = hup.recv() => { let _ = control.send(Control::Reload).await; }
+                Some(l) = labels_rx.recv() => { let _ = control.send(Control::Label(l)).await; }
+            }
+        }
+        handle.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl ConfigManagerArgs {
+    async fn run(self) -> anyhow::Result<ExitCode> {
+        let client = match &self.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)?;
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+                kube::Client::try_from(cfg)?
+            }
+            None => kube::Client::try_default().await?,
+        };
+        let mgr = ManagerOptions {
+            dir: self.selection.dir(self.config_file_srcdir),
+            dst: self.config_file_dst,
+            send_signal: self.send_signal,
+            signal: self.signal,
+            process_to_signal: self.process_to_signal,
+        };
+        let (tx, rx) = mpsc::channel(4);
+        let (node, label) = (self.node_name, self.selection.node_label);
+        tokio::spawn(async move {
+            let _ =
+                kiln_device_plugin::node_label::watch_node_label(client, &node, &label, tx).await;
+        });
+        tokio::select! {
+            r = mgr.run(rx, self.oneshot) => r?,
+            r = wait_for_exit() => r?,
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Resolves on SIGINT, SIGTERM or SIGQUIT.
+async fn wait_for_exit() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut quit = tokio::signal::unix::signal(SignalKind::quit())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+        _ = quit.recv() => {}
+    }
+    Ok(())
+}
