@@ -33,15 +33,42 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(in_process());
+    if std::env::var_os("KILN_DP_GPU_BACKEND").is_none() {
+        rt.block_on(in_process());
+    }
     rt.block_on(process());
 }
 
 async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str) {
     let mut c = k.client(endpoint).await;
+    let mut stream = c
+        .list_and_watch(kiln_device_plugin::proto::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let devices = stream.message().await.unwrap().unwrap().devices;
+    let ids: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+    println!(
+        "{what}: ListAndWatch {} units, first {:?}",
+        ids.len(),
+        devices.first()
+    );
+    let first = c
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![ids[0].clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    println!(
+        "{what}: Allocate({}) envs {:?}",
+        ids[0], first.container_responses[0].envs
+    );
     let mut lat = Vec::with_capacity(CALLS);
     for i in 0..CALLS {
-        let id = format!("GPU-11111111-2222-3333-4444-555555555555::{}", i % 5);
+        let id = ids[i % ids.len()].clone();
         let req = AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {
                 devices_ids: vec![id],
@@ -105,10 +132,13 @@ async fn process() {
     let cfg = tmp.path().join("config.yaml");
     std::fs::write(&cfg, CONFIG).unwrap();
     let k = standin::Kubelet::start(tmp.path());
+    // KILN_DP_GPU_BACKEND=nvml runs the process on the real GPUs (scripts/gpu-check.sh).
+    let backend = std::env::var("KILN_DP_GPU_BACKEND")
+        .unwrap_or_else(|_| format!("fake:{}", fixture.display()));
     let t = Instant::now();
     let mut child = tokio::process::Command::new(&bin)
         .arg("device-plugin")
-        .arg(format!("--gpu-backend=fake:{}", fixture.display()))
+        .arg(format!("--gpu-backend={backend}"))
         .arg(format!("--config-file={}", cfg.display()))
         .arg(format!("--kubelet-socket={}", k.socket().display()))
         .arg(format!("--plugin-dir={}", tmp.path().display()))
