@@ -3,9 +3,11 @@
 mod crdgen;
 mod device_plugin;
 mod exporter;
+mod gfd;
 mod operator;
 mod plugin;
 mod render;
+mod validator;
 
 use std::process::ExitCode;
 
@@ -34,6 +36,10 @@ enum Command {
     Exporter(exporter::ExporterArgs),
     /// Kubelet device plugin for nvidia.com/gpu (time-slicing, CDI, per-node config).
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Validate the node's GPU stack step by step, writing /run/nvidia/validations/*-ready.
+    Validator(validator::ValidatorArgs),
+    /// GPU feature discovery: nvidia.com/* GPU labels on this node.
+    Gfd(gfd::GfdArgs),
 }
 
 impl Cli {
@@ -46,6 +52,8 @@ impl Cli {
             Command::Crdgen(c) => c.run(),
             Command::Exporter(e) => e.run(),
             Command::DevicePlugin(d) => d.run(),
+            Command::Validator(v) => v.run(),
+            Command::Gfd(g) => g.run(),
         };
         match result {
             Ok(code) => code,

@@ -1,0 +1,126 @@
+//! `kiln gfd`: GPU feature discovery — writes the `nvidia.com/*` GPU labels onto this node
+//! (or a features.d file, or stdout), once or every `GFD_SLEEP_INTERVAL` (see `kiln_gfd`).
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::Context as _;
+use kiln_device_plugin::config::{MigStrategy, SleepInterval};
+use kiln_gfd::{Options, Output};
+use kiln_gpu::BackendSpec;
+
+/// Where `kiln gfd` writes labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OutputKind {
+    /// Merge-patch this node's labels (needs NODE_NAME and `patch` on nodes).
+    Node,
+    /// An NFD features.d file (`--output-file`).
+    File,
+    /// `key=value` lines on stdout.
+    Stdout,
+}
+
+/// Flags of `kiln gfd`, with upstream GFD's env vars.
+#[derive(Debug, clap::Args)]
+pub struct GfdArgs {
+    /// Where labels go.
+    #[arg(long, env = "GFD_OUTPUT", value_enum, default_value = "node")]
+    output: OutputKind,
+    /// The features.d file for `--output file`.
+    #[arg(
+        long,
+        env = "GFD_OUTPUT_FILE",
+        default_value = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+    )]
+    output_file: PathBuf,
+    /// This node (downward API); required for `--output node`.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The device-plugin config file (written by config-manager); absent = default config.
+    #[arg(long, env = "GFD_CONFIG_FILE", default_value = "/config/config.yaml")]
+    config_file: PathBuf,
+    /// `none`, `single` or `mixed`; overrides the config file's `flags.migStrategy`.
+    #[arg(long, env = "GFD_MIG_STRATEGY")]
+    mig_strategy: Option<MigStrategy>,
+    /// Label once and exit.
+    #[arg(long, env = "GFD_ONESHOT", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    oneshot: Option<bool>,
+    /// Omit `nvidia.com/gfd.timestamp`.
+    #[arg(long, env = "GFD_NO_TIMESTAMP", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    no_timestamp: Option<bool>,
+    /// Relabel interval as a Go duration (`60s`, `1m30s`) or `infinite`.
+    #[arg(long, env = "GFD_SLEEP_INTERVAL")]
+    sleep_interval: Option<SleepInterval>,
+    /// Exit with an error when NVML cannot be opened (else label only the timestamp).
+    #[arg(long, env = "GFD_FAIL_ON_INIT_ERROR", default_value_t = true, action = clap::ArgAction::Set)]
+    fail_on_init_error: bool,
+    /// The machine-type file for `nvidia.com/gpu.machine`.
+    #[arg(long, env = "GFD_MACHINE_TYPE_FILE")]
+    machine_type_file: Option<PathBuf>,
+    /// Where sysfs is mounted (PCI classes for `nvidia.com/gpu.mode`).
+    #[arg(long, env = "KILN_GFD_SYS_DIR", default_value = "/sys")]
+    sys_dir: PathBuf,
+    /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
+    #[arg(long, env = "KILN_GFD_GPU_BACKEND", default_value = "nvml")]
+    gpu_backend: BackendSpec,
+}
+
+impl GfdArgs {
+    /// Labels until SIGINT/SIGTERM (or once with `--oneshot`).
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let gpu = match kiln_gpu::open(&self.gpu_backend) {
+            Ok(g) => Some(g),
+            Err(e) if !self.fail_on_init_error => {
+                tracing::warn!(error = %kiln_validator::chain(&e), "no GPU inventory; labelling the timestamp only");
+                None
+            }
+            Err(e) => return Err(e).context("opening the GPU backend"),
+        };
+        let opts = Options {
+            config_file: Some(self.config_file),
+            mig_strategy: self.mig_strategy,
+            oneshot: self.oneshot,
+            no_timestamp: self.no_timestamp,
+            sleep_interval: self.sleep_interval,
+            machine_type_file: self.machine_type_file,
+            sys_dir: self.sys_dir,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        rt.block_on(async {
+            let output = match self.output {
+                OutputKind::Stdout => Output::Stdout,
+                OutputKind::File => Output::File(self.output_file),
+                OutputKind::Node => {
+                    let node = self
+                        .node_name
+                        .context("--output node needs --node-name / NODE_NAME")?;
+                    let client = kube::Client::try_default()
+                        .await
+                        .context("connecting to the API server")?;
+                    Output::Node { client, node }
+                }
+            };
+            kiln_gfd::run(&opts, gpu, &output, termination()).await?;
+            anyhow::Ok(())
+        })?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `kiln validator` and `kiln gfd` as the DaemonSets run them: every validator/GFD command in
+//! the assets parses, the driver step and GFD work end to end on a fake GPU.
+
+use std::{path::Path, process::Command};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const FIXTURE: &str = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+gpus:
+  - uuid: GPU-11111111-2222-3333-4444-555555555555
+    name: NVIDIA H100 80GB HBM3
+    memory_total_mib: 81559
+    compute_capability: "9.0"
+"#;
+
+fn kiln(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
+    let mut c = Command::new(KILN);
+    c.args(args).env_remove("NODE_NAME").env("KILN_LOG", "warn");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// `command: [kiln, validator|gfd, …]` lines of every asset DaemonSet.
+fn asset_commands() -> Vec<Vec<String>> {
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets");
+    let mut out = Vec::new();
+    for state in std::fs::read_dir(assets).unwrap().flatten() {
+        let Ok(text) = std::fs::read_to_string(state.path().join("0500_daemonset.yaml")) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Some(list) = line.trim().strip_prefix("command: [") else {
+                continue;
+            };
+            let words: Vec<String> = list
+                .trim_end_matches(']')
+                .split(',')
+                .map(|w| w.trim().to_owned())
+                .collect();
+            if words[0] == "kiln" && matches!(words[1].as_str(), "validator" | "gfd") {
+                out.push(words[1..].to_vec());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_validator_and_gfd_command_in_the_assets_parses() {
+    let cmds = asset_commands();
+    assert!(cmds.iter().any(|c| c == &["validator", "driver"]));
+    assert!(cmds.iter().any(|c| c == &["gfd"]));
+    assert!(
+        cmds.iter()
+            .any(|c| c == &["validator", "wait", "--for", "toolkit-ready"])
+    );
+    for c in cmds {
+        let mut args: Vec<&str> = c.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = kiln(&args, &[]);
+        assert!(
+            out.status.success(),
+            "kiln {c:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn driver_step_and_wait_run_against_a_temporary_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let fixture = root.join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    std::fs::create_dir_all(root.join("proc/driver/nvidia")).unwrap();
+    std::fs::write(
+        root.join("proc/driver/nvidia/version"),
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Thu Nov 28 2024\n",
+    )
+    .unwrap();
+    let lib = root.join("host/usr/lib64");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::os::unix::fs::symlink("libnvidia-ml.so.550.144.03", lib.join("libnvidia-ml.so.1"))
+        .unwrap();
+    let backend = format!("fake:{}", fixture.display());
+    let common = ["validator", "--gpu-backend", &backend, "--retries", "1"];
+
+    let out = kiln(
+        &[&common[..], &["driver"]].concat(),
+        &[("KILN_VALIDATOR_ROOT", root)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "driver 550.144.03 ok (host driver, root {}), GPUs: GPU-11111111-2222-3333-4444-555555555555\n",
+            root.join("host").display()
+        )
+    );
+    let ready = std::fs::read_to_string(root.join("run/nvidia/validations/driver-ready")).unwrap();
+    assert!(ready.starts_with("IS_HOST_DRIVER=true\n"), "{ready}");
+
+    let wait = kiln(
+        &[&common[..], &["wait", "--for", "driver-ready"]].concat(),
+        &[("KILN_VALIDATOR_ROOT", root)],
+    );
+    assert!(wait.status.success());
+    let wait = kiln(
+        &[&common[..], &["wait", "--for", "toolkit-ready"]].concat(),
+        &[("KILN_VALIDATOR_ROOT", root)],
+    );
+    assert_eq!(wait.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&wait.stderr);
+    assert!(
+        err.contains("error: wait: not ready after 1 attempts over 0ns: ")
+            && err.contains("toolkit-ready does not exist yet"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gfd_oneshot_prints_time_sliced_labels_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 5\n",
+    )
+    .unwrap();
+    let backend = format!("fake:{}", fixture.display());
+    let out = kiln(
+        &[
+            "gfd",
+            "--oneshot",
+            "--no-timestamp",
+            "--output",
+            "stdout",
+            "--gpu-backend",
+            &backend,
+            "--machine-type-file",
+            "/nonexistent",
+        ],
+        &[("GFD_CONFIG_FILE", &cfg)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3-SHARED\n",
+        "nvidia.com/gpu.replicas=5\n",
+        "nvidia.com/gpu.sharing-strategy=time-slicing\n",
+        "nvidia.com/gpu.count=1\n",
+        "nvidia.com/gpu.memory=81559\n",
+        "nvidia.com/gpu.machine=unknown\n",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(!text.contains("gfd.timestamp"));
+}

@@ -1,0 +1,131 @@
+//! Errors: [`NotReady`] is why one attempt of a step failed (retried); [`ValidatorError`] is
+//! why a step gave up or could not record its result.
+
+use std::{path::PathBuf, time::Duration};
+
+/// Why one attempt of a step found the node not ready. Each is retried; the last one is
+/// reported in [`ValidatorError::GaveUp`].
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// `/proc/driver/nvidia/version` is absent: no NVIDIA kernel module is loaded.
+    #[error("the NVIDIA kernel module is not loaded ({} does not exist)", path.display())]
+    NoKernelModule {
+        /// The proc file looked at.
+        path: PathBuf,
+    },
+    /// The proc file exists but has no `NVRM version` line with a version in it.
+    #[error("cannot read the kernel module version from {}: {reason}", path.display())]
+    BadProcVersion {
+        /// The proc file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Neither the host root nor the driver container's install dir holds the NVML library.
+    #[error(
+        "no NVIDIA driver found: neither the host root {} nor the driver container's install dir {} holds libnvidia-ml.so.1 (waiting for the driver container to install it)",
+        host_root.display(), driver_install_dir.display()
+    )]
+    NoDriverFiles {
+        /// The host root looked at.
+        host_root: PathBuf,
+        /// The driver install dir looked at.
+        driver_install_dir: PathBuf,
+    },
+    /// The user-space driver library and the loaded kernel module are different versions.
+    #[error(
+        "driver library version {library} ({library_source}) does not match the loaded kernel module version {kernel} ({})",
+        proc_path.display()
+    )]
+    VersionMismatch {
+        /// The library's version.
+        library: String,
+        /// Where the library version came from (NVML, or the library file name).
+        library_source: String,
+        /// The kernel module's version.
+        kernel: String,
+        /// The proc file the kernel version came from.
+        proc_path: PathBuf,
+    },
+    /// NVML could not be opened or answered with an error.
+    #[error("NVML is not usable")]
+    Nvml(#[source] kiln_gpu::GpuError),
+    /// NVML answered but lists no GPU.
+    #[error("NVML lists no GPU")]
+    NoGpus,
+    /// A device node the NVIDIA container runtime creates is missing.
+    #[error("{} is missing: the NVIDIA container runtime did not set up this container", path.display())]
+    MissingDeviceNode {
+        /// The device node.
+        path: PathBuf,
+    },
+    /// A CUDA prerequisite is missing.
+    #[error("CUDA is not usable: {0}")]
+    Cuda(String),
+    /// The node does not (yet) advertise the GPU resource.
+    #[error("node {node} advertises no allocatable {wanted} (allocatable GPU resources: {have})")]
+    NoAllocatable {
+        /// The node.
+        node: String,
+        /// What was looked for, e.g. `nvidia.com/gpu` or `nvidia.com/mig-*`.
+        wanted: String,
+        /// The `nvidia.com/*` allocatable entries seen, or `none`.
+        have: String,
+    },
+    /// The API server could not be asked.
+    #[error("reading node {node} from the API server: {message}")]
+    Kube {
+        /// The node.
+        node: String,
+        /// The client's error, with its causes.
+        message: String,
+    },
+    /// A status file another step writes is not there yet.
+    #[error("{} does not exist yet", path.display())]
+    FileAbsent {
+        /// The file waited for.
+        path: PathBuf,
+    },
+    /// A sysfs check found the node not in the wanted state.
+    #[error("{0}")]
+    Sysfs(String),
+}
+
+/// Why a validator command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidatorError {
+    /// Every attempt found the node not ready; `last` is the last reason.
+    #[error("{step}: not ready after {attempts} attempts over {waited:?}")]
+    GaveUp {
+        /// The step, e.g. `driver`.
+        step: &'static str,
+        /// Attempts made.
+        attempts: usize,
+        /// Time spent sleeping between attempts.
+        waited: Duration,
+        /// The last attempt's reason.
+        #[source]
+        last: NotReady,
+    },
+    /// A status file could not be written.
+    #[error("writing status file {}", path.display())]
+    StatusWrite {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stale status file could not be removed.
+    #[error("removing status file {}", path.display())]
+    StatusRemove {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `wait --for` was given a path instead of a file name.
+    #[error("`{0}` is not a status file name (expected e.g. `toolkit-ready`, without `/`)")]
+    BadStatusName(String),
+}
