@@ -107,6 +107,7 @@ async fn measure(name: &str, per_pod: bool, fresh: bool) {
     shared.set_allocations(allocations());
     let bytes = scrape(&shared).await;
     let mut times = Vec::with_capacity(SCRAPES);
+    let cpu_before = thread_cpu_ns();
     for _ in 0..SCRAPES {
         if fresh {
             snap.generation += 1;
@@ -116,14 +117,27 @@ async fn measure(name: &str, per_pod: bool, fresh: bool) {
         std::hint::black_box(scrape(&shared).await);
         times.push(t.elapsed());
     }
+    // CPU time this thread spent per scrape (scrapes run on it: `oneshot` spawns nothing), so
+    // a figure that time-sharing with other processes does not inflate; it includes the
+    // untimed snapshot swap of the fresh cases.
+    let cpu_ms = (thread_cpu_ns() - cpu_before) as f64 / SCRAPES as f64 / 1e6;
     times.sort_unstable();
     println!(
-        "{name:<34} body {:>6} B  p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms",
+        "{name:<34} body {:>6} B  p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  cpu/scrape {:>6.3} ms",
         bytes,
         percentile(&times, 0.50).as_secs_f64() * 1e3,
         percentile(&times, 0.99).as_secs_f64() * 1e3,
         times.last().unwrap().as_secs_f64() * 1e3,
+        cpu_ms,
     );
+}
+
+/// Nanoseconds the calling thread has run on a CPU (`/proc/thread-self/schedstat`, field 1).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn rss_kib() -> u64 {
