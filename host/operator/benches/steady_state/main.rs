@@ -1,0 +1,572 @@
+//! Operator benchmark against testcluster (a bench binary, `harness = false`; never part of
+//! `cargo test`):
+//!
+//! ```text
+//! cargo bench -p kiln-operator --bench steady_state
+//! KILN_BENCH_SIZES=8:5 KILN_BENCH_WINDOW_S=30 cargo bench -p kiln-operator --bench steady_state
+//! ```
+//!
+//! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
+//! testcluster with the apiserver audit log on, installs the CRD and `deploy/rbac`, starts the
+//! operator as a **separate process** (this binary re-executed in operator mode: the same
+//! `kiln_operator::run` with the bundled plugins that `kiln operator` runs) authenticated with
+//! a TokenRequest token of the `kiln-operator` ServiceAccount, creates
+//! `deploy/samples/clusterpolicy.yaml`, and prints:
+//!
+//! - **ready latency**: from the instant the last operand DaemonSet became ready (judged by the
+//!   operator's own rule, `kiln_operator::readiness`) to the instant the policy's
+//!   `status.state` became `ready`, both as seen by this process's watches;
+//! - **requests per minute by verb at steady state** attributable to the operator: counted
+//!   from the apiserver audit log for the operator's ServiceAccount user (see `audit.rs` for
+//!   why not `apiserver_request_total`), over `KILN_BENCH_WINDOW_S` (default 60) seconds after
+//!   `KILN_BENCH_SETTLE_S` (default 15) seconds of quiet; other clients are listed for context;
+//! - **operator RSS** (`VmRSS` sampled every 500 ms, and the peak `VmHWM`), and its CPU time in
+//!   the window, with the machine's load average (the machine may be shared).
+//!
+//! Targets (issue 4): 0 writes/min at steady state; ready ≤ 1 s after the last DaemonSet;
+//! RSS ≤ 40 MiB at 500 nodes.
+
+mod audit;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kiln_core::spec::ClusterPolicy;
+use kiln_testcluster::{Options, TestCluster};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+const NS: &str = "gpu-operator";
+const SA: &str = "kiln-operator";
+const USER: &str = "system:serviceaccount:gpu-operator:kiln-operator";
+/// Set (to a kubeconfig path) in the re-executed child: run the operator.
+const OPERATOR_ENV: &str = "KILN_BENCH_OPERATOR_KUBECONFIG";
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> anyhow::Result<()> {
+    if let Some(kubeconfig) = std::env::var_os(OPERATOR_ENV) {
+        return operator_mode(Path::new(&kubeconfig));
+    }
+    let sizes: Vec<(u32, u32)> = std::env::var("KILN_BENCH_SIZES")
+        .unwrap_or_else(|_| "8:5,500:500".into())
+        .split(',')
+        .map(|s| {
+            let (n, g) = s
+                .split_once(':')
+                .context("KILN_BENCH_SIZES: NODES:GPU_NODES,...")?;
+            Ok((n.trim().parse()?, g.trim().parse()?))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let window = Duration::from_secs(env_or("KILN_BENCH_WINDOW_S", 60));
+    let settle = Duration::from_secs(env_or("KILN_BENCH_SETTLE_S", 15));
+    println!(
+        "kiln operator steady-state bench: {} CPUs, load average {}",
+        std::thread::available_parallelism().map_or(0, usize::from),
+        loadavg()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for (nodes, gpu_nodes) in sizes {
+        let r = rt.block_on(measure(nodes, gpu_nodes, window, settle))?;
+        rows.push(r);
+    }
+    println!(
+        "\n== summary (targets: writes 0/min; ready latency <= 1000 ms; RSS <= 40 MiB at 500 nodes)"
+    );
+    println!("nodes  gpu  ready-latency  writes/min  requests/min  RSS steady  RSS peak  load");
+    for r in &rows {
+        println!(
+            "{:>5} {:>4} {:>11} ms {:>11.1} {:>13.1} {:>7.1} MiB {:>5.1} MiB  {}",
+            r.nodes,
+            r.gpu_nodes,
+            r.latency_ms,
+            r.writes_per_min,
+            r.requests_per_min,
+            r.rss_steady as f64 / MIB,
+            r.rss_peak as f64 / MIB,
+            r.load
+        );
+    }
+    Ok(())
+}
+
+/// The child: the operator as `kiln operator --kubeconfig FILE` runs it.
+fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let client = kube::Client::try_from(cfg)?;
+        let host = Arc::new(kiln_plugin_host::PluginHost::new(
+            kiln_plugin_host::HostConfig::default(),
+            kiln_bundled_plugins::BUNDLED,
+        )?);
+        let config = kiln_operator::Config {
+            namespace: NS.into(),
+            metrics_addr: "127.0.0.1:0".into(),
+            ..kiln_operator::Config::default()
+        };
+        kiln_operator::run(client, kiln_render::Renderer::new(host), config).await?;
+        anyhow::Ok(())
+    })
+}
+
+struct Row {
+    nodes: u32,
+    gpu_nodes: u32,
+    latency_ms: i64,
+    writes_per_min: f64,
+    requests_per_min: f64,
+    rss_steady: u64,
+    rss_peak: u64,
+    load: String,
+}
+
+/// What this process's watches saw: per DaemonSet whether it is ready and since when, and
+/// when the policy was first seen `ready`.
+#[derive(Default)]
+struct Seen {
+    daemonsets: BTreeMap<String, (bool, Instant)>,
+    policy_ready: Option<Instant>,
+    policy_state: String,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+async fn measure(
+    nodes: u32,
+    gpu_nodes: u32,
+    window: Duration,
+    settle: Duration,
+) -> anyhow::Result<Row> {
+    println!("\n== {nodes} nodes ({gpu_nodes} GPU nodes)");
+    let t = Instant::now();
+    let cluster = tokio::task::block_in_place(|| {
+        let c = TestCluster::start(Options {
+            nodes,
+            gpu_nodes,
+            ..Options::default()
+        })?;
+        let log = c.enable_audit_log()?;
+        anyhow::Ok((c, log))
+    });
+    let (cluster, audit_log) = cluster?;
+    println!(
+        "cluster up with the audit log on in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let result = run_once(&cluster, &audit_log, nodes, gpu_nodes, window, settle).await;
+    tokio::task::block_in_place(move || drop(cluster));
+    result
+}
+
+async fn run_once(
+    cluster: &TestCluster,
+    audit_log: &Path,
+    nodes: u32,
+    gpu_nodes: u32,
+    window: Duration,
+    settle: Duration,
+) -> anyhow::Result<Row> {
+    let admin = cluster.client().await?;
+    setup(&admin).await?;
+    let kubeconfig = cluster
+        .service_account_kubeconfig(NS, SA, Duration::from_secs(4 * 3600))
+        .await?;
+    let seen: Shared = Arc::default();
+    let watches = [
+        tokio::spawn(watch_daemonsets(admin.clone(), seen.clone())),
+        tokio::spawn(watch_policy(admin.clone(), seen.clone())),
+    ];
+    let mut child = Command::new(std::env::current_exe()?)
+        .env(OPERATOR_ENV, &kubeconfig)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the operator process")?;
+    let pid = child.id();
+    let samples: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let sampler = tokio::spawn(sample_rss(pid, samples.clone()));
+    let result = async {
+        let created = Instant::now();
+        let policy: ClusterPolicy = yaml(&std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml"),
+        )?)?;
+        Api::<ClusterPolicy>::all(admin.clone())
+            .create(&PostParams::default(), &policy)
+            .await?;
+        let ready_at = wait_ready(&seen, &mut child, Duration::from_secs(1200)).await?;
+        // Let the DaemonSet watch catch up before judging which one became ready last.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (latency_ms, count, last) = {
+            let s = seen.lock().expect("seen");
+            let not_ready: Vec<&String> =
+                s.daemonsets.iter().filter(|(_, (r, _))| !r).map(|(n, _)| n).collect();
+            if !not_ready.is_empty() {
+                bail!("policy ready but DaemonSets not ready: {not_ready:?}");
+            }
+            let (last, (_, at)) = s
+                .daemonsets
+                .iter()
+                .max_by_key(|(_, (_, at))| *at)
+                .context("no DaemonSets")?;
+            let ms = if ready_at >= *at {
+                i64::try_from(ready_at.duration_since(*at).as_millis())?
+            } else {
+                -i64::try_from(at.duration_since(ready_at).as_millis())?
+            };
+            (ms, s.daemonsets.len(), last.clone())
+        };
+        let rss_at_ready = current_rss(pid).unwrap_or(0);
+        let breakdown_at_ready = rss_breakdown(pid);
+        println!(
+            "policy created -> ready in {:.1} s ({count} DaemonSets, last ready: {last})",
+            ready_at.duration_since(created).as_secs_f64()
+        );
+        println!("ready latency: last DaemonSet ready -> policy ready = {latency_ms} ms (target <= 1000 ms)");
+
+        tokio::time::sleep(settle).await;
+        let (off0, cpu0, load0, t0) = (audit::offset(audit_log), cpu_seconds(pid), loadavg(), Instant::now());
+        tokio::time::sleep(window).await;
+        let (off1, cpu1, load1, t1) = (audit::offset(audit_log), cpu_seconds(pid), loadavg(), Instant::now());
+        let state = seen.lock().expect("seen").policy_state.clone();
+        if state != "ready" {
+            bail!("the policy left ready during the window: {state}");
+        }
+        let minutes = t1.duration_since(t0).as_secs_f64() / 60.0;
+        let tally = audit::tally(audit_log, off0, off1, USER)?;
+        let verbs = tally.verbs_of(USER);
+        let total: u64 = verbs.values().sum();
+        let writes = tally.writes_of(USER);
+        println!(
+            "steady state: {:.0} s window after {} s settle; load average {load0} -> {load1}",
+            t1.duration_since(t0).as_secs_f64(),
+            settle.as_secs()
+        );
+        println!("operator requests (apiserver audit log, user {USER}):");
+        println!(
+            "  total {:.1}/min, writes {:.1}/min (target 0); by verb: {}",
+            total as f64 / minutes,
+            writes as f64 / minutes,
+            per_min(&verbs, minutes)
+        );
+        for (what, n) in &tally.user_detail {
+            println!("    {what}: {n}");
+        }
+        println!("other clients in the same window (context):");
+        let mut others: Vec<_> = tally
+            .by_client
+            .iter()
+            .filter(|((u, _), _)| u != USER)
+            .map(|((u, a), v)| (v.values().sum::<u64>(), u, a, v))
+            .collect();
+        others.sort_by(|a, b| b.0.cmp(&a.0));
+        for (n, u, a, v) in others.iter().take(6) {
+            println!("  {:.1}/min {u} [{a}]: {}", *n as f64 / minutes, per_min(v, minutes));
+        }
+        let window_rss: Vec<u64> = samples
+            .lock()
+            .expect("samples")
+            .iter()
+            .filter(|(at, _)| *at >= t0 && *at <= t1)
+            .map(|(_, r)| *r)
+            .collect();
+        let rss_steady = window_rss.iter().copied().max().unwrap_or(0);
+        let rss_peak = status_field(pid, "VmHWM").unwrap_or(0);
+        println!(
+            "operator RSS: {:.1} MiB at ready, {:.1} MiB max in the window, {:.1} MiB peak (VmHWM); CPU {:.2} s in the window",
+            rss_at_ready as f64 / MIB,
+            rss_steady as f64 / MIB,
+            rss_peak as f64 / MIB,
+            cpu1 - cpu0
+        );
+        println!("  at ready: {breakdown_at_ready}");
+        println!("  at the window's end: {}", rss_breakdown(pid));
+        Ok(Row {
+            nodes,
+            gpu_nodes,
+            latency_ms,
+            writes_per_min: writes as f64 / minutes,
+            requests_per_min: total as f64 / minutes,
+            rss_steady,
+            rss_peak,
+            load: format!("{load0} -> {load1}"),
+        })
+    }
+    .await;
+    sampler.abort();
+    for w in watches {
+        w.abort();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+fn yaml<T: DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    Ok(serde_yaml_ng::from_str(text)?)
+}
+
+/// The CRD (established), the operator namespace and `deploy/rbac/kiln-operator.yaml`.
+async fn setup(admin: &kube::Client) -> anyhow::Result<()> {
+    let ssa = PatchParams::apply("kiln-bench").force();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let crd = kiln_operator::crd::crd();
+    crds.patch("clusterpolicies.nvidia.com", &ssa, &Patch::Apply(&crd))
+        .await?;
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let rbac = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/rbac/kiln-operator.yaml"),
+    )?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&rbac) {
+        let v = <Value as serde::Deserialize>::deserialize(doc)?;
+        let name = v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match v["kind"].as_str() {
+            Some("ServiceAccount") => {
+                Api::<ServiceAccount>::namespaced(admin.clone(), NS)
+                    .patch(&name, &ssa, &Patch::Apply(&v))
+                    .await?;
+            }
+            Some("ClusterRole") => {
+                Api::<ClusterRole>::all(admin.clone())
+                    .patch(&name, &ssa, &Patch::Apply(&v))
+                    .await?;
+            }
+            Some("ClusterRoleBinding") => {
+                Api::<ClusterRoleBinding>::all(admin.clone())
+                    .patch(&name, &ssa, &Patch::Apply(&v))
+                    .await?;
+            }
+            other => bail!("deploy/rbac/kiln-operator.yaml: unexpected kind {other:?}"),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = crds.get("clusterpolicies.nvidia.com").await?;
+        let established = c
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRD not established after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn watch_daemonsets(client: kube::Client, seen: Shared) {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(ev) = stream.next().await {
+        let now = Instant::now();
+        let (ds, deleted) = match ev {
+            Ok(watcher::Event::Apply(ds) | watcher::Event::InitApply(ds)) => (ds, false),
+            Ok(watcher::Event::Delete(ds)) => (ds, true),
+            _ => continue,
+        };
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        if deleted {
+            seen.lock().expect("seen").daemonsets.remove(&name);
+            continue;
+        }
+        // The operator's own rule (OnDelete DaemonSets: pods and revisions are listed).
+        let ready =
+            match serde_json::to_value(&ds).and_then(serde_json::from_value::<DynamicObject>) {
+                Ok(obj) => matches!(
+                    kiln_operator::readiness::daemonset_not_ready(&client, &name, Some(&obj)).await,
+                    Ok(None)
+                ),
+                Err(_) => false,
+            };
+        let mut s = seen.lock().expect("seen");
+        let entry = s.daemonsets.entry(name).or_insert((!ready, now));
+        if entry.0 != ready {
+            *entry = (ready, now);
+        }
+    }
+}
+
+async fn watch_policy(client: kube::Client, seen: Shared) {
+    let api: Api<ClusterPolicy> = Api::all(client);
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(ev) = stream.next().await {
+        let now = Instant::now();
+        let Ok(p) = ev else { continue };
+        let state = p
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(&s.state).ok())
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let mut s = seen.lock().expect("seen");
+        if state == "ready" && s.policy_ready.is_none() {
+            s.policy_ready = Some(now);
+        }
+        s.policy_state = state;
+    }
+}
+
+async fn wait_ready(
+    seen: &Shared,
+    child: &mut Child,
+    timeout: Duration,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(at) = seen.lock().expect("seen").policy_ready {
+            return Ok(at);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the operator process exited: {status}");
+        }
+        if Instant::now() > deadline {
+            let s = seen.lock().expect("seen");
+            bail!(
+                "policy not ready after {timeout:?}: {}; DaemonSets {:?}",
+                s.policy_state,
+                s.daemonsets
+                    .iter()
+                    .map(|(n, (r, _))| (n, r))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn per_min(verbs: &BTreeMap<String, u64>, minutes: f64) -> String {
+    if verbs.is_empty() {
+        return "none".into();
+    }
+    verbs
+        .iter()
+        .map(|(v, n)| format!("{v} {:.1}", *n as f64 / minutes))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn sample_rss(pid: u32, samples: Arc<Mutex<Vec<(Instant, u64)>>>) {
+    loop {
+        if let Some(rss) = current_rss(pid) {
+            samples.lock().expect("samples").push((Instant::now(), rss));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`), in bytes.
+fn status_field(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(&format!("{field}:")))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Where `pid`'s resident memory is (`/proc/PID/smaps`), in MiB: anonymous (heap, stacks,
+/// Wasm instance memories), the executable's own pages, mmapped precompiled plugins
+/// (`*.cwasm`), other files; and the thread count.
+fn rss_breakdown(pid: u32) -> String {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return String::new();
+    };
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let (mut anon, mut bin, mut cwasm, mut files) = (0u64, 0u64, 0u64, 0u64);
+    let mut current = String::new();
+    for line in smaps.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            current = parts.nth(4).unwrap_or_default().to_string();
+        } else if first == "Rss:" {
+            let kb: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let slot = if current.is_empty() || current.starts_with('[') {
+                &mut anon
+            } else if Path::new(&current) == exe {
+                &mut bin
+            } else if current.ends_with(".cwasm") {
+                &mut cwasm
+            } else {
+                &mut files
+            };
+            *slot += kb;
+        }
+    }
+    let threads = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_default();
+    let mib = |kb: u64| kb as f64 / 1024.0;
+    format!(
+        "anonymous {:.1} MiB, executable {:.1} MiB, precompiled plugins (.cwasm) {:.1} MiB, other files {:.1} MiB; {threads} threads",
+        mib(anon),
+        mib(bin),
+        mib(cwasm),
+        mib(files)
+    )
+}
+
+fn current_rss(pid: u32) -> Option<u64> {
+    status_field(pid, "VmRSS")
+}
+
+/// User + system CPU seconds of `pid` (`/proc/PID/stat` fields 14 and 15, at 100 ticks/s).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_default()
+}
