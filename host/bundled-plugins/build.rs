@@ -42,6 +42,11 @@ fn main() {
         println!("cargo:rerun-if-changed={}", workspace.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=KILN_SKIP_PLUGIN_BUILD");
+    // Profile overrides (e.g. CARGO_PROFILE_PLUGIN_STRIP=false to keep function names for a
+    // profiler) must rebuild the plugins.
+    for key in ["OPT_LEVEL", "STRIP", "LTO", "CODEGEN_UNITS", "DEBUG"] {
+        println!("cargo:rerun-if-env-changed=CARGO_PROFILE_PLUGIN_{key}");
+    }
 
     let skip =
         std::env::var_os("KILN_SKIP_PLUGIN_BUILD").is_some_and(|v| !v.is_empty() && v != "0");

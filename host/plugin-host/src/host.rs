@@ -255,8 +255,10 @@ impl PluginHost {
         );
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
-        // Fuel is enabled on the engine, so this cannot fail.
-        let _ = store.set_fuel(self.config.fuel);
+        if let Some(fuel) = self.config.fuel {
+            // The engine meters fuel exactly when `config.fuel` is set, so this cannot fail.
+            let _ = store.set_fuel(fuel);
+        }
         store.set_epoch_deadline(self.config.deadline_ticks());
         store.epoch_deadline_trap();
         store

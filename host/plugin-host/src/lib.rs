@@ -7,7 +7,7 @@
 //! ```text
 //! name ──► drop-in dir / bundled ──► sha256 (pin?) ──► compile or cache (memory, disk)
 //!      ──► import audit ──► link (InstancePre) ──► name() check ──► LoadedPlugin
-//! call ──► fresh Store (memory cap, fuel, epoch deadline, empty WASI) ──► transform()
+//! call ──► fresh Store (memory cap, epoch deadline, fuel if set, empty WASI) ──► transform()
 //!      ──► outcomes ──► json-patch ──► identity / DaemonSet checks ──► Rendered
 //! ```
 //!
@@ -33,6 +33,7 @@ mod capture;
 mod chain;
 mod config;
 mod engine;
+pub use engine::PERFMAP_ENV;
 mod error;
 mod host;
 mod inspect;

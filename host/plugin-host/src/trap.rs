@@ -38,7 +38,7 @@ pub(crate) fn classify(
     match err.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => PluginError::OutOfFuel {
             plugin,
-            fuel: cfg.fuel,
+            fuel: cfg.fuel.unwrap_or(0),
         },
         Some(Trap::Interrupt) => PluginError::DeadlineExceeded {
             plugin,

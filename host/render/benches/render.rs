@@ -117,10 +117,93 @@ fn print_load_figures() {
     );
 }
 
+/// CPU time (user + system) of this process so far, from `/proc/self/stat` (clock ticks of
+/// 10 ms); `None` off Linux.
+fn process_cpu() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(std::time::Duration::from_millis(ticks * 10))
+}
+
+/// CPU time per full render, all states one after another on one thread, Wasm and native:
+/// unlike criterion's wall-clock figures these hold on a loaded machine.
+fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
+    let n: u32 = std::env::var("KILN_BENCH_CPU_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    // Compiled artifacts are cached on disk, so that a profile of this phase
+    // (`KILN_BENCH_CPU_ONLY=1 KILN_PLUGIN_PERFMAP=1 perf record …`) shows rendering, not Cranelift.
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-bench-plugin-cache");
+    let host = |fuel| {
+        let cfg = HostConfig {
+            fuel,
+            cache_dir: Some(cache.clone()),
+            ..HostConfig::in_memory()
+        };
+        let host = PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED).unwrap();
+        for (name, _) in kiln_bundled_plugins::BUNDLED {
+            host.load(name, None).unwrap();
+        }
+        Renderer::new(Arc::new(host))
+    };
+    let renderer = host(None);
+    let states = kiln_core::plan::enabled_states(&policy.spec);
+    let per_render = |f: &dyn Fn()| {
+        f();
+        let before = process_cpu()?;
+        for _ in 0..n {
+            f();
+        }
+        Some((process_cpu()? - before) / n)
+    };
+    let wasm = per_render(&|| {
+        for &s in &states {
+            black_box(renderer.render_state(s, policy, ctx).unwrap());
+        }
+    });
+    if std::env::var_os("KILN_BENCH_CPU_ONLY").is_some_and(|v| v == "wasm") {
+        // Profiling the Wasm path alone.
+        eprintln!("wasm CPU per render: {wasm:?}");
+        return;
+    }
+    let native = per_render(&|| {
+        for &state in &states {
+            let mut sctx = ctx.clone();
+            sctx.state = state.name().into();
+            let objects = state_objects(state, policy, &sctx);
+            black_box(native(state, &objects, &policy.spec_json, &sctx));
+        }
+    });
+    let fueled = host(Some(kiln_plugin_host::DEFAULT_FUEL));
+    let wasm_fuel = per_render(&|| {
+        for &s in &states {
+            black_box(fueled.render_state(s, policy, ctx).unwrap());
+        }
+    });
+    if let (Some(w), Some(wf), Some(nat)) = (wasm, wasm_fuel, native) {
+        eprintln!(
+            "CPU time per full render of the sample ({} states, sequential, mean of {n}): wasm {:.2} ms (with fuel metering {:.2} ms), native {:.2} ms, ratio {:.2}",
+            states.len(),
+            w.as_secs_f64() * 1e3,
+            wf.as_secs_f64() * 1e3,
+            nat.as_secs_f64() * 1e3,
+            w.as_secs_f64() / nat.as_secs_f64()
+        );
+    }
+}
+
 fn benches(c: &mut Criterion) {
-    print_load_figures();
     let policy = sample_policy();
     let ctx = defaults::render_context();
+    print_cpu_figures(&policy, &ctx);
+    if std::env::var_os("KILN_BENCH_CPU_ONLY").is_some() {
+        return;
+    }
+    print_load_figures();
     let host =
         Arc::new(PluginHost::new(HostConfig::in_memory(), kiln_bundled_plugins::BUNDLED).unwrap());
     let renderer = Renderer::new(host.clone());

@@ -3,6 +3,7 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_core::context::TransformContext;
 use kiln_core::spec::ClusterPolicySpec;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::TransformError;
@@ -67,10 +68,8 @@ pub fn transform_each<F>(
 where
     F: FnMut(&mut Value, &ClusterPolicySpec, &TransformContext) -> Result<Decision, TransformError>,
 {
-    let raw: Value = serde_json::from_str(spec_json)
-        .map_err(|e| TransformError::field("spec", format!("not JSON: {e}")))?;
-    let spec =
-        ClusterPolicySpec::from_json(&raw).map_err(|e| TransformError::field(e.path, e.message))?;
+    let spec = ClusterPolicySpec::from_json_str(spec_json)
+        .map_err(|e| TransformError::field(e.path, e.message))?;
     objects
         .iter()
         .enumerate()
@@ -102,7 +101,7 @@ pub fn run_operand<O: Operand>(
         if obj.get("kind").and_then(Value::as_str) != Some("DaemonSet") {
             return O::object(obj, spec, ctx);
         }
-        let mut ds: DaemonSet = serde_json::from_value(obj.clone())
+        let mut ds = DaemonSet::deserialize(&*obj)
             .map_err(|e| TransformError::InvalidObject(format!("not a DaemonSet: {e}")))?;
         apply_common_config(&mut ds, spec)?;
         apply_host_paths(&mut ds, spec);
