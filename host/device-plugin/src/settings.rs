@@ -56,6 +56,36 @@ pub struct Overrides {
     pub mofed_enabled: Option<bool>,
 }
 
+impl Overrides {
+    /// Fills the driver and dev roots that no flag or env var set from the validator's
+    /// `driver-ready` file (`KEY=value` lines: `NVIDIA_DRIVER_ROOT`, `DRIVER_ROOT_CTR_PATH`,
+    /// `NVIDIA_DEV_ROOT`). This is what upstream's device-plugin entrypoint does in the
+    /// operator before `exec`ing the plugin: a host driver is `/` on the host and `/host` in the
+    /// pod, a driver container's is `/run/nvidia/driver` in both. Unknown keys, blank and
+    /// malformed lines are ignored; empty values leave the field unset. Returns the names of
+    /// the fields filled.
+    pub fn fill_from_driver_ready(&mut self, text: &str) -> Vec<&'static str> {
+        let mut filled = Vec::new();
+        for line in text.lines() {
+            let Some((key, value)) = line.trim().split_once('=') else {
+                continue;
+            };
+            let value = value.trim();
+            let (slot, name) = match key.trim() {
+                "NVIDIA_DRIVER_ROOT" => (&mut self.driver_root, "driver_root"),
+                "DRIVER_ROOT_CTR_PATH" => (&mut self.driver_root_ctr_path, "driver_root_ctr_path"),
+                "NVIDIA_DEV_ROOT" => (&mut self.dev_root, "dev_root"),
+                _ => continue,
+            };
+            if slot.is_none() && !value.is_empty() {
+                *slot = Some(value.to_owned());
+                filled.push(name);
+            }
+        }
+        filled
+    }
+}
+
 /// The settings the plugin runs with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -207,6 +237,42 @@ mod tests {
         assert_eq!(s.mig_strategy, MigStrategy::None);
         assert_eq!(s.dev_root, "/");
         assert_eq!(s.driver_root, "/run/nvidia/driver");
+    }
+
+    #[test]
+    fn driver_ready_fills_only_unset_roots() {
+        let host = "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n\
+                    NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n";
+        let mut o = Overrides::default();
+        assert_eq!(
+            o.fill_from_driver_ready(host),
+            ["driver_root", "driver_root_ctr_path", "dev_root"]
+        );
+        let s = Settings::resolve(&o, &Config::default()).unwrap();
+        assert_eq!(
+            (s.driver_root.as_str(), s.container_driver_root.as_str()),
+            ("/", "/host")
+        );
+        assert_eq!(s.dev_root, "/");
+
+        let ctr = "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n\
+                   DRIVER_ROOT_CTR_PATH=/run/nvidia/driver\nNVIDIA_DEV_ROOT=/\n";
+        let mut o = Overrides {
+            driver_root_ctr_path: Some("/driver-root".into()),
+            ..Overrides::default()
+        };
+        assert_eq!(o.fill_from_driver_ready(ctr), ["driver_root", "dev_root"]);
+        let s = Settings::resolve(&o, &Config::default()).unwrap();
+        assert_eq!(s.driver_root, "/run/nvidia/driver");
+        assert_eq!(s.container_driver_root, "/driver-root");
+        assert_eq!(s.dev_root, "/");
+
+        let mut o = Overrides::default();
+        assert!(
+            o.fill_from_driver_ready("garbage\nNVIDIA_DRIVER_ROOT=\n")
+                .is_empty()
+        );
+        assert_eq!(o.driver_root, None);
     }
 
     #[test]

@@ -39,6 +39,68 @@ pub const METRICS_FILE: &str = "dcgm-metrics.csv";
 /// Where the custom metrics file is mounted.
 pub const METRICS_PATH: &str = "/etc/dcgm-exporter/dcgm-metrics.csv";
 
+/// The collectors file the asset names for NVIDIA's image; kiln's image has no such file and
+/// `kiln exporter` uses its embedded list when `KILN_EXPORTER_COLLECTORS` is unset.
+pub const ASSET_COLLECTORS: &str = "/etc/dcgm-exporter/dcp-metrics-included.csv";
+
+/// dcgm-exporter env vars and the `kiln exporter` env var with the same meaning (reference
+/// §2 flags; `host/exporter/src/config.rs`). On kiln's image the first is renamed to the second.
+pub const KILN_ENV_NAMES: &[(&str, &str)] = &[
+    ("DCGM_EXPORTER_COLLECTORS", "KILN_EXPORTER_COLLECTORS"),
+    ("DCGM_EXPORTER_LISTEN", "KILN_EXPORTER_LISTEN"),
+    ("DCGM_EXPORTER_INTERVAL", "KILN_EXPORTER_INTERVAL"),
+    ("DCGM_EXPORTER_KUBERNETES", "KILN_EXPORTER_KUBERNETES"),
+    ("DCGM_EXPORTER_NO_HOSTNAME", "KILN_EXPORTER_NO_HOSTNAME"),
+    (
+        "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME",
+        "KILN_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME",
+    ),
+    (
+        "DCGM_POD_RESOURCES_KUBELET_SOCKET",
+        "KILN_EXPORTER_POD_RESOURCES_KUBELET_SOCKET",
+    ),
+    (
+        "NVIDIA_RESOURCE_NAMES",
+        "KILN_EXPORTER_NVIDIA_RESOURCE_NAMES",
+    ),
+    (
+        "KUBERNETES_VIRTUAL_GPUS",
+        "KILN_EXPORTER_KUBERNETES_VIRTUAL_GPUS",
+    ),
+];
+
+/// When `ctr` runs `kiln exporter`: renames the dcgm-exporter env vars of [`KILN_ENV_NAMES`]
+/// to kiln's (value or `valueFrom` kept, a kiln name already present wins) and drops
+/// `DCGM_EXPORTER_COLLECTORS` when it is the asset's [`ASSET_COLLECTORS`]. Other env vars,
+/// e.g. `DCGM_REMOTE_HOSTENGINE_INFO`, stay as they are (`kiln exporter` reads NVML, not DCGM).
+pub fn fit_env_to_kiln_exporter(ctr: &mut Container) {
+    let runs_kiln = ctr
+        .command
+        .as_deref()
+        .is_some_and(|c| c.len() >= 2 && c[0] == "kiln" && c[1] == "exporter");
+    if !runs_kiln {
+        return;
+    }
+    if env::get_env(ctr, "DCGM_EXPORTER_COLLECTORS") == Some(ASSET_COLLECTORS) {
+        env::remove_env(ctr, "DCGM_EXPORTER_COLLECTORS");
+    }
+    let Some(list) = ctr.env.as_mut() else {
+        return;
+    };
+    let present: Vec<String> = list.iter().map(|e| e.name.clone()).collect();
+    list.retain(|e| {
+        KILN_ENV_NAMES
+            .iter()
+            .find(|(up, _)| *up == e.name)
+            .is_none_or(|(_, kiln)| !present.iter().any(|p| p == kiln))
+    });
+    for e in list.iter_mut() {
+        if let Some((_, kiln)) = KILN_ENV_NAMES.iter().find(|(up, _)| *up == e.name) {
+            e.name = (*kiln).to_owned();
+        }
+    }
+}
+
 /// The `dcgm-exporter` operand.
 pub struct DcgmExporter;
 
@@ -49,7 +111,9 @@ impl Operand for DcgmExporter {
     /// policy and secrets (`dcgmExporter.*`, fallback `DCGM_EXPORTER_IMAGE`); pod-template
     /// annotations; resources; args; DCGM host engine; hostNetwork; NRI annotation; runtime
     /// class; hostPID; HPC job mapping; pod labels/UID/allowlist env;
-    /// `automountServiceAccountToken`; custom metrics ConfigMap; kubelet root dir; user env last.
+    /// `automountServiceAccountToken`; custom metrics ConfigMap; kubelet root dir; user env last;
+    /// then, on kiln's image, dcgm-exporter env names become `kiln exporter`'s
+    /// ([`fit_env_to_kiln_exporter`]).
     /// The main container is container[0].
     fn daemonset(
         ds: &mut DaemonSet,
@@ -132,7 +196,9 @@ impl Operand for DcgmExporter {
             let path = format!("{}/pod-resources", kubelet.trim_end_matches('/'));
             set_host_path(pod, "pod-gpu-resources", &path);
         }
-        env::apply_env(first_container(pod, &name)?, &c.env);
+        let ctr = first_container(pod, &name)?;
+        env::apply_env(ctr, &c.env);
+        fit_env_to_kiln_exporter(ctr);
         Ok(())
     }
 

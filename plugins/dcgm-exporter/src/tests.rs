@@ -9,7 +9,7 @@ fn cases_dir() -> std::path::PathBuf {
 
 #[test]
 fn cases() {
-    kiln_plugin_sdk::testing::assert_cases::<DcgmExporter>(env!("CARGO_MANIFEST_DIR"), 28);
+    kiln_plugin_sdk::testing::assert_cases::<DcgmExporter>(env!("CARGO_MANIFEST_DIR"), 30);
 }
 
 fn exporter_spec(env: &[(&str, &str)]) -> DcgmExporterSpec {

@@ -57,6 +57,15 @@ struct RunArgs {
         default_value = "/var/lib/kubelet/device-plugins"
     )]
     plugin_dir: PathBuf,
+    /// The validator's `driver-ready` file; when it exists, its driver root, driver root in
+    /// this container and dev root fill the ones no flag/env var sets (upstream's
+    /// entrypoint does the same). Empty: not read.
+    #[arg(
+        long,
+        env = "KILN_DRIVER_READY_FILE",
+        default_value = "/run/nvidia/validations/driver-ready"
+    )]
+    driver_ready_file: PathBuf,
     /// Directory of the CDI spec.
     #[arg(long, env = "KILN_CDI_ROOT", default_value = "/var/run/cdi")]
     cdi_root: PathBuf,
@@ -158,7 +167,19 @@ impl DevicePluginArgs {
 }
 
 impl RunArgs {
-    async fn run(self) -> anyhow::Result<ExitCode> {
+    async fn run(mut self) -> anyhow::Result<ExitCode> {
+        if !self.driver_ready_file.as_os_str().is_empty() {
+            match std::fs::read_to_string(&self.driver_ready_file) {
+                Ok(text) => {
+                    let filled = self.overrides.fill_from_driver_ready(&text);
+                    tracing::info!(file = %self.driver_ready_file.display(), ?filled, "driver roots from driver-ready");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %self.driver_ready_file.display(), "not reading driver-ready: {e}")
+                }
+            }
+        }
         let dir_mode = self.node_name.clone().zip(self.config_dir.clone());
         let source = match (&dir_mode, &self.config_file) {
             (Some((_, dir)), _) => ConfigSource::Dir(self.selection.dir(dir.clone())),

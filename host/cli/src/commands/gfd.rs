@@ -36,11 +36,20 @@ pub struct GfdArgs {
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// The device-plugin config file (written by config-manager); absent = default config.
-    #[arg(long, env = "GFD_CONFIG_FILE", default_value = "/config/config.yaml")]
-    config_file: PathBuf,
-    /// `none`, `single` or `mixed`; overrides the config file's `flags.migStrategy`.
+    /// Also read from `CONFIG_FILE` (what the operator sets), as upstream; default
+    /// `/config/config.yaml`.
+    #[arg(long, env = "GFD_CONFIG_FILE")]
+    config_file: Option<PathBuf>,
+    /// Upstream's second env var for `--config-file`.
+    #[arg(long = "config-file-env", env = "CONFIG_FILE", hide = true)]
+    config_file_env: Option<PathBuf>,
+    /// `none`, `single` or `mixed`; overrides the config file's `flags.migStrategy`. Also read
+    /// from `MIG_STRATEGY` (what the operator sets), as upstream.
     #[arg(long, env = "GFD_MIG_STRATEGY")]
     mig_strategy: Option<MigStrategy>,
+    /// Upstream's second env var for `--mig-strategy`.
+    #[arg(long = "mig-strategy-env", env = "MIG_STRATEGY", hide = true)]
+    mig_strategy_env: Option<MigStrategy>,
     /// Label once and exit.
     #[arg(long, env = "GFD_ONESHOT", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     oneshot: Option<bool>,
@@ -50,9 +59,13 @@ pub struct GfdArgs {
     /// Relabel interval as a Go duration (`60s`, `1m30s`) or `infinite`.
     #[arg(long, env = "GFD_SLEEP_INTERVAL")]
     sleep_interval: Option<SleepInterval>,
-    /// Exit with an error when NVML cannot be opened (else label only the timestamp).
-    #[arg(long, env = "GFD_FAIL_ON_INIT_ERROR", default_value_t = true, action = clap::ArgAction::Set)]
-    fail_on_init_error: bool,
+    /// Exit with an error when NVML cannot be opened (else label only the timestamp). Also
+    /// read from `FAIL_ON_INIT_ERROR`, as upstream; default true.
+    #[arg(long, env = "GFD_FAIL_ON_INIT_ERROR", action = clap::ArgAction::Set)]
+    fail_on_init_error: Option<bool>,
+    /// Upstream's second env var for `--fail-on-init-error`.
+    #[arg(long = "fail-on-init-error-env", env = "FAIL_ON_INIT_ERROR", hide = true, action = clap::ArgAction::Set)]
+    fail_on_init_error_env: Option<bool>,
     /// The machine-type file for `nvidia.com/gpu.machine`.
     #[arg(long, env = "GFD_MACHINE_TYPE_FILE")]
     machine_type_file: Option<PathBuf>,
@@ -64,20 +77,44 @@ pub struct GfdArgs {
     gpu_backend: BackendSpec,
 }
 
+/// Default of `--config-file`: where config-manager writes this node's config.
+const DEFAULT_CONFIG_FILE: &str = "/config/config.yaml";
+
 impl GfdArgs {
+    /// The config file: `--config-file`/`GFD_CONFIG_FILE`, then `CONFIG_FILE`, then
+    /// `/config/config.yaml` (upstream's env order).
+    fn config_file(&self) -> PathBuf {
+        self.config_file
+            .clone()
+            .or_else(|| self.config_file_env.clone())
+            .unwrap_or_else(|| DEFAULT_CONFIG_FILE.into())
+    }
+
+    /// `--mig-strategy`/`GFD_MIG_STRATEGY`, then `MIG_STRATEGY`; `None` leaves it to the file.
+    fn mig_strategy(&self) -> Option<MigStrategy> {
+        self.mig_strategy.or(self.mig_strategy_env)
+    }
+
+    /// `--fail-on-init-error`/`GFD_FAIL_ON_INIT_ERROR`, then `FAIL_ON_INIT_ERROR`, then true.
+    fn fail_on_init_error(&self) -> bool {
+        self.fail_on_init_error
+            .or(self.fail_on_init_error_env)
+            .unwrap_or(true)
+    }
+
     /// Labels until SIGINT/SIGTERM (or once with `--oneshot`).
     pub fn run(self) -> anyhow::Result<ExitCode> {
         let gpu = match kiln_gpu::open(&self.gpu_backend) {
             Ok(g) => Some(g),
-            Err(e) if !self.fail_on_init_error => {
+            Err(e) if !self.fail_on_init_error() => {
                 tracing::warn!(error = %kiln_validator::chain(&e), "no GPU inventory; labelling the timestamp only");
                 None
             }
             Err(e) => return Err(e).context("opening the GPU backend"),
         };
         let opts = Options {
-            config_file: Some(self.config_file),
-            mig_strategy: self.mig_strategy,
+            config_file: Some(self.config_file()),
+            mig_strategy: self.mig_strategy(),
             oneshot: self.oneshot,
             no_timestamp: self.no_timestamp,
             sleep_interval: self.sleep_interval,
@@ -122,5 +159,58 @@ async fn termination() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Top {
+        #[command(flatten)]
+        gfd: GfdArgs,
+    }
+
+    fn parse(args: &[&str]) -> GfdArgs {
+        Top::try_parse_from([&["gfd"], args].concat()).unwrap().gfd
+    }
+
+    #[test]
+    fn upstream_second_env_names_fill_in_after_the_gfd_ones() {
+        // Env vars are process-wide; flags stand in for them here (same fields, same merge).
+        let a = parse(&[]);
+        assert_eq!(a.config_file(), PathBuf::from("/config/config.yaml"));
+        assert_eq!(a.mig_strategy(), None);
+        assert!(a.fail_on_init_error());
+        let a = parse(&[
+            "--config-file-env",
+            "/cfg/a.yaml",
+            "--mig-strategy-env",
+            "mixed",
+            "--fail-on-init-error-env",
+            "false",
+        ]);
+        assert_eq!(a.config_file(), PathBuf::from("/cfg/a.yaml"));
+        assert_eq!(a.mig_strategy(), Some(MigStrategy::Mixed));
+        assert!(!a.fail_on_init_error());
+        let a = parse(&[
+            "--config-file",
+            "/cfg/b.yaml",
+            "--config-file-env",
+            "/cfg/a.yaml",
+            "--mig-strategy",
+            "single",
+            "--mig-strategy-env",
+            "mixed",
+            "--fail-on-init-error",
+            "true",
+            "--fail-on-init-error-env",
+            "false",
+        ]);
+        assert_eq!(a.config_file(), PathBuf::from("/cfg/b.yaml"));
+        assert_eq!(a.mig_strategy(), Some(MigStrategy::Single));
+        assert!(a.fail_on_init_error());
     }
 }

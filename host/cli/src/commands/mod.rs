@@ -1,5 +1,6 @@
 //! Subcommands, one module each; every one is a clap struct with `run`.
 
+mod check_args;
 mod crdgen;
 mod device_plugin;
 mod exporter;
@@ -43,8 +44,18 @@ enum Command {
 }
 
 impl Cli {
-    /// Run the chosen subcommand; errors are printed to stderr with their causes.
+    /// Run the chosen subcommand; errors are printed to stderr with their causes. With
+    /// `KILN_CHECK_ARGS` set, print the subcommand path and the env vars it reads as JSON
+    /// instead (arguments and env were already parsed; see `check_args`).
     pub fn run(self) -> ExitCode {
+        if std::env::var_os(check_args::CHECK_ARGS_ENV).is_some() {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let report = check_args::report(&args);
+            return match write_stdout(&(report.to_json() + "\n")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(_) => ExitCode::FAILURE,
+            };
+        }
         let result = match self.command {
             Command::Render(a) => a.run(),
             Command::Plugin(p) => p.run(),

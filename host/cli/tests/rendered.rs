@@ -1,0 +1,433 @@
+//! What `kiln render` produces runs with the agents: for a few policies, every container of a
+//! rendered DaemonSet that runs `kiln …` is checked against the CLI with the container's own
+//! command and env (`KILN_CHECK_ARGS=1`: clap parses flags and env as the pod would, then
+//! reports the env vars the subcommand reads). A rendered env var that no agent reads fails,
+//! unless it is listed in [`NOT_FOR_THE_AGENT`] with the reason; config files named by env
+//! must lie on one of the container's mounts; a config-manager sidecar that signals must find
+//! its process in the same pod.
+
+use std::{collections::BTreeSet, path::Path, process::Command};
+
+use serde_json::{Value, json};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// Env vars rendered on `kiln` containers that the agent does not read, by design:
+/// (subcommand path prefix, env var, why). `*` matches every command.
+const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
+    (
+        "*",
+        "NVIDIA_VISIBLE_DEVICES",
+        "read by the NVIDIA container runtime",
+    ),
+    (
+        "*",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "read by the NVIDIA container runtime",
+    ),
+    (
+        "*",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "read by the NVIDIA container runtime",
+    ),
+    (
+        "device-plugin",
+        "CDI_ENABLED",
+        "operator marker; the plugin takes CDI from DEVICE_LIST_STRATEGY",
+    ),
+    (
+        "exporter",
+        "DCGM_REMOTE_HOSTENGINE_INFO",
+        "kiln exporter reads NVML, not a DCGM host engine",
+    ),
+    (
+        "exporter",
+        "NODE_NAME",
+        "upstream's name; kiln exporter reads KILN_EXPORTER_NODE_NAME, rendered next to it",
+    ),
+    (
+        "gfd",
+        "NAMESPACE",
+        "NodeFeature namespace upstream; kiln gfd merge-patches the Node",
+    ),
+    (
+        "validator",
+        "NODE_NAME",
+        "set on every step as upstream; the plugin and cc-manager steps read it",
+    ),
+    (
+        "validator",
+        "OPERATOR_NAMESPACE",
+        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+    ),
+    (
+        "validator",
+        "VALIDATOR_IMAGE",
+        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+    ),
+    (
+        "validator",
+        "VALIDATOR_IMAGE_PULL_POLICY",
+        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+    ),
+    (
+        "validator",
+        "VALIDATOR_RUNTIME_CLASS",
+        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+    ),
+    (
+        "validator",
+        "WITH_WORKLOAD",
+        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+    ),
+];
+
+/// Env vars whose value is a file or directory the agent opens in its own container.
+const PATH_ENV: &[&str] = &[
+    "CONFIG_FILE",
+    "GFD_CONFIG_FILE",
+    "CONFIG_FILE_DST",
+    "CONFIG_FILE_SRCDIR",
+    "KILN_EXPORTER_COLLECTORS",
+];
+
+fn sample() -> Value {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml");
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The sample with a per-node device-plugin config (time-slicing), MIG mixed, CDI off, a
+/// custom metrics list, dcgm-exporter env in upstream's names and validator plugin env.
+fn configured() -> Value {
+    let mut p = sample();
+    let s = &mut p["spec"];
+    s["devicePlugin"]["config"] = json!({"name": "time-slicing-config", "default": "any"});
+    s["mig"]["strategy"] = json!("mixed");
+    s["cdi"] = json!({"enabled": false});
+    s["validator"]["plugin"] = json!({"env": [{"name": "WITH_WORKLOAD", "value": "false"}]});
+    s["dcgmExporter"]["config"] = json!({"name": "custom-metrics"});
+    s["dcgmExporter"]["env"] = json!([
+        {"name": "DCGM_EXPORTER_INTERVAL", "value": "15000"},
+        {"name": "KUBERNETES_VIRTUAL_GPUS", "value": "true"}
+    ]);
+    p
+}
+
+/// The sample with MIG `none`, a config without a default key (config-manager falls back to
+/// the empty config) and the device plugin's own env.
+fn no_default_key() -> Value {
+    let mut p = sample();
+    let s = &mut p["spec"];
+    s["mig"]["strategy"] = json!("none");
+    s["devicePlugin"]["config"] = json!({"name": "dp-configs", "default": ""});
+    s["devicePlugin"]["env"] = json!([{"name": "DEVICE_ID_STRATEGY", "value": "index"}]);
+    p
+}
+
+/// `kiln render … -o json` of `policy`: the objects.
+fn render(policy: &Value, extra: &[&str]) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(policy).unwrap()).unwrap();
+    let out = Command::new(KILN)
+        .args(["render", "--policy"])
+        .arg(&file)
+        .args(["-o", "json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "render: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+/// A container of a DaemonSet.
+struct Ctr<'a> {
+    ds: &'a str,
+    pod: &'a Value,
+    c: &'a Value,
+}
+
+fn kiln_containers(objects: &[Value]) -> Vec<Ctr<'_>> {
+    let mut out = Vec::new();
+    for o in objects.iter().filter(|o| o["kind"] == "DaemonSet") {
+        let pod = &o["spec"]["template"]["spec"];
+        for list in ["initContainers", "containers"] {
+            for c in pod[list].as_array().into_iter().flatten() {
+                if c["command"][0] == "kiln" {
+                    out.push(Ctr {
+                        ds: o["metadata"]["name"].as_str().unwrap(),
+                        pod,
+                        c,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The container's env as the pod would see it (downward API fields get stand-in values).
+fn env_of(c: &Value) -> Vec<(String, String)> {
+    c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let value = match (&e["value"], &e["valueFrom"]["fieldRef"]["fieldPath"]) {
+                (Value::String(v), _) => v.clone(),
+                (_, Value::String(f)) if f == "spec.nodeName" => "node-1".into(),
+                (_, Value::String(f)) if f == "metadata.namespace" => "gpu-operator".into(),
+                (Value::Null, Value::Null) => String::new(),
+                other => panic!("unexpected env source {other:?}"),
+            };
+            (e["name"].as_str().unwrap().to_owned(), value)
+        })
+        .collect()
+}
+
+/// Runs the container's `kiln` command in check mode; returns (subcommand path, env read).
+fn check(ctr: &Ctr<'_>) -> (Vec<String>, BTreeSet<String>) {
+    let mut argv = strings(&ctr.c["command"]);
+    argv.extend(strings(&ctr.c["args"]));
+    let mut cmd = Command::new(KILN);
+    cmd.args(&argv[1..]).env_clear().env("KILN_CHECK_ARGS", "1");
+    for (k, v) in env_of(ctr.c) {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let name = &ctr.c["name"];
+    assert!(
+        out.status.success(),
+        "{} / {name}: {argv:?} with its env is refused: {}",
+        ctr.ds,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        strings(&report["command"]),
+        strings(&report["env"]).into_iter().collect(),
+    )
+}
+
+fn exempt(path: &[String], env: &str) -> bool {
+    NOT_FOR_THE_AGENT
+        .iter()
+        .any(|(p, e, _)| *e == env && (*p == "*" || path.first().is_some_and(|c| c == p)))
+}
+
+fn under_a_mount(c: &Value, path: &str) -> bool {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["mountPath"].as_str())
+        .any(|m| Path::new(path).starts_with(m))
+}
+
+/// Every check on one rendered policy (all problems reported together); returns the
+/// subcommand paths seen.
+fn check_policy(objects: &[Value]) -> BTreeSet<Vec<String>> {
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    let ctrs = kiln_containers(objects);
+    assert!(!ctrs.is_empty());
+    for ctr in &ctrs {
+        let (path, reads) = check(ctr);
+        let name = ctr.c["name"].as_str().unwrap();
+        for (env, value) in env_of(ctr.c) {
+            if !reads.contains(&env) && !exempt(&path, &env) {
+                problems.push(format!(
+                    "{} / {name}: `kiln {}` does not read {env}={value} (it reads {reads:?})",
+                    ctr.ds,
+                    path.join(" ")
+                ));
+            }
+            if PATH_ENV.contains(&env.as_str()) && !under_a_mount(ctr.c, &value) {
+                problems.push(format!(
+                    "{} / {name}: {env}={value} is on no mount of the container",
+                    ctr.ds
+                ));
+            }
+        }
+        let env: std::collections::BTreeMap<_, _> = env_of(ctr.c).into_iter().collect();
+        if env.get("SEND_SIGNAL").map(String::as_str) == Some("true") {
+            check_signal_target(ctr, &env["PROCESS_TO_SIGNAL"]);
+        }
+        seen.insert(path);
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    seen
+}
+
+/// The sidecar's signal reaches a container of its pod: the pod shares one process namespace
+/// and a container's command line matches `target` as config-manager matches it.
+fn check_signal_target(ctr: &Ctr<'_>, target: &str) {
+    let shared = ctr.pod["shareProcessNamespace"] == true || ctr.pod["hostPID"] == true;
+    assert!(
+        shared,
+        "{}: config-manager cannot see the other containers",
+        ctr.ds
+    );
+    let found = ctr.pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] != ctr.c["name"])
+        .any(|c| {
+            let mut argv = strings(&c["command"]);
+            argv.extend(strings(&c["args"]));
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            kiln_device_plugin::config_manager::matches_process(&argv, target)
+        });
+    assert!(
+        found,
+        "{}: no container matches PROCESS_TO_SIGNAL={target}",
+        ctr.ds
+    );
+}
+
+fn path(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| (*w).to_owned()).collect()
+}
+
+fn find<'a>(objects: &'a [Value], ds: &str, ctr: &str) -> &'a Value {
+    kiln_containers(objects)
+        .into_iter()
+        .find(|c| c.ds == ds && c.c["name"] == ctr)
+        .unwrap_or_else(|| panic!("no kiln container {ds}/{ctr}"))
+        .c
+}
+
+#[test]
+fn the_sample_policy_runs_with_the_agents_and_defaults_without_a_config() {
+    let objects = render(&sample(), &[]);
+    let seen = check_policy(&objects);
+    for p in [
+        &["device-plugin"][..],
+        &["gfd"],
+        &["exporter"],
+        &["validator", "driver"],
+        &["validator", "plugin"],
+        &["validator", "wait"],
+        &["validator", "hold"],
+    ] {
+        assert!(seen.contains(&path(p)), "{p:?} not rendered: {seen:?}");
+    }
+    // No config: no config-manager, and the plugin and GFD run on their defaults.
+    assert!(!seen.contains(&path(&["device-plugin", "config-manager"])));
+    for (ds, c) in [
+        ("nvidia-device-plugin-daemonset", "nvidia-device-plugin"),
+        ("gpu-feature-discovery", "gpu-feature-discovery"),
+    ] {
+        let env = env_of(find(&objects, ds, c));
+        assert!(
+            !env.iter().any(|(k, _)| k == "CONFIG_FILE"),
+            "{ds}: {env:?}"
+        );
+    }
+    // The plugin takes its driver roots from the validator's driver-ready file.
+    let dp = find(
+        &objects,
+        "nvidia-device-plugin-daemonset",
+        "nvidia-device-plugin",
+    );
+    for p in [
+        "/run/nvidia/validations/driver-ready",
+        "/host/usr",
+        "/run/nvidia/driver/usr",
+    ] {
+        assert!(
+            under_a_mount(dp, p),
+            "{p} is not mounted in the device plugin"
+        );
+    }
+    let exporter = env_of(find(
+        &objects,
+        "nvidia-dcgm-exporter",
+        "nvidia-dcgm-exporter",
+    ));
+    assert!(exporter.contains(&("KILN_EXPORTER_KUBERNETES".into(), "true".into())));
+    assert!(
+        !exporter
+            .iter()
+            .any(|(k, _)| k == "KILN_EXPORTER_COLLECTORS")
+    );
+}
+
+#[test]
+fn a_time_sliced_mixed_mig_policy_runs_with_the_agents() {
+    let objects = render(
+        &configured(),
+        &[
+            "--config-map",
+            "time-slicing-config=any,ts5",
+            "--config-map",
+            "custom-metrics=dcgm-metrics.csv",
+        ],
+    );
+    let seen = check_policy(&objects);
+    assert!(seen.contains(&path(&["device-plugin", "config-manager"])));
+    for (ds, c) in [
+        ("nvidia-device-plugin-daemonset", "nvidia-device-plugin"),
+        ("gpu-feature-discovery", "gpu-feature-discovery"),
+    ] {
+        let env = env_of(find(&objects, ds, c));
+        for kv in [
+            ("CONFIG_FILE", "/config/config.yaml"),
+            ("MIG_STRATEGY", "mixed"),
+        ] {
+            assert!(env.contains(&(kv.0.into(), kv.1.into())), "{ds}: {env:?}");
+        }
+    }
+    let dp = env_of(find(
+        &objects,
+        "nvidia-device-plugin-daemonset",
+        "nvidia-device-plugin",
+    ));
+    assert!(dp.contains(&("DEVICE_LIST_STRATEGY".into(), "envvar".into())));
+    let exporter = env_of(find(
+        &objects,
+        "nvidia-dcgm-exporter",
+        "nvidia-dcgm-exporter",
+    ));
+    for kv in [
+        (
+            "KILN_EXPORTER_COLLECTORS",
+            "/etc/dcgm-exporter/dcgm-metrics.csv",
+        ),
+        ("KILN_EXPORTER_INTERVAL", "15000"),
+        ("KILN_EXPORTER_KUBERNETES_VIRTUAL_GPUS", "true"),
+    ] {
+        assert!(
+            exporter.contains(&(kv.0.into(), kv.1.into())),
+            "{exporter:?}"
+        );
+    }
+}
+
+#[test]
+fn a_config_without_default_key_and_plugin_env_runs_with_the_agents() {
+    let objects = render(&no_default_key(), &["--config-map", "dp-configs=a,b"]);
+    let seen = check_policy(&objects);
+    assert!(seen.contains(&path(&["device-plugin", "config-manager"])));
+    let cm = env_of(find(
+        &objects,
+        "nvidia-device-plugin-daemonset",
+        "config-manager-init",
+    ));
+    assert!(cm.contains(&("FALLBACK_STRATEGIES".into(), "empty".into())));
+}
