@@ -187,6 +187,20 @@ mod tests {
             "nvidia-device-plugin"
         ));
         assert!(matches_process(&["kiln", "gfd"], "gpu-feature-discovery"));
+        assert!(matches_process(
+            &["/usr/local/bin/kiln", "gfd", "--oneshot=false"],
+            "gpu-feature-discovery"
+        ));
+        assert!(matches_process(
+            &["/usr/bin/gpu-feature-discovery"],
+            "gpu-feature-discovery"
+        ));
+        // GFD's own config-manager sidecar runs `kiln device-plugin config-manager`.
+        assert!(!matches_process(
+            &["kiln", "device-plugin", "config-manager"],
+            "gpu-feature-discovery"
+        ));
+        assert!(!matches_process(&["kiln", "gfd"], "nvidia-device-plugin"));
         assert!(!matches_process(
             &["kiln", "exporter"],
             "nvidia-device-plugin"
