@@ -4,7 +4,8 @@
 //! reports the env vars the subcommand reads). A rendered env var that no agent reads fails,
 //! unless it is listed in [`NOT_FOR_THE_AGENT`] with the reason; config files named by env
 //! must lie on one of the container's mounts; a config-manager sidecar that signals must find
-//! its process in the same pod.
+//! its process in the same pod. The rendered GFD container also runs for real (fake GPU,
+//! oneshot, stdout) with its rendered env.
 
 use std::{collections::BTreeSet, path::Path, process::Command};
 
@@ -416,6 +417,71 @@ fn a_time_sliced_mixed_mig_policy_runs_with_the_agents() {
             exporter.contains(&(kv.0.into(), kv.1.into())),
             "{exporter:?}"
         );
+    }
+}
+
+const FIXTURE: &str = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+gpus:
+  - {uuid: GPU-11111111-2222-3333-4444-555555555555, name: Tesla T4, memory_total_mib: 15360, compute_capability: "7.5"}
+"#;
+
+#[test]
+fn the_rendered_gfd_container_labels_a_time_sliced_mixed_node() {
+    let objects = render(
+        &configured(),
+        &[
+            "--config-map",
+            "time-slicing-config=any,ts5",
+            "--config-map",
+            "custom-metrics=dcgm-metrics.csv",
+        ],
+    );
+    let gfd = find(&objects, "gpu-feature-discovery", "gpu-feature-discovery");
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, fixture) = (dir.path().join("config.yaml"), dir.path().join("gpus.yaml"));
+    std::fs::write(
+        &cfg,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 5}\n",
+    )
+    .unwrap();
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let mut argv = strings(&gfd["command"]);
+    argv.extend(strings(&gfd["args"]));
+    let mut cmd = Command::new(KILN);
+    cmd.args(&argv[1..]).env_clear();
+    for (k, v) in env_of(gfd) {
+        // The pod's /config/config.yaml is this test's file; everything else as rendered.
+        let v = if k == "CONFIG_FILE" {
+            cfg.display().to_string()
+        } else {
+            v
+        };
+        cmd.env(k, v);
+    }
+    let backend = format!("fake:{}", fixture.display());
+    cmd.envs([
+        ("KILN_GFD_GPU_BACKEND", backend.as_str()),
+        ("GFD_OUTPUT", "stdout"),
+        ("GFD_ONESHOT", "true"),
+        ("GFD_NO_TIMESTAMP", "true"),
+        ("GFD_MACHINE_TYPE_FILE", "/nonexistent"),
+    ]);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "nvidia.com/gpu.product=Tesla-T4-SHARED\n",
+        "nvidia.com/gpu.replicas=5\n",
+        "nvidia.com/gpu.sharing-strategy=time-slicing\n",
+        "nvidia.com/mig.strategy=mixed\n",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
 
