@@ -2,12 +2,38 @@
 //! (pods and ControllerRevisions only for `OnDelete` DaemonSets) and judge.
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kiln_core::readiness::{Readiness, daemonset_readiness, is_on_delete};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 
 use crate::{Error, Result};
+
+/// Pods per list request when judging an `OnDelete` DaemonSet (one per GPU node): bounds one
+/// response body however large the cluster is.
+pub const POD_PAGE: u32 = 100;
+
+/// A pod reduced to what the `OnDelete` rule reads: name, namespace, labels, owner references,
+/// phase and container statuses (spec, managed fields and conditions are dropped).
+pub fn slim_pod(pod: Pod) -> Pod {
+    let status = pod.status.map(|s| PodStatus {
+        phase: s.phase,
+        container_statuses: s.container_statuses,
+        ..PodStatus::default()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name,
+            namespace: pod.metadata.namespace,
+            labels: pod.metadata.labels,
+            owner_references: pod.metadata.owner_references,
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status,
+    }
+}
 
 /// Judge the live DaemonSet `live` (as returned by apply; `None` when missing). Returns `None`
 /// when ready, else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`).
@@ -43,11 +69,21 @@ pub async fn daemonset_not_ready(
             .collect::<Vec<_>>()
             .join(",");
         let lp = ListParams::default().labels(&selector);
-        pods = Api::<Pod>::namespaced(client.clone(), &ns)
-            .list(&lp)
-            .await
-            .map_err(|e| Error::kube(format!("list pods of {name}"), e))?
-            .items;
+        let api = Api::<Pod>::namespaced(client.clone(), &ns);
+        let mut page_params = lp.clone().limit(POD_PAGE);
+        loop {
+            let page = api
+                .list(&page_params)
+                .await
+                .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
+            pods.extend(page.items.into_iter().map(slim_pod));
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => {
+                    page_params = page_params.continue_token(&token);
+                }
+                _ => break,
+            }
+        }
         revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns)
             .list(&lp)
             .await

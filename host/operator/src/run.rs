@@ -16,6 +16,7 @@ use kiln_core::spec::ClusterPolicy;
 use kiln_render::Renderer;
 use kube::Client;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 
 use crate::context::{Config, Context};
@@ -66,10 +67,15 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
 
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &config.namespace);
-    let node_changes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .applied_objects()
-        .predicate_filter(predicates::labels, Default::default())
-        .map(|_| ());
+    // Metadata only: the trigger looks at labels, and node status heartbeats then cost a small
+    // PartialObjectMetadata decode instead of a full Node.
+    let node_changes = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .applied_objects()
+    .predicate_filter(predicates::labels, Default::default())
+    .map(|_| ());
     let policy_deletes = watcher(policies.clone(), watcher::Config::default())
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());

@@ -498,24 +498,35 @@ fn status_field(pid: u32, field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Where `pid`'s resident memory is (`/proc/PID/smaps`), in MiB: anonymous (heap, stacks,
-/// Wasm instance memories), the executable's own pages, mmapped precompiled plugins
+/// Where `pid`'s resident memory is (`/proc/PID/smaps`), in MiB: Wasmtime's instance pool
+/// (plugin linear memories and tables), other anonymous memory (heap, stacks), the
+/// executable's own pages, mmapped precompiled plugins
 /// (`*.cwasm`), other files; and the thread count.
 fn rss_breakdown(pid: u32) -> String {
     let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
         return String::new();
     };
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-    let (mut anon, mut bin, mut cwasm, mut files) = (0u64, 0u64, 0u64, 0u64);
-    let mut current = String::new();
+    let (mut anon, mut pool, mut bin, mut cwasm, mut files) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut current, mut huge) = (String::new(), false);
     for line in smaps.lines() {
         let mut parts = line.split_whitespace();
         let first = parts.next().unwrap_or_default();
         if first.contains('-') && !first.ends_with(':') {
             current = parts.nth(4).unwrap_or_default().to_string();
+            // Wasmtime's pooling allocator reserves its slots as one anonymous mapping of many
+            // GiB; nothing else in the process maps 1 GiB at once.
+            huge = first
+                .split_once('-')
+                .and_then(|(a, b)| {
+                    Some(u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?)
+                })
+                .is_some_and(|len| len >= 1 << 30);
         } else if first == "Rss:" {
             let kb: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let slot = if current.is_empty() || current.starts_with('[') {
+            let slot = if current.is_empty() && huge {
+                &mut pool
+            } else if current.is_empty() || current.starts_with('[') {
                 &mut anon
             } else if Path::new(&current) == exe {
                 &mut bin
@@ -536,7 +547,8 @@ fn rss_breakdown(pid: u32) -> String {
         .unwrap_or_default();
     let mib = |kb: u64| kb as f64 / 1024.0;
     format!(
-        "anonymous {:.1} MiB, executable {:.1} MiB, precompiled plugins (.cwasm) {:.1} MiB, other files {:.1} MiB; {threads} threads",
+        "Wasm instance pool {:.1} MiB, other anonymous {:.1} MiB, executable {:.1} MiB, precompiled plugins (.cwasm) {:.1} MiB, other files {:.1} MiB; {threads} threads",
+        mib(pool),
         mib(anon),
         mib(bin),
         mib(cwasm),
