@@ -90,19 +90,85 @@ impl Policy {
     }
 }
 
-/// Top-level `spec` keys that are not ClusterPolicy fields (likely typos such as `migg`). They
-/// are kept and handed to plugins, so this is a warning, not an error.
+/// Keys of `spec`, at any depth, that are not ClusterPolicy fields kiln knows (likely typos such
+/// as `migg` or `dcgmExporter.enabeld`), as dotted paths below `spec` (`dcgmExporter.enabeld`,
+/// `driver.env[0].nam`), sorted. They are kept and handed to plugins, so this is a warning, not
+/// an error; a typo in a nested key would otherwise silently lose the setting.
+///
+/// Rule: a key is known when it survives a round trip through [`ClusterPolicySpec`] (parse, then
+/// serialize). Keys whose value is empty (`null`, `""`, `[]`, `{}`) are not reported, since the
+/// typed spec may omit empty values when serializing. When the spec does not parse, only
+/// top-level keys are checked (the parse error itself names the bad field).
 pub fn unknown_spec_keys(spec: &Value) -> Vec<String> {
-    let known = serde_json::to_value(ClusterPolicySpec::default()).unwrap_or_default();
-    let mut unknown: Vec<String> = spec
-        .as_object()
-        .into_iter()
-        .flat_map(|m| m.keys())
-        .filter(|k| known.get(k.as_str()).is_none() && !matches!(k.as_str(), "psp" | "psa"))
-        .cloned()
-        .collect();
+    let default = serde_json::to_value(ClusterPolicySpec::default()).unwrap_or_default();
+    let mut known = match ClusterPolicySpec::from_json(spec) {
+        Ok(typed) => serde_json::to_value(typed).unwrap_or_default(),
+        Err(_) => {
+            // Only the top level: compare with the default spec's keys.
+            let mut unknown: Vec<String> = spec
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.keys())
+                .filter(|k| default.get(k.as_str()).is_none() && !is_ignored_top_level(k))
+                .cloned()
+                .collect();
+            unknown.sort();
+            return unknown;
+        }
+    };
+    // Every top-level field is known even where the round trip leaves it out.
+    if let (Some(k), Some(d)) = (known.as_object_mut(), default.as_object()) {
+        for (key, value) in d {
+            k.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    let mut unknown = Vec::new();
+    collect_unknown(spec, &known, "", &mut unknown);
     unknown.sort();
     unknown
+}
+
+/// Deprecated upstream top-level fields kiln accepts and ignores.
+fn is_ignored_top_level(key: &str) -> bool {
+    matches!(key, "psp" | "psa")
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// Walks `input` beside its round-tripped form `known`, recording input keys `known` lacks.
+fn collect_unknown(input: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, known) {
+        (Value::Object(i), Value::Object(k)) => {
+            for (key, value) in i {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match k.get(key) {
+                    Some(kv) => collect_unknown(value, kv, &child, out),
+                    None if path.is_empty() && is_ignored_top_level(key) => {}
+                    // Below the top level the typed spec may omit empty values.
+                    None if !path.is_empty() && is_empty(value) => {}
+                    None => out.push(child),
+                }
+            }
+        }
+        (Value::Array(i), Value::Array(k)) => {
+            for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
+                collect_unknown(iv, kv, &format!("{path}[{n}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// JSON-pointer escaping of one token (`/` → `~1`).
@@ -147,6 +213,33 @@ mod tests {
     fn unknown_top_level_keys_are_listed() {
         let spec = json!({"mig": {}, "migg": {}, "psa": {}, "devicePlugin": {}, "zzz": 1});
         assert_eq!(unknown_spec_keys(&spec), ["migg", "zzz"]);
+    }
+
+    #[test]
+    fn unknown_nested_keys_are_listed_with_their_path() {
+        let spec = json!({
+            "dcgmExporter": {"enabeld": false, "enabled": true},
+            "mig": {"stratgy": "mixed"},
+            "driver": {"env": [{"name": "A", "value": "1", "valeu": "x"}]},
+            "daemonsets": {"labels": {"any-label": "x"}},
+            "devicePlugin": {"config": {"name": "c", "default": ""}},
+            "psp": {"enabled": false}
+        });
+        assert_eq!(
+            unknown_spec_keys(&spec),
+            ["dcgmExporter.enabeld", "driver.env[0].valeu", "mig.stratgy"]
+        );
+    }
+
+    #[test]
+    fn the_upstream_sample_has_no_unknown_keys() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/upstream/clusterpolicy-sample.yaml");
+        let doc: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).expect("shared/ sample"))
+                .unwrap();
+        let policy = Policy::from_object(&doc).unwrap();
+        assert_eq!(unknown_spec_keys(&policy.spec_json), Vec::<String>::new());
     }
 
     #[test]
