@@ -120,10 +120,26 @@ fn driver_step_and_wait_run_against_a_temporary_root() {
     assert_eq!(wait.status.code(), Some(1));
     let err = String::from_utf8_lossy(&wait.stderr);
     assert!(
-        err.contains("error: wait: not ready after 1 attempts over 0ns: ")
+        err.contains("error: wait: not ready after 1 attempt over 0s: ")
             && err.contains("toolkit-ready does not exist yet"),
         "{err}"
     );
+    for bad in ["toolkit", "bogus-ready"] {
+        let wait = kiln(
+            &[&common[..], &["wait", "--for", bad]].concat(),
+            &[("KILN_VALIDATOR_ROOT", root)],
+        );
+        assert_eq!(wait.status.code(), Some(2), "usage error for {bad}");
+        let err = String::from_utf8_lossy(&wait.stderr);
+        assert!(
+            err.contains(&format!("invalid value '{bad}' for '--for <FILE>'"))
+                && err.contains(
+                    "[possible values: driver-ready, toolkit-ready, cuda-ready, plugin-ready, \
+                     vfio-pci-ready, vgpu-manager-ready, vgpu-devices-ready, cc-manager-ready]"
+                ),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -344,6 +344,8 @@ impl Plugin {
     fn serve(&mut self, snap: Arc<Snapshot>) -> Result<(), RunError> {
         let name = snap.resource.name.clone();
         let socket = self.opts.plugin_dir.join(snap.resource.socket_name());
+        let devices = snap.resource.units.len();
+        tracing::info!(resource = %name, socket = %socket.display(), devices, "serving the device plugin");
         let (tx, rx) = watch::channel(snap);
         let served = Served::start(socket.clone(), PluginService::new(rx)).map_err(|source| {
             RunError::Serve {
@@ -376,7 +378,14 @@ impl Plugin {
                 .unwrap_or_default();
             match register(&kubelet, &endpoint, name).await {
                 Ok(()) => {
-                    tracing::info!(resource = %name, endpoint, "registered with the kubelet");
+                    let devices = r.snapshot.borrow().resource.units.len();
+                    tracing::info!(
+                        resource = %name,
+                        endpoint,
+                        devices,
+                        kubelet = %kubelet.display(),
+                        "registered with the kubelet"
+                    );
                     r.registered = true;
                     count += 1;
                 }

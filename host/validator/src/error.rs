@@ -95,7 +95,11 @@ pub enum NotReady {
 #[derive(Debug, thiserror::Error)]
 pub enum ValidatorError {
     /// Every attempt found the node not ready; `last` is the last reason.
-    #[error("{step}: not ready after {attempts} attempts over {waited:?}")]
+    #[error(
+        "{step}: not ready after {attempts} attempt{} over {}",
+        if *attempts == 1 { "" } else { "s" },
+        human_duration(*waited)
+    )]
     GaveUp {
         /// The step, e.g. `driver`.
         step: &'static str,
@@ -125,7 +129,66 @@ pub enum ValidatorError {
         #[source]
         source: std::io::Error,
     },
-    /// `wait --for` was given a path instead of a file name.
-    #[error("`{0}` is not a status file name (expected e.g. `toolkit-ready`, without `/`)")]
+    /// `wait --for` was given a name that is not one of the status files the validator
+    /// writes ([`crate::StatusFile::file_names`]).
+    #[error(
+        "`{0}` is not a status file the validator writes (valid: {valid})",
+        valid = crate::StatusFile::file_names().join(", ")
+    )]
     BadStatusName(String),
+}
+
+/// `d` for people: `0s`, `750ms`, `15s`, `5m`, `1m 30s`, `2h 5m` (whole milliseconds below a
+/// second, whole seconds above; zero parts are left out).
+#[must_use]
+pub fn human_duration(d: Duration) -> String {
+    let total = d.as_secs();
+    if total == 0 {
+        let ms = d.as_millis();
+        return if ms == 0 {
+            "0s".to_owned()
+        } else {
+            format!("{ms}ms")
+        };
+    }
+    let (h, m, s) = (total / 3600, total / 60 % 60, total % 60);
+    [(h, "h"), (m, "m"), (s, "s")]
+        .iter()
+        .filter(|(v, _)| *v > 0)
+        .map(|(v, unit)| format!("{v}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_duration_drops_zero_parts_and_keeps_milliseconds_below_a_second() {
+        let f = |ms| human_duration(Duration::from_millis(ms));
+        assert_eq!(f(0), "0s");
+        assert_eq!(f(750), "750ms");
+        assert_eq!(f(15_000), "15s");
+        assert_eq!(f(15_400), "15s");
+        assert_eq!(f(300_000), "5m");
+        assert_eq!(f(90_000), "1m 30s");
+        assert_eq!(f(7_500_000), "2h 5m");
+        assert_eq!(f(3_601_000), "1h 1s");
+    }
+
+    #[test]
+    fn gave_up_says_attempt_in_the_singular_for_one() {
+        let e = |attempts| ValidatorError::GaveUp {
+            step: "wait",
+            attempts,
+            waited: Duration::from_secs(300),
+            last: NotReady::Sysfs("x".into()),
+        };
+        assert_eq!(e(1).to_string(), "wait: not ready after 1 attempt over 5m");
+        assert_eq!(
+            e(60).to_string(),
+            "wait: not ready after 60 attempts over 5m"
+        );
+    }
 }

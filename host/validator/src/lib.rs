@@ -196,10 +196,11 @@ impl Validator {
     /// which never give up).
     ///
     /// # Errors
-    /// [`ValidatorError::BadStatusName`] for a name with `/`; [`ValidatorError::GaveUp`] with
-    /// [`NotReady::FileAbsent`] when it never appears.
+    /// [`ValidatorError::BadStatusName`] for a name that is not one of
+    /// [`StatusFile::file_names`] (it would never appear: waiting for it could only time
+    /// out); [`ValidatorError::GaveUp`] with [`NotReady::FileAbsent`] when it never appears.
     pub fn wait_for(&self, name: &str) -> Result<(), ValidatorError> {
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        if StatusFile::from_file_name(name).is_none() {
             return Err(ValidatorError::BadStatusName(name.to_owned()));
         }
         let path = self.layout.status_file(name);

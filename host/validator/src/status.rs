@@ -27,6 +27,32 @@ pub enum StatusFile {
 }
 
 impl StatusFile {
+    /// Every status file kiln's validator writes, in chain order (driver → toolkit → cuda →
+    /// plugin, then the sandbox/vGPU and cc-manager ones). `wait --for` accepts only these
+    /// names: nothing else ever appears in the validations directory.
+    pub const ALL: [StatusFile; 8] = [
+        Self::Driver,
+        Self::Toolkit,
+        Self::Cuda,
+        Self::Plugin,
+        Self::VfioPci,
+        Self::VgpuManager,
+        Self::VgpuDevices,
+        Self::CcManager,
+    ];
+
+    /// The file names of [`StatusFile::ALL`], in the same order.
+    #[must_use]
+    pub fn file_names() -> [&'static str; 8] {
+        Self::ALL.map(Self::file_name)
+    }
+
+    /// The status file called `name` (e.g. `toolkit-ready`); `None` for any other name.
+    #[must_use]
+    pub fn from_file_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.file_name() == name)
+    }
+
     /// The file name, e.g. `driver-ready`.
     #[must_use]
     pub fn file_name(self) -> &'static str {

@@ -194,7 +194,7 @@ fn nvml_failing_to_open_with_an_older_library_reports_the_mismatch_from_the_file
     assert_eq!(
         kiln_validator::chain(&err),
         format!(
-            "driver: not ready after 1 attempts over 0ns: driver library version 550.144.03 ({}) \
+            "driver: not ready after 1 attempt over 0s: driver library version 550.144.03 ({}) \
              does not match the loaded kernel module version 560.35.03 ({})",
             lib.display(),
             node.path("proc/driver/nvidia/version").display()
@@ -258,6 +258,23 @@ fn wait_for_gives_up_with_a_clear_timeout_and_succeeds_once_the_file_exists() {
         v.wait_for("../etc/passwd"),
         Err(ValidatorError::BadStatusName(_))
     ));
+    let sleeps = node.sleeps().len();
+    let err = v.wait_for("toolkit").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`toolkit` is not a status file the validator writes (valid: driver-ready, \
+         toolkit-ready, cuda-ready, plugin-ready, vfio-pci-ready, vgpu-manager-ready, \
+         vgpu-devices-ready, cc-manager-ready)"
+    );
+    assert!(matches!(
+        v.wait_for("bogus-ready"),
+        Err(ValidatorError::BadStatusName(_))
+    ));
+    assert_eq!(
+        node.sleeps().len(),
+        sleeps,
+        "an unknown name is not waited for"
+    );
 }
 
 #[test]

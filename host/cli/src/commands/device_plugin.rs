@@ -37,8 +37,7 @@ enum DevicePluginCommand {
 struct RunArgs {
     #[command(flatten)]
     overrides: Overrides,
-    /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
-    #[arg(long, env = "KILN_GPU_BACKEND", default_value = "nvml")]
+    #[arg(long, help = super::GPU_BACKEND_HELP, env = "KILN_GPU_BACKEND", default_value = "nvml")]
     gpu_backend: kiln_gpu::BackendSpec,
     /// Config file (re-read on SIGHUP and when its content changes).
     #[arg(long, env = "CONFIG_FILE")]
@@ -63,7 +62,8 @@ struct RunArgs {
     #[arg(
         long,
         env = "KILN_DRIVER_READY_FILE",
-        default_value = "/run/nvidia/validations/driver-ready"
+        default_value = "/run/nvidia/validations/driver-ready",
+        value_parser = path_or_empty
     )]
     driver_ready_file: PathBuf,
     /// Directory of the CDI spec.
@@ -168,18 +168,7 @@ impl DevicePluginArgs {
 
 impl RunArgs {
     async fn run(mut self) -> anyhow::Result<ExitCode> {
-        if !self.driver_ready_file.as_os_str().is_empty() {
-            match std::fs::read_to_string(&self.driver_ready_file) {
-                Ok(text) => {
-                    let filled = self.overrides.fill_from_driver_ready(&text);
-                    tracing::info!(file = %self.driver_ready_file.display(), ?filled, "driver roots from driver-ready");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(file = %self.driver_ready_file.display(), "not reading driver-ready: {e}")
-                }
-            }
-        }
+        read_driver_ready(&mut self);
         let dir_mode = self.node_name.clone().zip(self.config_dir.clone());
         let source = match (&dir_mode, &self.config_file) {
             (Some((_, dir)), _) => ConfigSource::Dir(self.selection.dir(dir.clone())),
@@ -271,6 +260,33 @@ impl ConfigManagerArgs {
     }
 }
 
+/// Fills the driver roots no flag/env var set from `--driver-ready-file`; returns the names
+/// filled, or `None` when the file was not read (empty path, absent, unreadable: logged).
+fn read_driver_ready(args: &mut RunArgs) -> Option<Vec<&'static str>> {
+    let file = &args.driver_ready_file;
+    if file.as_os_str().is_empty() {
+        return None;
+    }
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            let filled = args.overrides.fill_from_driver_ready(&text);
+            tracing::info!(file = %file.display(), ?filled, "driver roots from driver-ready");
+            Some(filled)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!(file = %file.display(), "not reading driver-ready: {e}");
+            None
+        }
+    }
+}
+
+/// A path where an empty value is allowed and means "none" (clap's `PathBuf` parser rejects
+/// empty values with "a value is required").
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
 /// Resolves on SIGINT, SIGTERM or SIGQUIT.
 async fn wait_for_exit() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -281,4 +297,52 @@ async fn wait_for_exit() -> anyhow::Result<()> {
         _ = quit.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DevicePluginArgs,
+    }
+
+    fn driver_ready_file(args: &[&str]) -> Result<PathBuf, clap::Error> {
+        let cli = Cli::try_parse_from([&["kiln-device-plugin"], args].concat())?;
+        Ok(cli.args.run.driver_ready_file)
+    }
+
+    #[test]
+    fn an_empty_driver_ready_file_parses_and_means_not_read() {
+        assert_eq!(
+            driver_ready_file(&["--driver-ready-file", ""]).unwrap(),
+            PathBuf::new()
+        );
+        assert_eq!(
+            driver_ready_file(&["--driver-ready-file=/tmp/x"]).unwrap(),
+            PathBuf::from("/tmp/x")
+        );
+    }
+
+    #[test]
+    fn an_empty_driver_ready_file_is_not_read() {
+        let mut args = Cli::try_parse_from(["kiln-device-plugin", "--driver-ready-file", ""])
+            .unwrap()
+            .args
+            .run;
+        assert_eq!(read_driver_ready(&mut args), None);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("driver-ready");
+        std::fs::write(
+            &file,
+            "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n",
+        )
+        .unwrap();
+        args.driver_ready_file = file;
+        assert_eq!(read_driver_ready(&mut args), Some(vec!["driver_root"]));
+    }
 }

@@ -7,6 +7,7 @@ use anyhow::Context as _;
 
 /// Flags of `kiln exporter`; each also reads a `KILN_EXPORTER_*` env var.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("gpu_backend", |a| a.help(super::GPU_BACKEND_HELP)))]
 pub struct ExporterArgs {
     #[command(flatten)]
     config: kiln_exporter::Config,

@@ -47,9 +47,11 @@ pub struct GfdArgs {
     /// from `MIG_STRATEGY` (what the operator sets), as upstream.
     #[arg(long, env = "GFD_MIG_STRATEGY")]
     mig_strategy: Option<MigStrategy>,
-    /// Upstream's second env var for `--mig-strategy`.
+    /// Upstream's second env var for `--mig-strategy`; kept raw so that a bad value is
+    /// reported under the env var's name, and empty (the operator's `MIG_STRATEGY: ''` when
+    /// `spec.mig` is absent) means unset.
     #[arg(long = "mig-strategy-env", env = "MIG_STRATEGY", hide = true)]
-    mig_strategy_env: Option<MigStrategy>,
+    mig_strategy_env: Option<String>,
     /// Label once and exit.
     #[arg(long, env = "GFD_ONESHOT", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     oneshot: Option<bool>,
@@ -72,8 +74,7 @@ pub struct GfdArgs {
     /// Where sysfs is mounted (PCI classes for `nvidia.com/gpu.mode`).
     #[arg(long, env = "KILN_GFD_SYS_DIR", default_value = "/sys")]
     sys_dir: PathBuf,
-    /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
-    #[arg(long, env = "KILN_GFD_GPU_BACKEND", default_value = "nvml")]
+    #[arg(long, help = super::GPU_BACKEND_HELP, env = "KILN_GFD_GPU_BACKEND", default_value = "nvml")]
     gpu_backend: BackendSpec,
 }
 
@@ -90,9 +91,20 @@ impl GfdArgs {
             .unwrap_or_else(|| DEFAULT_CONFIG_FILE.into())
     }
 
-    /// `--mig-strategy`/`GFD_MIG_STRATEGY`, then `MIG_STRATEGY`; `None` leaves it to the file.
-    fn mig_strategy(&self) -> Option<MigStrategy> {
-        self.mig_strategy.or(self.mig_strategy_env)
+    /// `--mig-strategy`/`GFD_MIG_STRATEGY`, then `MIG_STRATEGY` (empty = unset); `None`
+    /// leaves it to the file. Errors name `MIG_STRATEGY` and the valid values.
+    fn mig_strategy(&self) -> anyhow::Result<Option<MigStrategy>> {
+        if let Some(s) = self.mig_strategy {
+            return Ok(Some(s));
+        }
+        match self.mig_strategy_env.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid value '{v}' for env var MIG_STRATEGY (valid: none, single, mixed)"
+                )
+            }),
+        }
     }
 
     /// `--fail-on-init-error`/`GFD_FAIL_ON_INIT_ERROR`, then `FAIL_ON_INIT_ERROR`, then true.
@@ -104,6 +116,7 @@ impl GfdArgs {
 
     /// Labels until SIGINT/SIGTERM (or once with `--oneshot`).
     pub fn run(self) -> anyhow::Result<ExitCode> {
+        let mig_strategy = self.mig_strategy()?;
         let gpu = match kiln_gpu::open(&self.gpu_backend) {
             Ok(g) => Some(g),
             Err(e) if !self.fail_on_init_error() => {
@@ -114,7 +127,7 @@ impl GfdArgs {
         };
         let opts = Options {
             config_file: Some(self.config_file()),
-            mig_strategy: self.mig_strategy(),
+            mig_strategy,
             oneshot: self.oneshot,
             no_timestamp: self.no_timestamp,
             sleep_interval: self.sleep_interval,
@@ -182,7 +195,7 @@ mod tests {
         // Env vars are process-wide; flags stand in for them here (same fields, same merge).
         let a = parse(&[]);
         assert_eq!(a.config_file(), PathBuf::from("/config/config.yaml"));
-        assert_eq!(a.mig_strategy(), None);
+        assert_eq!(a.mig_strategy().unwrap(), None);
         assert!(a.fail_on_init_error());
         let a = parse(&[
             "--config-file-env",
@@ -193,7 +206,7 @@ mod tests {
             "false",
         ]);
         assert_eq!(a.config_file(), PathBuf::from("/cfg/a.yaml"));
-        assert_eq!(a.mig_strategy(), Some(MigStrategy::Mixed));
+        assert_eq!(a.mig_strategy().unwrap(), Some(MigStrategy::Mixed));
         assert!(!a.fail_on_init_error());
         let a = parse(&[
             "--config-file",
@@ -210,7 +223,24 @@ mod tests {
             "false",
         ]);
         assert_eq!(a.config_file(), PathBuf::from("/cfg/b.yaml"));
-        assert_eq!(a.mig_strategy(), Some(MigStrategy::Single));
+        assert_eq!(a.mig_strategy().unwrap(), Some(MigStrategy::Single));
         assert!(a.fail_on_init_error());
+    }
+
+    #[test]
+    fn an_empty_mig_strategy_env_is_unset_and_a_bad_one_names_the_env_var() {
+        assert_eq!(
+            parse(&["--mig-strategy-env", ""]).mig_strategy().unwrap(),
+            None
+        );
+        let err = parse(&["--mig-strategy-env", "bogus"])
+            .mig_strategy()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid value 'bogus' for env var MIG_STRATEGY (valid: none, single, mixed)"
+        );
+        let a = parse(&["--mig-strategy", "none", "--mig-strategy-env", "bogus"]);
+        assert_eq!(a.mig_strategy().unwrap(), Some(MigStrategy::None));
     }
 }

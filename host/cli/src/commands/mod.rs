@@ -14,6 +14,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Help of every agent's `--gpu-backend`: the choices and where the fixture format is.
+pub(crate) const GPU_BACKEND_HELP: &str = "GPU backend: `nvml`, or `fake:<fixture.yaml>` for a \
+machine without a GPU (fixture format: host/gpu/src/fake.rs module docs; example: \
+host/exporter/tests/data/gpus.yaml; see README \"Node agents without a GPU\")";
+
 /// kiln: a Kubernetes GPU operator whose operand transforms are sandboxed Wasm plugins.
 #[derive(Debug, Parser)]
 #[command(name = "kiln", version, about)]
@@ -26,7 +31,8 @@ pub struct Cli {
 enum Command {
     /// Render a ClusterPolicy into every object the operator would apply, offline.
     Render(render::RenderArgs),
-    /// Inspect and try plugins.
+    /// Check a plugin component or list the bundled ones; to try one on a policy, put it in a
+    /// directory and run `kiln render --plugins-dir DIR`.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).
@@ -44,6 +50,21 @@ enum Command {
 }
 
 impl Cli {
+    /// The log filter when `KILN_LOG` is unset: `info` for the long-running agents (operator,
+    /// exporter, device-plugin, gfd, validator) so that they say what they started, `warn` for
+    /// the one-shot tools (render, plugin, crdgen) whose output is on stdout.
+    #[must_use]
+    pub fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Operator(_)
+            | Command::Exporter(_)
+            | Command::DevicePlugin(_)
+            | Command::Gfd(_)
+            | Command::Validator(_) => "info",
+            Command::Render(_) | Command::Plugin(_) | Command::Crdgen(_) => "warn",
+        }
+    }
+
     /// Run the chosen subcommand; errors are printed to stderr with their causes. With
     /// `KILN_CHECK_ARGS` set, print the subcommand path and the env vars it reads as JSON
     /// instead (arguments and env were already parsed; see `check_args`).

@@ -45,9 +45,9 @@ pub struct RenderArgs {
     /// Render for OpenShift MAJOR.MINOR (includes OpenShift-only objects; runtime CRI-O).
     #[arg(long)]
     openshift_version: Option<String>,
-    /// Override a fallback image, as ENV=IMAGE (e.g. `DRIVER_IMAGE=registry/driver:1`).
-    #[arg(long = "image", value_name = "ENV=IMAGE")]
-    images: Vec<String>,
+    /// Override a fallback image, as ENV=IMAGE (see `image_help` for the text).
+    #[arg(long = "image", value_name = "ENV=IMAGE", help = image_help(), value_parser = parse_image)]
+    images: Vec<(String, String)>,
     /// A referenced ConfigMap that exists, as NAME=KEY1,KEY2.
     #[arg(long = "config-map", value_name = "NAME=KEYS")]
     config_maps: Vec<String>,
@@ -57,6 +57,37 @@ pub struct RenderArgs {
     /// Render as if the ServiceMonitor CRD were absent (ServiceMonitors are left out).
     #[arg(long)]
     no_service_monitors: bool,
+}
+
+/// The env-var names `--image` accepts: those of [`defaults::fallback_images`].
+fn image_names() -> Vec<String> {
+    defaults::fallback_images()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// `--image`'s help, listing the names it accepts.
+fn image_help() -> String {
+    format!(
+        "Override a fallback image, as ENV=IMAGE (e.g. `DRIVER_IMAGE=registry/driver:1`); ENV is one of: {}",
+        image_names().join(", ")
+    )
+}
+
+/// `ENV=IMAGE` with ENV one of [`image_names`]; any other name would be ignored.
+fn parse_image(s: &str) -> Result<(String, String), String> {
+    let (env, image) = s
+        .split_once('=')
+        .ok_or("expected ENV=IMAGE, e.g. DRIVER_IMAGE=registry/driver:1")?;
+    let names = image_names();
+    if !names.iter().any(|n| n == env) {
+        return Err(format!(
+            "unknown image name `{env}` (valid: {})",
+            names.join(", ")
+        ));
+    }
+    Ok((env.to_owned(), image.to_owned()))
 }
 
 fn parse_runtime(s: &str) -> Result<ContainerRuntime, String> {
@@ -86,13 +117,9 @@ impl RenderArgs {
         ctx.kubernetes_version = self.kubernetes_version.clone();
         ctx.openshift_version = self.openshift_version.clone();
         ctx.has_service_monitor_crd = !self.no_service_monitors;
-        for spec in &self.images {
-            let (env, image) = spec
-                .split_once('=')
-                .with_context(|| format!("--image {spec:?}: expected ENV=IMAGE"))?;
+        for (env, image) in &self.images {
             ctx.fallback_images.retain(|(k, _)| k != env);
-            ctx.fallback_images
-                .push((env.to_string(), image.to_string()));
+            ctx.fallback_images.push((env.clone(), image.clone()));
         }
         for spec in &self.config_maps {
             let (name, keys) = spec.split_once('=').unwrap_or((spec, ""));
@@ -147,5 +174,62 @@ impl RenderArgs {
         };
         super::write_stdout(&text)?;
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RenderArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RenderArgs, clap::Error> {
+        Cli::try_parse_from([&["kiln-render", "--policy", "p.yaml"], args].concat()).map(|c| c.args)
+    }
+
+    #[test]
+    fn a_known_image_name_overrides_its_fallback() {
+        let a = parse(&["--image", "DRIVER_IMAGE=registry/driver:1"]).unwrap();
+        let ctx = a.context().unwrap();
+        let driver: Vec<_> = ctx
+            .fallback_images
+            .iter()
+            .filter(|(k, _)| k == "DRIVER_IMAGE")
+            .collect();
+        assert_eq!(
+            driver,
+            [&("DRIVER_IMAGE".to_owned(), "registry/driver:1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn an_unknown_image_name_is_rejected_with_the_valid_ones() {
+        let err = parse(&["--image", "FOO_IMAGE=x/y:1"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("invalid value 'FOO_IMAGE=x/y:1' for '--image <ENV=IMAGE>'")
+                && err.contains("unknown image name `FOO_IMAGE` (valid: VALIDATOR_IMAGE, ")
+                && err.contains("DRIVER_IMAGE, ")
+                && err.contains("CC_MANAGER_IMAGE"),
+            "{err}"
+        );
+        let err = parse(&["--image", "DRIVER_IMAGE"]).unwrap_err().to_string();
+        assert!(err.contains("expected ENV=IMAGE"), "{err}");
+    }
+
+    #[test]
+    fn image_help_lists_every_name() {
+        let help = image_help();
+        for name in image_names() {
+            assert!(help.contains(&name), "{name} missing from {help}");
+        }
+        assert!(help.contains("VGPU_DEVICE_MANAGER_IMAGE"));
     }
 }

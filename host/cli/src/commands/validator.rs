@@ -7,7 +7,8 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use kiln_gpu::BackendSpec;
 use kiln_validator::{
-    ExpectedResource, HostPaths, KubeNodes, Layout, RetryPolicy, Validator, clear_ready_files,
+    ExpectedResource, HostPaths, KubeNodes, Layout, RetryPolicy, StatusFile, Validator,
+    clear_ready_files,
 };
 
 /// Flags shared by every `kiln validator` subcommand.
@@ -33,10 +34,10 @@ pub struct ValidatorArgs {
         default_value = "/run/nvidia/driver"
     )]
     driver_install_dir: String,
-    /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
     #[arg(
         long,
         global = true,
+        help = super::GPU_BACKEND_HELP,
         env = "KILN_VALIDATOR_GPU_BACKEND",
         default_value = "nvml"
     )]
@@ -92,8 +93,11 @@ enum Step {
     VgpuDevices,
     /// Wait for another step's status file, e.g. `--for toolkit-ready`.
     Wait {
-        /// The status file name.
-        #[arg(long = "for")]
+        /// The status file name: one the validator writes (any other would never appear).
+        #[arg(
+            long = "for",
+            value_parser = clap::builder::PossibleValuesParser::new(StatusFile::file_names())
+        )]
         file: String,
     },
     /// Stay up until SIGTERM, then remove the `*-ready` files (upstream's preStop hook).

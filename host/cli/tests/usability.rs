@@ -1,0 +1,180 @@
+//! What a new user meets first: empty env values the operator renders, errors that name the
+//! env var or list the valid values, help text that matches the commands, and plain-text
+//! `info` logs from the agents when stderr is not a terminal.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const FIXTURE: &str = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+gpus:
+  - uuid: GPU-11111111-2222-3333-4444-555555555555
+    name: NVIDIA H100 80GB HBM3
+    memory_total_mib: 81559
+    compute_capability: "9.0"
+"#;
+
+/// `kiln` with the env vars these tests set removed from the inherited environment.
+fn kiln(args: &[&str]) -> Command {
+    let mut c = Command::new(KILN);
+    c.args(args);
+    for var in [
+        "KILN_LOG",
+        "KILN_CHECK_ARGS",
+        "MIG_STRATEGY",
+        "GFD_MIG_STRATEGY",
+        "KILN_DRIVER_READY_FILE",
+        "NODE_NAME",
+        "CONFIG_FILE",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_empty_driver_ready_file_parses_as_flag_and_as_env_var() {
+    let out = kiln(&["device-plugin", "--driver-ready-file", ""])
+        .env("KILN_CHECK_ARGS", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = kiln(&["device-plugin"])
+        .env("KILN_CHECK_ARGS", "1")
+        .env("KILN_DRIVER_READY_FILE", "")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn gfd_names_mig_strategy_when_it_is_bad_and_ignores_it_when_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let backend = format!("fake:{}", fixture.display());
+    let args = [
+        "gfd",
+        "--oneshot",
+        "--no-timestamp",
+        "--output",
+        "stdout",
+        "--gpu-backend",
+        &backend,
+        "--machine-type-file",
+        "/nonexistent",
+        "--config-file",
+        "/nonexistent/config.yaml",
+    ];
+    let out = kiln(&args).env("MIG_STRATEGY", "bogus").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("invalid value 'bogus' for env var MIG_STRATEGY (valid: none, single, mixed)")
+            && !err.contains("--mig-strategy-env"),
+        "{err}"
+    );
+    let out = kiln(&args).env("MIG_STRATEGY", "").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nvidia.com/gpu.count=1\n"));
+}
+
+#[test]
+fn help_texts_match_the_commands() {
+    let help = |args: &[&str]| {
+        let out = kiln(args).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    assert!(!top.contains("try plugins"), "{top}");
+    assert!(top.contains("kiln render --plugins-dir"), "{top}");
+    let wait = help(&["validator", "wait", "--help"]);
+    assert!(
+        wait.contains("driver-ready") && wait.contains("vgpu-devices-ready"),
+        "{wait}"
+    );
+    let render = help(&["render", "--help"]);
+    assert!(
+        render.contains("DRIVER_IMAGE, ") && render.contains("GFD_IMAGE"),
+        "{render}"
+    );
+    for agent in [
+        &["device-plugin"][..],
+        &["gfd"],
+        &["exporter"],
+        &["validator", "driver"],
+    ] {
+        let text = help(&[agent, &["--help"]].concat());
+        assert!(text.contains("host/gpu/src/fake.rs"), "{agent:?}: {text}");
+    }
+}
+
+#[test]
+fn device_plugin_logs_what_it_serves_at_info_without_colours_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let backend = format!("fake:{}", fixture.display());
+    let plugin_dir = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    let mut child = kiln(&[
+        "device-plugin",
+        "--gpu-backend",
+        &backend,
+        "--kubelet-socket",
+        "",
+        "--driver-ready-file",
+        "",
+        "--plugin-dir",
+        plugin_dir.to_str().unwrap(),
+        "--cdi-root",
+        dir.path().join("cdi").to_str().unwrap(),
+        "--device-list-strategy",
+        "envvar",
+    ])
+    .stderr(Stdio::piped())
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let found = loop {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line.contains("serving the device plugin") => break Some(line),
+            Ok(line) => seen.push(line),
+            Err(_) => break None,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = found.unwrap_or_else(|| panic!("no serving line in {seen:#?}"));
+    assert!(!line.contains('\x1b'), "ANSI escapes in {line:?}");
+    assert!(
+        line.contains(" INFO ")
+            && line.contains("resource=nvidia.com/gpu")
+            && line.contains("devices=1")
+            && line.contains(&format!(
+                "socket={}",
+                plugin_dir.join("nvidia-gpu.sock").display()
+            )),
+        "{line}"
+    );
+}
