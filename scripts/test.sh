@@ -23,4 +23,8 @@ cargo fmt --all -- --check
 
 say "running the tests"
 cargo test --workspace --locked "$@"
+
+# Benchmarks do not run in CI (they measure), but they must keep compiling.
+say "compiling the benchmarks (dev profile, not run)"
+cargo build --workspace --locked --bench '*'
 say "done"

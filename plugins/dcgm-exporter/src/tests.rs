@@ -3,10 +3,6 @@ use kiln_plugin_sdk::apply_native;
 use kiln_plugin_sdk::kiln_core::spec::EnvVarSpec;
 use serde_json::{Value, json};
 
-fn cases_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
-}
-
 #[test]
 fn cases() {
     kiln_plugin_sdk::testing::assert_cases::<DcgmExporter>(env!("CARGO_MANIFEST_DIR"), 30);
