@@ -63,9 +63,13 @@ impl PluginConfig {
             .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
         let mut map = BTreeMap::new();
         for (key, plugins) in raw {
-            let state: State = key
-                .parse()
-                .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
+            let state: State = key.parse().map_err(|e| {
+                let valid: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
+                format!(
+                    "annotation {PLUGINS_ANNOTATION}: {e} (valid: {})",
+                    valid.join(", ")
+                )
+            })?;
             let pins = plugins
                 .pin
                 .iter()
@@ -121,6 +125,17 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown state \"bogus-state\"")
         );
+        let err = PluginConfig::parse("deviceplugin: {}").unwrap_err();
+        let valid: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
+        assert!(valid.contains(&"device-plugin") && valid.contains(&"dcgm"));
+        assert_eq!(
+            err,
+            format!(
+                "annotation {PLUGINS_ANNOTATION}: unknown state \"deviceplugin\" (valid: {})",
+                valid.join(", ")
+            )
+        );
+        assert!(err.contains(", device-plugin, "), "{err}");
         assert!(
             PluginConfig::parse("dcgm: {pin: abc}")
                 .unwrap_err()
