@@ -345,14 +345,14 @@ impl Plugin {
         let name = snap.resource.name.clone();
         let socket = self.opts.plugin_dir.join(snap.resource.socket_name());
         let devices = snap.resource.units.len();
-        tracing::info!(resource = %name, socket = %socket.display(), devices, "serving the device plugin");
         let (tx, rx) = watch::channel(snap);
         let served = Served::start(socket.clone(), PluginService::new(rx)).map_err(|source| {
             RunError::Serve {
-                path: socket,
+                path: socket.clone(),
                 source,
             }
         })?;
+        tracing::info!(resource = %name, socket = %socket.display(), devices, "serving the device plugin");
         self.servers.insert(
             name,
             Running {

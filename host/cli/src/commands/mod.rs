@@ -31,8 +31,7 @@ pub struct Cli {
 enum Command {
     /// Render a ClusterPolicy into every object the operator would apply, offline.
     Render(render::RenderArgs),
-    /// Check a plugin component or list the bundled ones; to try one on a policy, put it in a
-    /// directory and run `kiln render --plugins-dir DIR`.
+    /// Check a plugin or list the bundled ones (to try one: `kiln render --plugins-dir DIR`).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).
