@@ -11,15 +11,8 @@ use std::{
 
 const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
-const FIXTURE: &str = r#"
-driver_version: "550.144.03"
-cuda_version: "12.4"
-gpus:
-  - uuid: GPU-11111111-2222-3333-4444-555555555555
-    name: NVIDIA H100 80GB HBM3
-    memory_total_mib: 81559
-    compute_capability: "9.0"
-"#;
+/// One fake H100 (see `kiln_gpu::fixtures`).
+const FIXTURE: &str = kiln_gpu::fixtures::ONE_H100;
 
 /// `kiln` with the env vars these tests set removed from the inherited environment.
 fn kiln(args: &[&str]) -> Command {

@@ -12,6 +12,7 @@
 
 mod error;
 mod fake;
+pub mod fixtures;
 mod model;
 mod nvml;
 

@@ -14,15 +14,8 @@ use kiln_validator::{
     clear_ready_files,
 };
 
-const FIXTURE: &str = r#"
-driver_version: "550.144.03"
-cuda_version: "12.4"
-gpus:
-  - uuid: GPU-11111111-2222-3333-4444-555555555555
-    name: NVIDIA H100 80GB HBM3
-    memory_total_mib: 81559
-    compute_capability: "9.0"
-"#;
+/// One fake H100 (see `kiln_gpu::fixtures`).
+const FIXTURE: &str = kiln_gpu::fixtures::ONE_H100;
 
 const PROC_550: &str = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Thu Nov 28 08:09:50 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
 
