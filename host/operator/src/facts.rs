@@ -1,9 +1,10 @@
 //! Cluster facts for transforms, read from the nodes (upstream `init()` GPU discovery,
 //! `gpu-operator.md` §2.2 step 4): container runtime and GPU node OS.
 
-use k8s_openapi::api::core::v1::Node;
-use kiln_core::context::{ContainerRuntime, NodeOs, TransformContext};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
 use kiln_core::labels::{Labels, is_gpu_node};
+use kiln_core::spec::ClusterPolicySpec;
 
 /// NFD label with the OS id (`ubuntu`, `rhel`, …).
 pub const OS_ID_LABEL: &str = "feature.node.kubernetes.io/system-os_release.ID";
@@ -67,6 +68,59 @@ pub fn transform_context(base: &TransformContext, nodes: &[Node]) -> TransformCo
     ctx
 }
 
+/// The ConfigMaps and Secrets of the operator namespace that transforms look up, by name
+/// (sorted, no duplicates, empty names dropped).
+///
+/// Upstream reads them while rendering: `driver.kernelModuleConfig`, `driver.repoConfig`,
+/// `driver.certConfig` and `vgpuManager.kernelModuleConfig` ConfigMaps become one subPath mount
+/// per key, and `driver.secretEnv` must name an existing Secret. Plugins do no IO, so the
+/// operator reads these once per reconcile and passes names and keys in the transform context.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct References {
+    /// ConfigMap names.
+    pub config_maps: Vec<String>,
+    /// Secret names.
+    pub secrets: Vec<String>,
+}
+
+/// The objects `spec` refers to (see [`References`]).
+pub fn references(spec: &ClusterPolicySpec) -> References {
+    let clean = |names: Vec<&String>| {
+        let mut v: Vec<String> = names
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    References {
+        config_maps: clean(vec![
+            &spec.driver.kernel_module_config.name,
+            &spec.driver.repo_config.config_map_name,
+            &spec.driver.cert_config.name,
+            &spec.vgpu_manager.kernel_module_config.name,
+        ]),
+        secrets: clean(vec![&spec.driver.secret_env]),
+    }
+}
+
+/// A ConfigMap as the transform context carries it: its name and sorted `data` keys (upstream
+/// mounts `data` keys only).
+pub fn config_map_keys(cm: &ConfigMap) -> ConfigMapKeys {
+    let mut keys: Vec<String> = cm
+        .data
+        .as_ref()
+        .map(|d| d.keys().cloned().collect())
+        .unwrap_or_default();
+    keys.sort();
+    ConfigMapKeys {
+        name: cm.metadata.name.clone().unwrap_or_default(),
+        keys,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +158,43 @@ mod tests {
                 version_id: "9".into()
             })
         );
+    }
+
+    #[test]
+    fn references_are_the_named_driver_and_vgpu_objects() {
+        let spec = kiln_core::spec::ClusterPolicySpec::from_json(&serde_json::json!({
+            "driver": {
+                "kernelModuleConfig": {"name": "kmod"},
+                "repoConfig": {"configMapName": "repos"},
+                "certConfig": {"name": "kmod"},
+                "secretEnv": "driver-env"
+            },
+            "vgpuManager": {"kernelModuleConfig": {"name": "vgpu-kmod"}}
+        }))
+        .unwrap();
+        assert_eq!(
+            references(&spec),
+            References {
+                config_maps: vec!["kmod".into(), "repos".into(), "vgpu-kmod".into()],
+                secrets: vec!["driver-env".into()],
+            }
+        );
+        assert_eq!(
+            references(&kiln_core::spec::ClusterPolicySpec::default()),
+            References::default()
+        );
+    }
+
+    #[test]
+    fn config_map_keys_are_the_sorted_data_keys() {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kmod"},
+            "data": {"nvidia.conf": "x", "blacklist.conf": "y"},
+            "binaryData": {"blob": "AA=="}
+        }))
+        .unwrap();
+        let keys = config_map_keys(&cm);
+        assert_eq!(keys.name, "kmod");
+        assert_eq!(keys.keys, ["blacklist.conf", "nvidia.conf"]);
     }
 }

@@ -2,13 +2,14 @@
 //! `kiln-testcluster` (8 nodes, 5 GPU nodes). One scenario, in order, on one cluster:
 //! sample policy → labels on the GPU nodes only, validator init-container order, `ready`;
 //! disabling dcgmExporter deletes its objects and returns to `ready`; a second policy is
-//! `ignored`, naming the active one.
+//! `ignored`, naming the active one; a referenced ConfigMap is read from the cluster and its keys
+//! mounted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_testcluster::{TestCluster, exclusive, shared};
@@ -481,6 +482,73 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             &name,
             &PatchParams::default(),
             &Patch::Merge(annotate(Value::Null)),
+        )
+        .await?;
+    wait_state(cluster, &policies, &name, "ready").await?;
+
+    // Referenced ConfigMaps are read from the cluster: while driver.kernelModuleConfig names a
+    // ConfigMap that does not exist, only the driver state fails, naming the field; once it
+    // exists (picked up by the notReady requeue) each of its keys is mounted under /drivers.
+    let kmod = |v: Value| json!({"spec": {"driver": {"kernelModuleConfig": v}}});
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(kmod(json!({"name": "kernel-module-params"}))),
+        )
+        .await?;
+    cluster
+        .wait_for(
+            "driver failed, naming kernelModuleConfig",
+            TIMEOUT,
+            || async {
+                let (state, msg) = policy_state(&policies, &name).await?;
+                let ok = state == "notReady"
+                    && msg.contains("states not ready: [driver];")
+                    && msg.contains("spec.driver.kernelModuleConfig.name");
+                Ok(if ok {
+                    Ok(())
+                } else {
+                    Err(format!("{state}: {msg}"))
+                })
+            },
+        )
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "kernel-module-params"},
+            "data": {"nvidia.conf": "NVreg_EnableGpuFirmware=0"}
+        }))?,
+    )
+    .await?;
+    cluster
+        .wait_for("driver mounts /drivers/nvidia.conf", TIMEOUT, || async {
+            let ds = dss.get("nvidia-driver-daemonset").await?;
+            let mounts: Vec<String> = ds
+                .spec
+                .and_then(|s| s.template.spec)
+                .map(|p| p.containers)
+                .unwrap_or_default()
+                .into_iter()
+                .flat_map(|c| c.volume_mounts.unwrap_or_default())
+                .map(|m| m.mount_path)
+                .collect();
+            Ok(if mounts.iter().any(|m| m == "/drivers/nvidia.conf") {
+                Ok(())
+            } else {
+                Err(format!("mounts: {mounts:?}"))
+            })
+        })
+        .await?;
+    // The driver DaemonSet updates OnDelete, so its pods stay on the old revision (notReady
+    // until an upgrade replaces them); dropping the reference restores that revision.
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(kmod(Value::Null)),
         )
         .await?;
     wait_state(cluster, &policies, &name, "ready").await?;
