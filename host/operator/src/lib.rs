@@ -31,7 +31,7 @@ pub mod run;
 pub mod status;
 
 pub use context::{Config, Context};
-pub use run::run;
+pub use run::{run, runtime};
 
 /// What can go wrong talking to the API server or serving.
 #[derive(Debug, thiserror::Error)]

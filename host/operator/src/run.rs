@@ -25,6 +25,26 @@ use crate::metrics::{Metrics, router};
 use crate::reconcile::{error_policy, reconcile};
 use crate::{Error, Result};
 
+/// Async worker threads of the operator's runtime: reconciles are sequential per policy and
+/// rendering runs on the blocking pool, so two workers keep watches, HTTP and leader election
+/// responsive. Fixed rather than one per core, so memory (glibc keeps one malloc arena per
+/// thread) does not grow with the node's core count.
+pub const WORKER_THREADS: usize = 2;
+/// Most threads of the blocking pool (plugin calls, one state at a time per reconcile).
+pub const MAX_BLOCKING_THREADS: usize = 4;
+
+/// The Tokio runtime `kiln operator` runs on ([`WORKER_THREADS`], [`MAX_BLOCKING_THREADS`]).
+///
+/// # Errors
+/// When the runtime cannot start its threads.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .enable_all()
+        .build()
+}
+
 /// Run the operator until a shutdown signal (or, with leader election, until leadership is
 /// lost, which returns [`Error::LeadershipLost`] so the process exits and restarts).
 ///

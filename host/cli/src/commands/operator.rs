@@ -40,7 +40,7 @@ fn parse_image(s: &str) -> Result<(String, String), String> {
 impl OperatorArgs {
     /// Run until a shutdown signal.
     pub fn run(self) -> anyhow::Result<ExitCode> {
-        let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        let rt = kiln_operator::runtime().context("starting the async runtime")?;
         rt.block_on(self.run_async())?;
         Ok(ExitCode::SUCCESS)
     }

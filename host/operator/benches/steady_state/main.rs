@@ -113,7 +113,7 @@ fn main() -> anyhow::Result<()> {
 
 /// The child: the operator as `kiln operator --kubeconfig FILE` runs it.
 fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = kiln_operator::runtime()?;
     rt.block_on(async {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
