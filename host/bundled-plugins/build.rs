@@ -76,6 +76,18 @@ fn main() {
         ));
     }
     code.push_str("];\n");
+    code.push_str(
+        "/// SHA-256 (lowercase hex) of each bundled plugin's bytes, computed at build time, in\n\
+         /// [`BUNDLED`] order; see [`kiln_plugin_host::PluginHost::with_bundled_digests`].\n",
+    );
+    code.push_str("pub static BUNDLED_SHA256: &[(&str, &str)] = &[\n");
+    for name in &plugins {
+        let wasm = artifacts.join(format!("kiln_plugin_{}.wasm", name.replace('-', "_")));
+        let bytes = std::fs::read(&wasm).expect("read a built plugin");
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        code.push_str(&format!("    ({name:?}, {digest:?}),\n"));
+    }
+    code.push_str("];\n");
     std::fs::write(&out, code).expect("write bundled.rs");
 }
 

@@ -6,7 +6,8 @@
 //! package `kiln-plugin-dcgm` → `kiln_plugin_dcgm.wasm` → plugin `dcgm`).
 //!
 //! ```no_run
-//! let host = kiln_plugin_host::PluginHost::new(Default::default(), kiln_bundled_plugins::BUNDLED)?;
+//! let host = kiln_plugin_host::PluginHost::new(Default::default(), kiln_bundled_plugins::BUNDLED)?
+//!     .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
 //! # Ok::<(), kiln_plugin_host::PluginError>(())
 //! ```
 //!

@@ -33,3 +33,40 @@ fn every_bundled_plugin_loads() {
     names.dedup();
     assert_eq!(names.len(), kiln_bundled_plugins::BUNDLED.len());
 }
+
+#[test]
+fn build_time_digests_match_the_embedded_bytes() {
+    let names: Vec<&str> = kiln_bundled_plugins::BUNDLED
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let digest_names: Vec<&str> = kiln_bundled_plugins::BUNDLED_SHA256
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(digest_names, names);
+    for ((name, bytes), (_, digest)) in kiln_bundled_plugins::BUNDLED
+        .iter()
+        .zip(kiln_bundled_plugins::BUNDLED_SHA256)
+    {
+        assert_eq!(*digest, kiln_plugin_host::sha256_hex(bytes), "{name}");
+    }
+}
+
+#[test]
+fn a_host_with_build_time_digests_loads_from_the_disk_cache_under_the_same_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HostConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..HostConfig::in_memory()
+    };
+    let (name, bytes) = kiln_bundled_plugins::BUNDLED[0];
+    let first = PluginHost::new(config.clone(), kiln_bundled_plugins::BUNDLED).unwrap();
+    first.load(name, None).unwrap();
+    let second = PluginHost::new(config, kiln_bundled_plugins::BUNDLED)
+        .unwrap()
+        .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+    let p = second.load(name, None).unwrap();
+    assert_eq!(p.sha256(), kiln_plugin_host::sha256_hex(bytes));
+    assert_eq!(p.cache_hit(), kiln_plugin_host::CacheHit::Disk);
+}

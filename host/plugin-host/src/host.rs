@@ -1,5 +1,6 @@
 //! [`PluginHost`]: plugin lookup, loading and the sandboxed call.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -92,6 +93,9 @@ pub struct PluginHost {
     linker: Linker<CallState>,
     cache: ComponentCache,
     bundled: HashMap<String, &'static [u8]>,
+    /// Build-time SHA-256 of bundled plugins, so loading one from the disk cache never reads
+    /// (and so never pages in) its embedded bytes.
+    bundled_digests: HashMap<String, String>,
     plugins: RwLock<HashMap<String, Arc<LoadedPlugin>>>,
     _ticker: EpochTicker,
 }
@@ -111,6 +115,7 @@ impl PluginHost {
         let _ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             bundled: bundled.iter().map(|(n, b)| (n.to_string(), *b)).collect(),
+            bundled_digests: HashMap::new(),
             config,
             engine,
             linker,
@@ -118,6 +123,22 @@ impl PluginHost {
             plugins: RwLock::default(),
             _ticker,
         })
+    }
+
+    /// Supplies the SHA-256 of bundled plugins computed at build time (e.g.
+    /// `kiln_bundled_plugins::BUNDLED_SHA256`): a bundled plugin whose precompiled artifact is
+    /// in the cache then loads without hashing or reading its embedded bytes, which keeps those
+    /// pages out of the process's memory. Digests must be of the bytes given to
+    /// [`PluginHost::new`]; a wrong one only misses the cache or loads another build's artifact
+    /// of the same digest, so pass digests from the same build as the bytes.
+    #[must_use]
+    pub fn with_bundled_digests(mut self, digests: &[(&str, &str)]) -> Self {
+        self.bundled_digests = digests
+            .iter()
+            .filter(|(n, _)| self.bundled.contains_key(*n))
+            .map(|(n, d)| (n.to_string(), d.to_ascii_lowercase()))
+            .collect();
+        self
     }
 
     pub(crate) fn linker(&self) -> &Linker<CallState> {
@@ -147,7 +168,10 @@ impl PluginHost {
         check_name(name)?;
         let pin = pin.map(|p| check_pin(name, p)).transpose()?;
         let (bytes, source) = self.read(name)?;
-        let digest = sha256_hex(&bytes);
+        let digest = match (&source, self.bundled_digests.get(name)) {
+            (PluginSource::Bundled, Some(d)) => d.clone(),
+            _ => sha256_hex(&bytes),
+        };
         if let Some(expected) = pin
             && expected != digest
         {
@@ -272,7 +296,9 @@ impl PluginHost {
             .cloned()
     }
 
-    fn read(&self, name: &str) -> Result<(Vec<u8>, PluginSource), PluginError> {
+    /// The plugin's bytes: read from the drop-in file, or borrowed from the binary (not copied,
+    /// not touched until compiled).
+    fn read(&self, name: &str) -> Result<(Cow<'static, [u8]>, PluginSource), PluginError> {
         let drop_in = self
             .config
             .drop_in_dir
@@ -280,7 +306,7 @@ impl PluginHost {
             .map(|d| d.join(format!("{name}.wasm")));
         if let Some(path) = &drop_in {
             match std::fs::read(path) {
-                Ok(bytes) => return Ok((bytes, PluginSource::DropIn(path.clone()))),
+                Ok(bytes) => return Ok((Cow::Owned(bytes), PluginSource::DropIn(path.clone()))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {
                     return Err(PluginError::ReadFailed {
@@ -292,7 +318,7 @@ impl PluginHost {
             }
         }
         match self.bundled.get(name) {
-            Some(bytes) => Ok((bytes.to_vec(), PluginSource::Bundled)),
+            Some(bytes) => Ok((Cow::Borrowed(*bytes), PluginSource::Bundled)),
             None => Err(PluginError::NotFound {
                 plugin: name.to_string(),
                 drop_in,

@@ -112,7 +112,8 @@ pub(crate) fn plugin_host(
         drop_in_dir,
         ..Default::default()
     };
-    let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?;
+    let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?
+        .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
     Ok(std::sync::Arc::new(host))
 }
 

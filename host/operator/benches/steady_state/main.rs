@@ -118,10 +118,13 @@ fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         let client = kube::Client::try_from(cfg)?;
-        let host = Arc::new(kiln_plugin_host::PluginHost::new(
-            kiln_plugin_host::HostConfig::default(),
-            kiln_bundled_plugins::BUNDLED,
-        )?);
+        let host = Arc::new(
+            kiln_plugin_host::PluginHost::new(
+                kiln_plugin_host::HostConfig::default(),
+                kiln_bundled_plugins::BUNDLED,
+            )?
+            .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256),
+        );
         let config = kiln_operator::Config {
             namespace: NS.into(),
             metrics_addr: "127.0.0.1:0".into(),
