@@ -146,13 +146,28 @@ impl ClusterPolicySpec {
     /// `spec: not JSON: …` for text that is not JSON. This is what plugins call on every
     /// transform, so the common (valid) case skips building a `serde_json::Value`.
     pub fn from_json_str(text: &str) -> Result<Self, SpecError> {
-        serde_json::from_str(text).or_else(|_| {
-            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| SpecError {
-                path: "spec".into(),
-                message: format!("not JSON: {e}"),
-            })?;
-            Self::from_json(&value)
-        })
+        // One path-tracking pass straight over the text (no `Value`): the spec's deserializer
+        // is large, and each extra input type or wrapper links another copy of it into every
+        // plugin (a plain fast pass beside this one made each plugin ~100 KiB larger).
+        let not_json = |e: serde_json::Error| SpecError {
+            path: "spec".into(),
+            message: format!("not JSON: {e}"),
+        };
+        let mut de = serde_json::Deserializer::from_str(text);
+        let spec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                not_json(inner)
+            } else {
+                SpecError {
+                    path: join_path("spec", &path),
+                    message: inner.to_string(),
+                }
+            }
+        })?;
+        de.end().map_err(not_json)?;
+        Ok(spec)
     }
 
     /// Cross-field rules upstream enforces at start (fatal there, an `Error` condition here):

@@ -73,3 +73,19 @@ fn only_a_non_default_mps_root_is_custom() {
     s.device_plugin.mps.root = Some("/var/mps".into());
     assert_eq!(s.device_plugin.custom_mps_root(), Some("/var/mps"));
 }
+
+#[test]
+fn from_json_str_agrees_with_from_json_and_names_the_field() {
+    let text = r#"{"mig": {"strategy": "mixed"}, "driver": {"enabled": false}}"#;
+    let value: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        ClusterPolicySpec::from_json_str(text).unwrap(),
+        ClusterPolicySpec::from_json(&value).unwrap()
+    );
+    let e = ClusterPolicySpec::from_json_str(r#"{"mig": {"strategy": "double"}}"#).unwrap_err();
+    assert_eq!(e.path, "spec.mig.strategy");
+    assert!(e.message.starts_with("unknown variant `double`"), "{e}");
+    let e = ClusterPolicySpec::from_json_str("{not json").unwrap_err();
+    assert_eq!(e.path, "spec");
+    assert!(e.message.starts_with("not JSON: "), "{e}");
+}
