@@ -33,7 +33,6 @@ mod capture;
 mod chain;
 mod config;
 mod engine;
-pub use engine::PERFMAP_ENV;
 mod error;
 mod host;
 mod inspect;
@@ -49,6 +48,7 @@ pub use config::{
     DEFAULT_MAX_WASM_STACK_BYTES, DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OUTPUT_LIMIT_BYTES,
     EPOCH_TICK, HostConfig,
 };
+pub use engine::PERFMAP_ENV;
 pub use error::{GuestError, PluginError};
 pub use host::{LoadedPlugin, PluginHost, PluginSource, TransformOutput};
 pub use inspect::{INSPECTED, PluginReport, inspect};

@@ -22,22 +22,7 @@ impl ExporterArgs {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        rt.block_on(kiln_exporter::run(self.config, shutdown_signal()))?;
+        rt.block_on(kiln_exporter::run(self.config, super::termination()))?;
         Ok(ExitCode::SUCCESS)
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM (what the kubelet sends on pod deletion).
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -152,26 +152,10 @@ impl GfdArgs {
                     Output::Node { client, node }
                 }
             };
-            kiln_gfd::run(&opts, gpu, &output, termination()).await?;
+            kiln_gfd::run(&opts, gpu, &output, super::termination()).await?;
             anyhow::Ok(())
         })?;
         Ok(ExitCode::SUCCESS)
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }
 

@@ -125,3 +125,21 @@ pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
         other => Ok(other?),
     }
 }
+
+/// Resolves on SIGTERM (what the kubelet sends on pod deletion) or SIGINT; the shutdown signal
+/// of the long-running agents (exporter, gfd, validator hold). Where SIGTERM cannot be watched,
+/// SIGINT alone.
+pub(crate) async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -183,7 +183,7 @@ impl ValidatorArgs {
                     .enable_all()
                     .build()
                     .context("starting the async runtime")?
-                    .block_on(termination());
+                    .block_on(super::termination());
                 let removed = clear_ready_files(&v.layout)?;
                 println!("removed {}", removed.join(", "));
             }
@@ -229,20 +229,4 @@ fn open_gpu(
         eprintln!("re-exec failed: {e}");
     }
     Err(err)
-}
-
-/// Resolves on SIGTERM (pod deletion) or SIGINT.
-async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
