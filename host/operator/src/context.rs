@@ -64,6 +64,8 @@ pub struct Context {
     pub kubernetes_version: String,
     /// Objects applied per state by this process.
     pub applied: crate::reconcile::Applied,
+    /// Each state's last render and its inputs (unchanged inputs call no plugin).
+    pub renders: crate::memory::RenderCache,
 }
 
 impl Context {
@@ -88,6 +90,7 @@ impl Context {
             config,
             kubernetes_version,
             applied: Default::default(),
+            renders: Default::default(),
         }
     }
 }

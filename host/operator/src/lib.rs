@@ -23,6 +23,7 @@ pub mod context;
 pub mod crd;
 pub mod facts;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod nodes;
 pub mod readiness;

@@ -47,6 +47,11 @@ pub async fn reconcile(policy: Arc<ClusterPolicy>, ctx: Arc<Context>) -> Result<
     let start = Instant::now();
     let res = reconcile_policy(&policy, &ctx).await;
     ctx.metrics.reconciled(start.elapsed());
+    let released = crate::memory::release_idle_memory(&ctx.renderer);
+    tracing::debug!(
+        plugins = released,
+        "released loaded plugins until the next render"
+    );
     if let Err(e) = &res {
         ctx.metrics.error("reconcile");
         let _ = write_status(&ctx, &policy, &Verdict::failed(&e.to_string())).await;
@@ -198,11 +203,20 @@ async fn render(
     policy: &Policy,
     tctx: &TransformContext,
 ) -> std::result::Result<RenderedState, String> {
+    let inputs = crate::memory::RenderCache::inputs(state, policy, tctx);
+    if let Some(rendered) = ctx.renders.get(state, &inputs) {
+        return Ok(rendered);
+    }
     let (renderer, policy, tctx) = (ctx.renderer.clone(), policy.clone(), tctx.clone());
-    tokio::task::spawn_blocking(move || renderer.render_state(state, &policy, &tctx))
+    let result = tokio::task::spawn_blocking(move || renderer.render_state(state, &policy, &tctx))
         .await
         .map_err(|e| format!("render task: {e}"))?
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string());
+    match &result {
+        Ok(rendered) => ctx.renders.put(state, inputs, rendered.clone()),
+        Err(_) => ctx.renders.forget(state),
+    }
+    result
 }
 
 async fn run_state(
@@ -273,6 +287,7 @@ async fn apply_state(
 }
 
 async fn delete_state(ctx: &Context, state: State, policy: &Policy) -> StateResult {
+    ctx.renders.forget(state);
     let mut keys = asset_keys(state, policy, &ctx.config.namespace);
     keys.extend(
         ctx.applied

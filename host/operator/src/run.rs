@@ -38,6 +38,7 @@ pub const MAX_BLOCKING_THREADS: usize = 4;
 /// # Errors
 /// When the runtime cannot start its threads.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    crate::memory::limit_malloc_arenas();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .max_blocking_threads(MAX_BLOCKING_THREADS)
@@ -52,6 +53,13 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// [`Error::Serve`] when the metrics address cannot be bound; [`Error::Kube`] when the server
 /// version cannot be read; [`Error::LeadershipLost`].
 pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<()> {
+    if !renderer.host().has_disk_cache() {
+        tracing::warn!(
+            "no usable precompiled-plugin cache directory (set {}): compiled plugins stay in \
+             memory between reconciles",
+            kiln_plugin_host::CACHE_DIR_ENV
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let listener = tokio::net::TcpListener::bind(&config.metrics_addr)
         .await

@@ -261,6 +261,32 @@ async fn check_chart_objects(admin: &Client) -> anyhow::Result<()> {
     );
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert!(env.contains(&"OPERATOR_NAMESPACE"), "{env:?}");
+    // The plugin cache: filled by the init container, read by the operator, same volume.
+    let cache_env = |c: &k8s_openapi::api::core::v1::Container| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "KILN_PLUGIN_CACHE_DIR")
+            .and_then(|e| e.value.clone())
+    };
+    let init = pod_spec.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(init.len(), 1, "{init:?}");
+    assert_eq!(
+        init[0].args.as_deref(),
+        Some(&["plugin".to_string(), "precompile".to_string()][..])
+    );
+    let cache = Some("/var/cache/kiln/plugins".to_string());
+    assert_eq!(cache_env(&init[0]), cache);
+    assert_eq!(cache_env(c), cache);
+    for container in [&init[0], c] {
+        let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == "plugin-cache" && Some(m.mount_path.clone()) == cache),
+            "{mounts:?}"
+        );
+    }
     let available = dep.status.and_then(|s| s.available_replicas);
     assert_eq!(available, Some(2));
     let pods = Api::<Pod>::namespaced(admin.clone(), NS)

@@ -54,6 +54,19 @@ impl ComponentCache {
         }
     }
 
+    /// Whether precompiled artifacts are kept on disk.
+    pub(crate) fn has_disk(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// Forgets the components compiled or loaded so far (the disk cache stays).
+    pub(crate) fn clear_memory(&self) {
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// The artifact path for wasm with digest `digest`, if there is a disk cache.
     pub(crate) fn artifact_path(&self, digest: &str) -> Option<PathBuf> {
         self.dir

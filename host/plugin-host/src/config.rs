@@ -16,6 +16,9 @@ pub const DEFAULT_OUTPUT_LIMIT_BYTES: usize = 16 << 20;
 pub const DEFAULT_LOG_LIMIT_BYTES: usize = 64 << 10;
 /// Default Wasm stack of a call: 1 MiB.
 pub const DEFAULT_MAX_WASM_STACK_BYTES: usize = 1 << 20;
+/// Default bytes of each plugin memory slot kept mapped between calls: 4 MiB (see
+/// [`HostConfig::keep_resident_bytes`]).
+pub const DEFAULT_KEEP_RESIDENT_BYTES: usize = 4 << 20;
 /// Default drop-in directory for site plugins.
 pub const DEFAULT_DROP_IN_DIR: &str = "/etc/kiln/plugins";
 /// How often the epoch ticker advances the engine's epoch; the deadline's resolution.
@@ -49,10 +52,18 @@ pub struct HostConfig {
     /// Directory searched first for `<name>.wasm` (default `/etc/kiln/plugins`); `None` for
     /// bundled plugins only.
     pub drop_in_dir: Option<PathBuf>,
-    /// Directory of precompiled artifacts (default `$XDG_CACHE_HOME/kiln/plugins` or
+    /// Directory of precompiled artifacts (default `$KILN_PLUGIN_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/kiln/plugins` or
     /// `~/.cache/kiln/plugins`); `None`, or a directory that cannot be created, disables the disk
     /// cache. It must be writable only by the operator: its files are loaded as native code.
     pub cache_dir: Option<PathBuf>,
+    /// Bytes of each linear memory (and table) slot of the instance pool kept mapped between
+    /// calls and reset with `memset` (default [`DEFAULT_KEEP_RESIDENT_BYTES`]): a standard
+    /// plugin's call touches about this much, so the next call into the slot does not
+    /// page-fault it back in. The cost is that much resident memory per slot ever used; a
+    /// process that renders rarely (the operator) sets 0, and slots are returned to the OS
+    /// after every call.
+    pub keep_resident_bytes: usize,
 }
 
 impl Default for HostConfig {
@@ -66,6 +77,7 @@ impl Default for HostConfig {
             max_wasm_stack_bytes: DEFAULT_MAX_WASM_STACK_BYTES,
             drop_in_dir: Some(PathBuf::from(DEFAULT_DROP_IN_DIR)),
             cache_dir: default_cache_dir(),
+            keep_resident_bytes: DEFAULT_KEEP_RESIDENT_BYTES,
         }
     }
 }
@@ -87,8 +99,16 @@ impl HostConfig {
     }
 }
 
-/// `$XDG_CACHE_HOME/kiln/plugins`, else `$HOME/.cache/kiln/plugins`, else none.
-fn default_cache_dir() -> Option<PathBuf> {
+/// Environment variable naming the precompiled-artifact directory (the operator Deployment
+/// points it at an `emptyDir` that an init container fills with `kiln plugin precompile`).
+pub const CACHE_DIR_ENV: &str = "KILN_PLUGIN_CACHE_DIR";
+
+/// `$KILN_PLUGIN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln/plugins`, else
+/// `$HOME/.cache/kiln/plugins`, else none.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

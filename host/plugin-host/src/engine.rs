@@ -13,11 +13,6 @@ use crate::error::PluginError;
 /// runs at the same time.
 pub const POOL_SLOTS: u32 = 32;
 
-/// Bytes of each linear memory (and table) slot the pooling allocator keeps mapped between
-/// calls and resets with `memset` instead of `madvise`: a standard plugin's call touches about
-/// this much, so the next call into the slot does not page-fault it back in.
-const KEEP_RESIDENT_BYTES: usize = 4 << 20;
-
 /// Set to `1` to write a perf map of plugin code (`/tmp/perf-<pid>.map`) so that `perf`
 /// profiles name the Wasm functions; a debugging aid, off by default.
 pub const PERFMAP_ENV: &str = "KILN_PLUGIN_PERFMAP";
@@ -33,8 +28,8 @@ pub(crate) fn make_engine(cfg: &HostConfig) -> Result<Engine, PluginError> {
         .total_tables(POOL_SLOTS * 8)
         .total_stacks(POOL_SLOTS)
         .max_memory_size(cfg.memory_limit_bytes)
-        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-        .table_keep_resident(KEEP_RESIDENT_BYTES);
+        .linear_memory_keep_resident(cfg.keep_resident_bytes)
+        .table_keep_resident(cfg.keep_resident_bytes);
     let mut config = Config::new();
     config
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))

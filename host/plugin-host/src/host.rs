@@ -150,6 +150,12 @@ impl PluginHost {
         &self.config
     }
 
+    /// Whether precompiled artifacts are kept on disk (a cache directory is configured and
+    /// could be created).
+    pub fn has_disk_cache(&self) -> bool {
+        self.cache.has_disk()
+    }
+
     /// The precompiled-artifact path for wasm with SHA-256 `sha256`, when a disk cache is used.
     pub fn artifact_path(&self, sha256: &str) -> Option<PathBuf> {
         self.cache.artifact_path(sha256)
@@ -192,6 +198,25 @@ impl PluginHost {
         let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
         plugins.insert(name.to_string(), loaded.clone());
         Ok(loaded)
+    }
+
+    /// Drops every loaded plugin (compiled code, linked instances) so their memory — the
+    /// mapped precompiled artifacts and Wasmtime's per-module metadata — goes back to the OS;
+    /// the next call of a plugin loads it again from the disk cache (about 2 ms each, no
+    /// compile). Does nothing without a disk cache, where reloading would mean recompiling
+    /// (about 0.6 s a plugin). Returns how many plugins were dropped.
+    ///
+    /// A long-running caller that renders rarely (the operator between reconciles) calls this
+    /// when it goes idle; a call already running keeps its plugin alive until it returns.
+    pub fn release_loaded(&self) -> usize {
+        if !self.cache.has_disk() {
+            return 0;
+        }
+        self.cache.clear_memory();
+        let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+        let n = plugins.len();
+        plugins.clear();
+        n
     }
 
     /// The loaded plugin `name`, loading it on first use; with a pin, reloads when the loaded

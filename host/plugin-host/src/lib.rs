@@ -44,9 +44,10 @@ pub use cache::{CacheHit, sha256_hex};
 pub use capture::{LogLine, LogSource, PluginLog};
 pub use chain::{ChainOutput, Omitted, PluginRef};
 pub use config::{
-    DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL, DEFAULT_LOG_LIMIT_BYTES,
-    DEFAULT_MAX_WASM_STACK_BYTES, DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OUTPUT_LIMIT_BYTES,
-    EPOCH_TICK, HostConfig,
+    CACHE_DIR_ENV, DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL,
+    DEFAULT_KEEP_RESIDENT_BYTES, DEFAULT_LOG_LIMIT_BYTES, DEFAULT_MAX_WASM_STACK_BYTES,
+    DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OUTPUT_LIMIT_BYTES, EPOCH_TICK, HostConfig,
+    default_cache_dir,
 };
 pub use engine::PERFMAP_ENV;
 pub use error::{GuestError, PluginError};

@@ -120,7 +120,7 @@ fn check_result(original: &Value, patched: &Value) -> Result<(), String> {
     let is_daemonset = original.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
         && original.get("kind").and_then(Value::as_str) == Some("DaemonSet");
     if is_daemonset {
-        serde_json::from_value::<DaemonSet>(patched.clone())
+        <DaemonSet as serde::Deserialize>::deserialize(patched)
             .map_err(|e| format!("not a valid apps/v1 DaemonSet: {e}"))?;
         let (before, after) = (
             original.pointer("/spec/selector"),

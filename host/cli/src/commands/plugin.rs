@@ -17,6 +17,17 @@ pub enum PluginCommand {
     },
     /// List the bundled plugins with their sha256 (what a pin must say).
     List,
+    /// Compile every bundled plugin (and every `<name>.wasm` in the drop-in directory) into
+    /// the precompiled-artifact cache, so that a later `kiln operator` or `kiln render` loads
+    /// them without compiling. The operator Deployment runs this as an init container.
+    Precompile {
+        /// Cache directory (default `$KILN_PLUGIN_CACHE_DIR`, else `~/.cache/kiln/plugins`).
+        #[arg(long, env = kiln_plugin_host::CACHE_DIR_ENV)]
+        cache_dir: Option<PathBuf>,
+        /// Drop-in directory whose `*.wasm` files are compiled too.
+        #[arg(long, env = "KILN_PLUGINS_DIR")]
+        plugins_dir: Option<PathBuf>,
+    },
 }
 
 impl PluginCommand {
@@ -34,8 +45,76 @@ impl PluginCommand {
                 }
                 Ok(ExitCode::SUCCESS)
             }
+            PluginCommand::Precompile {
+                cache_dir,
+                plugins_dir,
+            } => precompile(cache_dir, plugins_dir),
         }
     }
+}
+
+fn precompile(
+    cache_dir: Option<PathBuf>,
+    plugins_dir: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let cache_dir = cache_dir
+        .or_else(kiln_plugin_host::default_cache_dir)
+        .context("no cache directory: pass --cache-dir or set KILN_PLUGIN_CACHE_DIR")?;
+    let cfg = kiln_plugin_host::HostConfig {
+        cache_dir: Some(cache_dir.clone()),
+        drop_in_dir: plugins_dir.clone(),
+        ..kiln_plugin_host::HostConfig::default()
+    };
+    let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?
+        .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+    anyhow::ensure!(
+        host.has_disk_cache(),
+        "cache directory {} cannot be created",
+        cache_dir.display()
+    );
+    let mut names: Vec<String> = kiln_bundled_plugins::BUNDLED
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    if let Some(dir) = plugins_dir.as_ref().filter(|d| d.is_dir()) {
+        for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "wasm")
+                && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+                && !names.iter().any(|n| n == stem)
+            {
+                names.push(stem.to_string());
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    let (mut compiled, mut failed) = (0, 0);
+    for name in &names {
+        match host.load(name, None) {
+            Ok(p) => {
+                if p.cache_hit() == kiln_plugin_host::CacheHit::Compiled {
+                    compiled += 1;
+                }
+                println!("{name}\t{:?}\t{}", p.source(), p.sha256());
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    println!(
+        "{} plugins in {}: {compiled} compiled, {} already cached, {failed} refused ({:.1} s)",
+        names.len(),
+        cache_dir.display(),
+        names.len() - compiled - failed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {

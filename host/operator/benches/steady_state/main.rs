@@ -4,6 +4,8 @@
 //! ```text
 //! cargo bench -p kiln-operator --bench steady_state
 //! KILN_BENCH_SIZES=8:5 KILN_BENCH_WINDOW_S=30 cargo bench -p kiln-operator --bench steady_state
+//! KILN_BENCH_WRAP="heaptrack -o /tmp/op" …   # the operator under a profiler (RSS figures then
+//!                                            # are the wrapper's)
 //! ```
 //!
 //! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
@@ -29,7 +31,7 @@
 mod audit;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, usize::from),
         loadavg()
     );
+    precompile_plugins()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -111,6 +114,41 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fills the operator's precompiled-plugin cache in this process, as the Deployment's
+/// `kiln plugin precompile` init container does, and points the operator at it
+/// (`KILN_PLUGIN_CACHE_DIR` in the child's environment): the operator then loads precompiled code
+/// and never runs the compiler, in the bench as in a cluster.
+fn precompile_plugins() -> anyhow::Result<()> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-operator-bench-plugins");
+    let started = Instant::now();
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig {
+            cache_dir: Some(dir.clone()),
+            ..kiln_plugin_host::HostConfig::in_memory()
+        },
+        kiln_bundled_plugins::BUNDLED,
+    )?
+    .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+    let mut compiled = 0;
+    for (name, _) in kiln_bundled_plugins::BUNDLED {
+        if host.load(name, None)?.cache_hit() == kiln_plugin_host::CacheHit::Compiled {
+            compiled += 1;
+        }
+    }
+    println!(
+        "plugin cache {} ready ({compiled} of {} compiled now) in {:.1} s",
+        dir.display(),
+        kiln_bundled_plugins::BUNDLED.len(),
+        started.elapsed().as_secs_f64()
+    );
+    PLUGIN_CACHE
+        .set(dir)
+        .map_err(|_| anyhow::anyhow!("plugin cache prepared twice"))
+}
+
+/// The precompiled-plugin cache the operator child is pointed at.
+static PLUGIN_CACHE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 /// The child: the operator as `kiln operator --kubeconfig FILE` runs it.
 fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
     let rt = kiln_operator::runtime()?;
@@ -120,7 +158,10 @@ fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
         let client = kube::Client::try_from(cfg)?;
         let host = Arc::new(
             kiln_plugin_host::PluginHost::new(
-                kiln_plugin_host::HostConfig::default(),
+                kiln_plugin_host::HostConfig {
+                    keep_resident_bytes: 0,
+                    ..kiln_plugin_host::HostConfig::default()
+                },
                 kiln_bundled_plugins::BUNDLED,
             )?
             .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256),
@@ -202,8 +243,28 @@ async fn run_once(
         tokio::spawn(watch_daemonsets(admin.clone(), seen.clone())),
         tokio::spawn(watch_policy(admin.clone(), seen.clone())),
     ];
-    let mut child = Command::new(std::env::current_exe()?)
+    // `KILN_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a profiler.
+    let wrap: Vec<String> = std::env::var("KILN_BENCH_WRAP")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let exe = std::env::current_exe()?;
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut child = command
         .env(OPERATOR_ENV, &kubeconfig)
+        .envs(
+            PLUGIN_CACHE
+                .get()
+                .map(|d| (kiln_plugin_host::CACHE_DIR_ENV, d.as_os_str())),
+        )
         .stdin(Stdio::null())
         .spawn()
         .context("starting the operator process")?;

@@ -146,6 +146,39 @@ fn a_second_host_loads_from_the_disk_cache() {
 }
 
 #[test]
+fn released_plugins_reload_from_the_disk_cache() {
+    let dirs = Dirs::new();
+    let with_disk = host_with_good(
+        &dirs,
+        HostConfig {
+            cache_dir: Some(dirs.cache.clone()),
+            ..dirs.config()
+        },
+    );
+    assert_eq!(
+        with_disk.load("good", None).unwrap().cache_hit(),
+        CacheHit::Compiled
+    );
+    assert_eq!(with_disk.release_loaded(), 1);
+    assert_eq!(with_disk.release_loaded(), 0);
+    // Reloaded from the artifact, not recompiled, and it still works.
+    assert_eq!(
+        with_disk.plugin("good", None).unwrap().cache_hit(),
+        CacheHit::Disk
+    );
+    assert_good_works(&with_disk);
+
+    // Without a disk cache nothing is dropped (reloading would mean recompiling).
+    let memory_only = host_with_good(&dirs, dirs.config());
+    memory_only.load("good", None).unwrap();
+    assert_eq!(memory_only.release_loaded(), 0);
+    assert_eq!(
+        memory_only.plugin("good", None).unwrap().cache_hit(),
+        CacheHit::Compiled
+    );
+}
+
+#[test]
 fn an_unwritable_cache_dir_falls_back_to_memory() {
     let dirs = Dirs::new();
     let file = dirs.drop_in.join("not-a-dir");
