@@ -80,36 +80,56 @@ where
             let mut edited = original.clone();
             match edit(&mut edited, &spec, ctx)? {
                 Decision::Omit => Ok(Outcome::Omit),
-                Decision::Keep => {
-                    let patch = json_patch::diff(&original, &edited);
-                    serde_json::to_string(&patch)
-                        .map(Outcome::Patch)
-                        .map_err(|e| TransformError::Failed(format!("cannot serialize patch: {e}")))
-                }
+                Decision::Keep => patch_text(&original, &edited),
             }
         })
         .collect()
 }
 
 /// Run a standard [`Operand`] over a state's objects.
+///
+/// A DaemonSet is parsed once into a `Value` (kept as the diff base) and deserialized from it
+/// by reference; the edited DaemonSet is serialized back and diffed against that base, so no
+/// copy of the input is made.
 pub fn run_operand<O: Operand>(
     objects: &[String],
     spec_json: &str,
     ctx: &TransformContext,
 ) -> Result<Vec<Outcome>, TransformError> {
-    transform_each(objects, spec_json, ctx, |obj, spec, ctx| {
-        if obj.get("kind").and_then(Value::as_str) != Some("DaemonSet") {
-            return O::object(obj, spec, ctx);
-        }
-        let mut ds = DaemonSet::deserialize(&*obj)
-            .map_err(|e| TransformError::InvalidObject(format!("not a DaemonSet: {e}")))?;
-        apply_common_config(&mut ds, spec)?;
-        apply_host_paths(&mut ds, spec);
-        O::daemonset(&mut ds, spec, ctx)?;
-        apply_common_metadata(&mut ds, spec);
-        *obj = serde_json::to_value(&ds).map_err(|e| TransformError::Failed(e.to_string()))?;
-        Ok(Decision::Keep)
-    })
+    let spec = ClusterPolicySpec::from_json_str(spec_json)
+        .map_err(|e| TransformError::field(e.path, e.message))?;
+    objects
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let original: Value = serde_json::from_str(text).map_err(|e| {
+                TransformError::InvalidObject(format!("object #{i} is not JSON: {e}"))
+            })?;
+            let edited = if original.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
+                let mut ds = DaemonSet::deserialize(&original)
+                    .map_err(|e| TransformError::InvalidObject(format!("not a DaemonSet: {e}")))?;
+                apply_common_config(&mut ds, &spec)?;
+                apply_host_paths(&mut ds, &spec);
+                O::daemonset(&mut ds, &spec, ctx)?;
+                apply_common_metadata(&mut ds, &spec);
+                serde_json::to_value(&ds).map_err(|e| TransformError::Failed(e.to_string()))?
+            } else {
+                let mut obj = original.clone();
+                match O::object(&mut obj, &spec, ctx)? {
+                    Decision::Omit => return Ok(Outcome::Omit),
+                    Decision::Keep => obj,
+                }
+            };
+            patch_text(&original, &edited)
+        })
+        .collect()
+}
+
+/// The RFC 6902 patch from `original` to `edited`, serialized.
+fn patch_text(original: &Value, edited: &Value) -> Result<Outcome, TransformError> {
+    serde_json::to_string(&json_patch::diff(original, edited))
+        .map(Outcome::Patch)
+        .map_err(|e| TransformError::Failed(format!("cannot serialize patch: {e}")))
 }
 
 /// Native test helper: run `O` over typed objects and return the edited objects (omitted ones

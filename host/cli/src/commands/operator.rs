@@ -57,9 +57,7 @@ impl OperatorArgs {
             }
             None => kube::Client::try_default().await.context("kube client")?,
         };
-        // The operator renders only when inputs change: plugin memory goes back to the OS
-        // after every call instead of staying resident for the next one.
-        let host = super::plugin_host(self.plugins_dir.clone(), 0)?;
+        let host = super::plugin_host(self.plugins_dir.clone())?;
         let renderer = kiln_render::Renderer::new(host);
         let config = kiln_operator::Config {
             namespace: self.namespace,
