@@ -68,22 +68,13 @@ pub fn transform_each<F>(
 where
     F: FnMut(&mut Value, &ClusterPolicySpec, &TransformContext) -> Result<Decision, TransformError>,
 {
-    let spec = ClusterPolicySpec::from_json_str(spec_json)
-        .map_err(|e| TransformError::field(e.path, e.message))?;
-    objects
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            let original: Value = serde_json::from_str(text).map_err(|e| {
-                TransformError::InvalidObject(format!("object #{i} is not JSON: {e}"))
-            })?;
-            let mut edited = original.clone();
-            match edit(&mut edited, &spec, ctx)? {
-                Decision::Omit => Ok(Outcome::Omit),
-                Decision::Keep => patch_text(&original, &edited),
-            }
-        })
-        .collect()
+    answer_each(objects, spec_json, |original, spec| {
+        let mut edited = original.clone();
+        match edit(&mut edited, spec, ctx)? {
+            Decision::Omit => Ok(Outcome::Omit),
+            Decision::Keep => patch_text(original, &edited),
+        }
+    })
 }
 
 /// Run a standard [`Operand`] over a state's objects.
@@ -96,6 +87,35 @@ pub fn run_operand<O: Operand>(
     spec_json: &str,
     ctx: &TransformContext,
 ) -> Result<Vec<Outcome>, TransformError> {
+    answer_each(objects, spec_json, |original, spec| {
+        let edited = if original.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
+            let mut ds = DaemonSet::deserialize(original)
+                .map_err(|e| TransformError::InvalidObject(format!("not a DaemonSet: {e}")))?;
+            apply_common_config(&mut ds, spec)?;
+            apply_host_paths(&mut ds, spec);
+            O::daemonset(&mut ds, spec, ctx)?;
+            apply_common_metadata(&mut ds, spec);
+            serde_json::to_value(&ds).map_err(|e| TransformError::Failed(e.to_string()))?
+        } else {
+            let mut obj = original.clone();
+            match O::object(&mut obj, spec, ctx)? {
+                Decision::Omit => return Ok(Outcome::Omit),
+                Decision::Keep => obj,
+            }
+        };
+        patch_text(original, &edited)
+    })
+}
+
+/// Parses the spec once and each object in turn, and collects `answer` for each object.
+fn answer_each<F>(
+    objects: &[String],
+    spec_json: &str,
+    mut answer: F,
+) -> Result<Vec<Outcome>, TransformError>
+where
+    F: FnMut(&Value, &ClusterPolicySpec) -> Result<Outcome, TransformError>,
+{
     let spec = ClusterPolicySpec::from_json_str(spec_json)
         .map_err(|e| TransformError::field(e.path, e.message))?;
     objects
@@ -105,22 +125,7 @@ pub fn run_operand<O: Operand>(
             let original: Value = serde_json::from_str(text).map_err(|e| {
                 TransformError::InvalidObject(format!("object #{i} is not JSON: {e}"))
             })?;
-            let edited = if original.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
-                let mut ds = DaemonSet::deserialize(&original)
-                    .map_err(|e| TransformError::InvalidObject(format!("not a DaemonSet: {e}")))?;
-                apply_common_config(&mut ds, &spec)?;
-                apply_host_paths(&mut ds, &spec);
-                O::daemonset(&mut ds, &spec, ctx)?;
-                apply_common_metadata(&mut ds, &spec);
-                serde_json::to_value(&ds).map_err(|e| TransformError::Failed(e.to_string()))?
-            } else {
-                let mut obj = original.clone();
-                match O::object(&mut obj, &spec, ctx)? {
-                    Decision::Omit => return Ok(Outcome::Omit),
-                    Decision::Keep => obj,
-                }
-            };
-            patch_text(&original, &edited)
+            answer(&original, &spec)
         })
         .collect()
 }
