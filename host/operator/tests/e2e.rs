@@ -72,10 +72,15 @@ fn write_trapping_plugin(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts the operator in this process; returns its task and its plugin host (to look at
+/// which plugins it keeps loaded).
 fn start_operator(
     client: Client,
     plugins: &std::path::Path,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<()>,
+    Arc<kiln_plugin_host::PluginHost>,
+)> {
     let cfg = kiln_plugin_host::HostConfig {
         drop_in_dir: Some(plugins.to_path_buf()),
         ..kiln_plugin_host::HostConfig::default()
@@ -84,17 +89,18 @@ fn start_operator(
         cfg,
         kiln_bundled_plugins::BUNDLED,
     )?);
-    let renderer = kiln_render::Renderer::new(host);
+    let renderer = kiln_render::Renderer::new(host.clone());
     let config = kiln_operator::Config {
         namespace: NS.into(),
         metrics_addr: "127.0.0.1:0".into(),
         ..kiln_operator::Config::default()
     };
-    Ok(tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(e) = kiln_operator::run(client, renderer, config).await {
             eprintln!("operator stopped: {e}");
         }
-    }))
+    });
+    Ok((task, host))
 }
 
 async fn policy_state(api: &Api<ClusterPolicy>, name: &str) -> anyhow::Result<(String, String)> {
@@ -236,7 +242,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     }
     let plugins = tempfile::tempdir()?;
     write_trapping_plugin(plugins.path())?;
-    let operator = start_operator(client.clone(), plugins.path())?;
+    let (operator, host) = start_operator(client.clone(), plugins.path())?;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let mut doc = sample()?;
     let name = doc["metadata"]["name"]
@@ -280,6 +286,22 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
 
     let msg = wait_state(cluster, &policies, &name, "ready").await?;
     assert!(msg.contains("Ready=True Reconciled"), "{msg}");
+
+    // Between reconciles the operator keeps no plugin loaded (they reload from the disk cache).
+    assert!(
+        host.has_disk_cache(),
+        "the test host should have a disk cache"
+    );
+    cluster
+        .wait_for("plugins released after the reconcile", TIMEOUT, || async {
+            let loaded = host.loaded_plugins();
+            Ok(if loaded.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still loaded: {loaded:?}"))
+            })
+        })
+        .await?;
 
     // Validator init containers run in the readiness-chain order.
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);

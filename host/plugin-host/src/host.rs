@@ -200,6 +200,15 @@ impl PluginHost {
         Ok(loaded)
     }
 
+    /// Names of the plugins loaded now (sorted), e.g. to check that an idle caller released
+    /// them.
+    pub fn loaded_plugins(&self) -> Vec<String> {
+        let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<String> = plugins.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// Drops every loaded plugin (compiled code, linked instances) so their memory — the
     /// mapped precompiled artifacts and Wasmtime's per-module metadata — goes back to the OS;
     /// the next call of a plugin loads it again from the disk cache (about 2 ms each, no

@@ -159,7 +159,9 @@ fn released_plugins_reload_from_the_disk_cache() {
         with_disk.load("good", None).unwrap().cache_hit(),
         CacheHit::Compiled
     );
+    assert_eq!(with_disk.loaded_plugins(), ["good"]);
     assert_eq!(with_disk.release_loaded(), 1);
+    assert!(with_disk.loaded_plugins().is_empty());
     assert_eq!(with_disk.release_loaded(), 0);
     // Reloaded from the artifact, not recompiled, and it still works.
     assert_eq!(
