@@ -171,3 +171,64 @@ fn device_plugin_logs_what_it_serves_at_info_without_colours_by_default() {
         "{line}"
     );
 }
+
+#[test]
+fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let bundled = kiln_bundled_plugins::BUNDLED.len();
+
+    let out = kiln(&["plugin", "precompile", "--cache-dir", cache_arg])
+        .env_remove("KILN_PLUGINS_DIR")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("\tcompiled\tbundled\t"),
+        "per-plugin lines say compiled: {text}"
+    );
+    assert!(
+        text.contains(&format!("{bundled} compiled, 0 already cached, 0 refused")),
+        "{text}"
+    );
+    let artifacts = std::fs::read_dir(&cache).unwrap().count();
+    assert_eq!(artifacts, bundled);
+
+    // Again: nothing to compile. With a drop-in that is not Wasm: named, exit 1.
+    let drop_in = dir.path().join("plugins");
+    std::fs::create_dir(&drop_in).unwrap();
+    std::fs::write(drop_in.join("junk.wasm"), b"not wasm").unwrap();
+    let out = kiln(&["plugin", "precompile", "--cache-dir", cache_arg])
+        .arg("--plugins-dir")
+        .arg(&drop_in)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("0 compiled, {bundled} already cached, 1 refused")),
+        "{text}"
+    );
+    assert!(
+        stderr(&out).contains("junk") && stderr(&out).contains("not a WebAssembly file"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A cache directory that cannot exist: one error with the OS reason.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let out = kiln(&["plugin", "precompile", "--cache-dir"])
+        .arg(file.join("sub"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot be created") && err.contains("Not a directory"),
+        "{err}"
+    );
+    assert!(!err.contains("caching in memory only"), "{err}");
+}

@@ -9,7 +9,7 @@
 //! | `kiln_state_duration_seconds` | histogram | `state` |
 //! | `kiln_plugin_call_duration_seconds` | histogram | `state` (time of the state's plugin chain) |
 //! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `label`, `status`) |
-//! | `kiln_leader` | gauge | – (1 while this replica leads) |
+//! | `kiln_leader` | gauge | – (1 while this replica leads; always 1 without leader election) |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

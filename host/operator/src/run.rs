@@ -17,6 +17,7 @@ use kiln_render::Renderer;
 use kube::Client;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 
 use crate::context::{Config, Context};
@@ -32,6 +33,20 @@ use crate::{Error, Result};
 pub const WORKER_THREADS: usize = 2;
 /// Most threads of the blocking pool (plugin calls, one state at a time per reconcile).
 pub const MAX_BLOCKING_THREADS: usize = 4;
+
+/// The ClusterPolicies that own `ds` (owner references of kind `ClusterPolicy`, `nvidia.com/v1`),
+/// keyed as the cluster-scoped objects they are. kube-runtime's `owns` keys an owner with its
+/// child's namespace, which for a cluster-scoped owner is a second queue key for the same policy:
+/// two workers then reconciled one policy at once (double applies, contradictory Events).
+pub fn owning_policies(ds: DaemonSet) -> Vec<ObjectRef<ClusterPolicy>> {
+    ds.metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| o.kind == "ClusterPolicy" && o.api_version == "nvidia.com/v1")
+        .map(|o| ObjectRef::new(&o.name))
+        .collect()
+}
 
 /// The Tokio runtime `kiln operator` runs on ([`WORKER_THREADS`], [`MAX_BLOCKING_THREADS`]).
 ///
@@ -78,8 +93,9 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
     let lease = LeaseConfig::new(&config.namespace, &config.identity);
     if config.leader_election {
         leader::acquire(&client, &lease).await?;
-        metrics.set_leader(true);
     }
+    // Without leader election this replica is the one doing the work.
+    metrics.set_leader(true);
     let version = client
         .apiserver_version()
         .await
@@ -108,7 +124,7 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());
     let controller = Controller::new(policies, watcher::Config::default())
-        .owns(daemonsets, watcher::Config::default())
+        .watches(daemonsets, watcher::Config::default(), owning_policies)
         .reconcile_all_on(futures::stream::select(node_changes, policy_deletes))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
@@ -132,5 +148,31 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
     } else {
         controller.await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemonset_maps_to_its_cluster_scoped_policy_key() {
+        let policy: ClusterPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}
+        }))
+        .unwrap();
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": "gpu-operator",
+                "ownerReferences": [
+                    {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                     "name": "cluster-policy", "uid": "u1", "controller": true},
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"}
+                ]}
+        }))
+        .unwrap();
+        // The same key the controller gives the policy itself: no namespace.
+        assert_eq!(owning_policies(ds), vec![ObjectRef::from_obj(&policy)]);
+        assert!(owning_policies(DaemonSet::default()).is_empty());
     }
 }

@@ -96,7 +96,17 @@ impl ComponentCache {
         let path = self.artifact_path(digest);
         let (component, hit) = match path.as_deref().and_then(|p| self.load_artifact(p)) {
             Some(c) => (c, CacheHit::Disk),
+            None if !bytes.starts_with(b"\0asm") => {
+                return Err(PluginError::LoadFailed {
+                    plugin: plugin.to_string(),
+                    message: "not a WebAssembly file (no \\0asm header)".into(),
+                });
+            }
             None => {
+                tracing::info!(
+                    plugin,
+                    "compiling plugin (no precompiled artifact; `kiln plugin precompile` fills the cache ahead of time)"
+                );
                 let c = Component::from_binary(&self.engine, bytes).map_err(|e| {
                     PluginError::LoadFailed {
                         plugin: plugin.to_string(),

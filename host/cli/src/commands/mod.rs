@@ -31,7 +31,8 @@ pub struct Cli {
 enum Command {
     /// Render a ClusterPolicy into every object the operator would apply, offline.
     Render(render::RenderArgs),
-    /// Check a plugin or list the bundled ones (to try one: `kiln render --plugins-dir DIR`).
+    /// Check a plugin, list the bundled ones, or precompile them into the cache (to try one:
+    /// `kiln render --plugins-dir DIR`).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).

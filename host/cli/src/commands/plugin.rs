@@ -60,6 +60,8 @@ fn precompile(
     let cache_dir = cache_dir
         .or_else(kiln_plugin_host::default_cache_dir)
         .context("no cache directory: pass --cache-dir or set KILN_PLUGIN_CACHE_DIR")?;
+    std::fs::create_dir_all(&cache_dir)
+        .with_context(|| format!("cache directory {} cannot be created", cache_dir.display()))?;
     let cfg = kiln_plugin_host::HostConfig {
         cache_dir: Some(cache_dir.clone()),
         drop_in_dir: plugins_dir.clone(),
@@ -92,10 +94,17 @@ fn precompile(
     for name in &names {
         match host.load(name, None) {
             Ok(p) => {
-                if p.cache_hit() == kiln_plugin_host::CacheHit::Compiled {
+                let how = if p.cache_hit() == kiln_plugin_host::CacheHit::Compiled {
                     compiled += 1;
-                }
-                println!("{name}\t{:?}\t{}", p.source(), p.sha256());
+                    "compiled"
+                } else {
+                    "cached"
+                };
+                let from = match p.source() {
+                    kiln_plugin_host::PluginSource::Bundled => "bundled".to_string(),
+                    kiln_plugin_host::PluginSource::DropIn(path) => path.display().to_string(),
+                };
+                println!("{name}\t{how}\t{from}\t{}", p.sha256());
             }
             Err(e) => {
                 failed += 1;

@@ -95,10 +95,13 @@ fn garbage_is_a_load_failure() {
     let dirs = Dirs::new();
     dirs.install("junk", b"not wasm at all");
     let host = host_with_good(&dirs, dirs.config());
-    assert!(matches!(
-        host.load("junk", None),
-        Err(PluginError::LoadFailed { .. })
-    ));
+    match host.load("junk", None) {
+        Err(PluginError::LoadFailed { plugin, message }) => {
+            assert_eq!(plugin, "junk");
+            assert_eq!(message, "not a WebAssembly file (no \\0asm header)");
+        }
+        other => panic!("{other:?}"),
+    }
     assert!(matches!(
         inspect(b"not wasm"),
         Err(PluginError::LoadFailed { .. })
