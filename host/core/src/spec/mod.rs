@@ -135,9 +135,14 @@ impl ClusterPolicySpec {
         // The plain deserializer is several times faster than the path-tracking one; the
         // latter runs only to explain a failure.
         Self::deserialize(value).or_else(|_| {
-            serde_path_to_error::deserialize(value).map_err(|e| SpecError {
-                path: join_path("spec", &e.path().to_string()),
-                message: e.into_inner().to_string(),
+            serde_path_to_error::deserialize(value).map_err(|e| {
+                let path = e.path().to_string();
+                let message = e.into_inner().to_string();
+                let (path, message) = inside_component(value, path, message);
+                SpecError {
+                    path: join_path("spec", &path),
+                    message,
+                }
             })
         })
     }
@@ -205,6 +210,27 @@ impl ClusterPolicySpec {
             Some(rc) if !rc.is_empty() => rc,
             _ => "nvidia",
         }
+    }
+}
+
+/// serde's `flatten` (every component embeds [`ComponentSpec`] that way) hides where inside a
+/// component a bad value is: the error names `driver`, not `driver.enabled`. When the error
+/// points at an object, its [`ComponentSpec`] fields are read again alone, with path tracking,
+/// to name the field; otherwise the error is returned as it was.
+fn inside_component(spec: &serde_json::Value, path: String, message: String) -> (String, String) {
+    let at = path
+        .split('.')
+        .filter(|k| !k.is_empty() && *k != "?")
+        .try_fold(spec, |v, key| v.get(key));
+    match at.filter(|v| v.is_object()) {
+        Some(component) => match serde_path_to_error::deserialize::<_, ComponentSpec>(component) {
+            Err(e) => (
+                join_path(&path, &e.path().to_string()),
+                e.into_inner().to_string(),
+            ),
+            Ok(_) => (path, message),
+        },
+        None => (path, message),
     }
 }
 

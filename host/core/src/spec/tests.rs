@@ -33,6 +33,25 @@ fn unknown_enum_value_names_the_field() {
 }
 
 #[test]
+fn a_bad_common_component_field_is_named_to_the_leaf() {
+    // `enabled` and the image fields come from the flattened ComponentSpec.
+    let err =
+        ClusterPolicySpec::from_json(&json!({"driver": {"enabled": "yes-please"}})).unwrap_err();
+    assert_eq!(err.path, "spec.driver.enabled");
+    assert!(
+        err.message.contains("expected a boolean"),
+        "{}",
+        err.message
+    );
+    let err =
+        ClusterPolicySpec::from_json(&json!({"dcgmExporter": {"env": [{"name": 5}]}})).unwrap_err();
+    assert_eq!(err.path, "spec.dcgmExporter.env[0].name");
+    // A component that is not an object at all is still named as itself.
+    let err = ClusterPolicySpec::from_json(&json!({"driver": "on"})).unwrap_err();
+    assert_eq!(err.path, "spec.driver");
+}
+
+#[test]
 fn nri_requires_cdi_and_toolkit() {
     let s =
         ClusterPolicySpec::from_json(&json!({"cdi": {"enabled": false, "nriPluginEnabled": true}}))
