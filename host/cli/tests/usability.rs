@@ -217,6 +217,19 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
         stderr(&out)
     );
 
+    // --prune removes artifacts of other builds and keeps the current ones.
+    let stale = cache.join("0000-stale.cwasm");
+    std::fs::write(&stale, b"old").unwrap();
+    let out = kiln(&["plugin", "precompile", "--prune", "--cache-dir", cache_arg])
+        .env_remove("KILN_PLUGINS_DIR")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("pruned 1 stale artifacts"), "{text}");
+    assert!(!stale.exists());
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), bundled);
+
     // A cache directory that cannot exist: one error with the OS reason.
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"").unwrap();

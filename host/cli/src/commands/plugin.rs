@@ -27,6 +27,10 @@ pub enum PluginCommand {
         /// Drop-in directory whose `*.wasm` files are compiled too.
         #[arg(long, env = "KILN_PLUGINS_DIR")]
         plugins_dir: Option<PathBuf>,
+        /// Afterwards delete every other `*.cwasm` in the cache directory (artifacts of earlier
+        /// builds; about 80 MiB per set of bundled plugins).
+        #[arg(long)]
+        prune: bool,
     },
 }
 
@@ -48,7 +52,8 @@ impl PluginCommand {
             PluginCommand::Precompile {
                 cache_dir,
                 plugins_dir,
-            } => precompile(cache_dir, plugins_dir),
+                prune,
+            } => precompile(cache_dir, plugins_dir, prune),
         }
     }
 }
@@ -56,6 +61,7 @@ impl PluginCommand {
 fn precompile(
     cache_dir: Option<PathBuf>,
     plugins_dir: Option<PathBuf>,
+    prune: bool,
 ) -> anyhow::Result<ExitCode> {
     let cache_dir = cache_dir
         .or_else(kiln_plugin_host::default_cache_dir)
@@ -91,9 +97,11 @@ fn precompile(
     }
     let started = std::time::Instant::now();
     let (mut compiled, mut failed) = (0, 0);
+    let mut current = std::collections::BTreeSet::new();
     for name in &names {
         match host.load(name, None) {
             Ok(p) => {
+                current.extend(host.artifact_path(p.sha256()));
                 let how = if p.cache_hit() == kiln_plugin_host::CacheHit::Compiled {
                     compiled += 1;
                     "compiled"
@@ -119,6 +127,9 @@ fn precompile(
         names.len() - compiled - failed,
         started.elapsed().as_secs_f64()
     );
+    if prune {
+        prune_artifacts(&cache_dir, &current)?;
+    }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
@@ -170,4 +181,26 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Deletes the `*.cwasm` files in `dir` that are not in `keep`, and reports what it freed.
+fn prune_artifacts(
+    dir: &std::path::Path,
+    keep: &std::collections::BTreeSet<PathBuf>,
+) -> anyhow::Result<()> {
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "cwasm") && !keep.contains(&path) {
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            files += 1;
+            bytes += len;
+        }
+    }
+    println!(
+        "pruned {files} stale artifacts ({:.1} MiB)",
+        bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
 }

@@ -39,11 +39,11 @@ pub struct RenderArgs {
     /// OS of the GPU nodes as ID:VERSION_ID (NFD `system-os_release`), e.g. `ubuntu:22.04`.
     #[arg(long, default_value = "ubuntu:22.04", value_parser = parse_os)]
     os: NodeOs,
-    /// Kubernetes server version.
-    #[arg(long, default_value = "v1.36.3")]
+    /// Kubernetes server version, vMAJOR.MINOR[.PATCH] (what `kubectl version` prints).
+    #[arg(long, default_value = "v1.36.3", value_parser = parse_kubernetes_version)]
     kubernetes_version: String,
     /// Render for OpenShift MAJOR.MINOR (includes OpenShift-only objects; runtime CRI-O).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_openshift_version)]
     openshift_version: Option<String>,
     /// Override a fallback image, as ENV=IMAGE (see `image_help` for the text).
     #[arg(long = "image", value_name = "ENV=IMAGE", help = image_help(), value_parser = parse_image)]
@@ -88,6 +88,36 @@ fn parse_image(s: &str) -> Result<(String, String), String> {
         ));
     }
     Ok((env.to_owned(), image.to_owned()))
+}
+
+/// True when `s` is MAJOR.MINOR or MAJOR.MINOR.PATCH, each part digits; a patch may carry a
+/// suffix (`1.36.3-gke.100`, `4.17.0-rc.1`).
+fn is_dotted_version(s: &str) -> bool {
+    let mut parts = s.splitn(3, '.');
+    let digits =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let (major, minor, patch) = (parts.next(), parts.next(), parts.next());
+    digits(major)
+        && digits(minor)
+        && patch.is_none_or(|p| p.bytes().next().is_some_and(|b| b.is_ascii_digit()))
+}
+
+/// `v1.36.3` (or without the `v`), kept as given.
+fn parse_kubernetes_version(s: &str) -> Result<String, String> {
+    if is_dotted_version(s.strip_prefix('v').unwrap_or(s)) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected vMAJOR.MINOR[.PATCH], e.g. v1.36.3".into())
+    }
+}
+
+/// `4.17` (a patch is accepted too).
+fn parse_openshift_version(s: &str) -> Result<String, String> {
+    if is_dotted_version(s) {
+        Ok(s.to_owned())
+    } else {
+        Err("expected MAJOR.MINOR, e.g. 4.17".into())
+    }
 }
 
 fn parse_runtime(s: &str) -> Result<ContainerRuntime, String> {
@@ -182,6 +212,20 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
+
+    #[test]
+    fn versions_are_checked() {
+        assert_eq!(parse_kubernetes_version("v1.36.3").unwrap(), "v1.36.3");
+        assert_eq!(parse_kubernetes_version("1.30").unwrap(), "1.30");
+        assert!(parse_kubernetes_version("v1.31.2-gke.100").is_ok());
+        for bad in ["garbage", "v1", "v1.x", "", "v.1.2"] {
+            assert!(parse_kubernetes_version(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_openshift_version("4.17").unwrap(), "4.17");
+        for bad in ["4", "four.17", "4."] {
+            assert!(parse_openshift_version(bad).is_err(), "{bad}");
+        }
+    }
 
     #[derive(Debug, clap::Parser)]
     struct Cli {
