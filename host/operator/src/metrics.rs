@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `kiln_reconciles_total` | counter | – |
 //! | `kiln_reconcile_duration_seconds` | histogram | – |
-//! | `kiln_reconcile_errors_total` | counter | `state` (or `reconcile` for whole-pass failures) |
+//! | `kiln_reconcile_errors_total` | counter | `state` (or `reconcile` for whole-pass failures); each starts at 0 |
 //! | `kiln_state_duration_seconds` | histogram | `state` |
 //! | `kiln_plugin_call_duration_seconds` | histogram | `state` (time of the state's plugin chain) |
 //! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `label`, `status`) |
@@ -95,6 +95,15 @@ impl Metrics {
             "1 while this replica is the leader",
             leader.clone(),
         );
+        // Every error series exists from the start at 0, so `rate()` and alerts see them
+        // before the first error.
+        for state in kiln_core::State::ALL
+            .iter()
+            .map(|s| s.name())
+            .chain(["reconcile"])
+        {
+            let _ = errors.get_or_create(&label("state", state));
+        }
         Metrics {
             registry,
             reconciles,
@@ -218,6 +227,14 @@ mod tests {
         assert!(text.contains("kiln_reconciles_total 1"), "{text}");
         assert!(
             text.contains("kiln_reconcile_errors_total{state=\"dcgm-exporter\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kiln_reconcile_errors_total{state=\"driver\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kiln_reconcile_errors_total{state=\"reconcile\"} 0"),
             "{text}"
         );
         assert!(
