@@ -137,7 +137,7 @@ impl ClusterPolicySpec {
         Self::deserialize(value).or_else(|_| {
             serde_path_to_error::deserialize(value).map_err(|e| {
                 let path = e.path().to_string();
-                let message = e.into_inner().to_string();
+                let message = plain_message(&e.into_inner());
                 let (path, message) = inside_component(value, path, message);
                 SpecError {
                     path: join_path("spec", &path),
@@ -171,7 +171,7 @@ impl ClusterPolicySpec {
             } else {
                 SpecError {
                     path: join_path("spec", &path),
-                    message: inner.to_string(),
+                    message: plain_message(&inner),
                 }
             }
         })?;
@@ -226,11 +226,24 @@ fn inside_component(spec: &serde_json::Value, path: String, message: String) -> 
         Some(component) => match serde_path_to_error::deserialize::<_, ComponentSpec>(component) {
             Err(e) => (
                 join_path(&path, &e.path().to_string()),
-                e.into_inner().to_string(),
+                plain_message(&e.into_inner()),
             ),
             Ok(_) => (path, message),
         },
         None => (path, message),
+    }
+}
+
+/// serde's message without Rust type names: `expected struct MigSpec` reads `expected a map`
+/// (the policy author wrote YAML, not Rust).
+fn plain_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.split_once("expected struct ") {
+        Some((head, tail)) => {
+            let rest = tail.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
+            format!("{head}expected a map{rest}")
+        }
+        None => text,
     }
 }
 

@@ -46,9 +46,23 @@ fn a_bad_common_component_field_is_named_to_the_leaf() {
     let err =
         ClusterPolicySpec::from_json(&json!({"dcgmExporter": {"env": [{"name": 5}]}})).unwrap_err();
     assert_eq!(err.path, "spec.dcgmExporter.env[0].name");
-    // A component that is not an object at all is still named as itself.
+    // A component that is not an object at all is still named as itself, without Rust names.
     let err = ClusterPolicySpec::from_json(&json!({"driver": "on"})).unwrap_err();
     assert_eq!(err.path, "spec.driver");
+    let err = ClusterPolicySpec::from_json(&json!({"mig": "single"})).unwrap_err();
+    assert_eq!(err.path, "spec.mig");
+    assert_eq!(
+        err.message,
+        "invalid type: string \"single\", expected a map"
+    );
+    let err = ClusterPolicySpec::from_json_str(r#"{"mig": "single"}"#).unwrap_err();
+    assert_eq!(
+        (err.path.as_str(), err.message.as_str()),
+        (
+            "spec.mig",
+            "invalid type: string \"single\", expected a map at line 1 column 16"
+        )
+    );
 }
 
 #[test]
