@@ -96,23 +96,12 @@ impl ComponentCache {
         let path = self.artifact_path(digest);
         let (component, hit) = match path.as_deref().and_then(|p| self.load_artifact(p)) {
             Some(c) => (c, CacheHit::Disk),
-            None if !bytes.starts_with(b"\0asm") => {
-                return Err(PluginError::LoadFailed {
-                    plugin: plugin.to_string(),
-                    message: "not a WebAssembly file (no \\0asm header)".into(),
-                });
-            }
             None => {
                 tracing::info!(
                     plugin,
                     "compiling plugin (no precompiled artifact; `kiln plugin precompile` fills the cache ahead of time)"
                 );
-                let c = Component::from_binary(&self.engine, bytes).map_err(|e| {
-                    PluginError::LoadFailed {
-                        plugin: plugin.to_string(),
-                        message: format!("{e:#}"),
-                    }
-                })?;
+                let c = compile(&self.engine, plugin, bytes)?;
                 if let Some(p) = &path {
                     store_artifact(&c, p);
                 }
@@ -144,6 +133,28 @@ impl ComponentCache {
             }
         }
     }
+}
+
+/// Compiles `bytes` as a component of `engine`. Bytes without the Wasm magic are refused as
+/// such rather than with the parser's byte dump.
+///
+/// # Errors
+/// [`PluginError::LoadFailed`] naming `plugin`.
+pub(crate) fn compile(
+    engine: &Engine,
+    plugin: &str,
+    bytes: &[u8],
+) -> Result<Component, PluginError> {
+    let load_failed = |message: String| PluginError::LoadFailed {
+        plugin: plugin.to_string(),
+        message,
+    };
+    if !bytes.starts_with(b"\0asm") {
+        return Err(load_failed(
+            "not a WebAssembly file (no \\0asm header)".into(),
+        ));
+    }
+    Component::from_binary(engine, bytes).map_err(|e| load_failed(format!("{e:#}")))
 }
 
 /// Writes `component` to `path` atomically; failures only cost a recompile later.

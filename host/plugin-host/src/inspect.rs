@@ -51,13 +51,7 @@ impl PluginHost {
     /// # Errors
     /// As [`inspect`].
     pub fn inspect(&self, bytes: &[u8]) -> Result<PluginReport, PluginError> {
-        let component =
-            wasmtime::component::Component::from_binary(&self.engine, bytes).map_err(|e| {
-                PluginError::LoadFailed {
-                    plugin: INSPECTED.into(),
-                    message: format!("{e:#}"),
-                }
-            })?;
+        let component = crate::cache::compile(&self.engine, INSPECTED, bytes)?;
         let mut report = PluginReport {
             sha256: sha256_hex(bytes),
             imports: imports_of(&self.engine, &component),
