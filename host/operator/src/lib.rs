@@ -32,6 +32,7 @@ pub mod run;
 pub mod status;
 
 pub use context::{Config, Context};
+pub use memory::PLUGIN_KEEP_RESIDENT_BYTES;
 pub use run::{run, runtime};
 
 /// What can go wrong talking to the API server or serving.

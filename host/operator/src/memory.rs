@@ -57,6 +57,13 @@ impl RenderCache {
     }
 }
 
+/// Bytes of each plugin memory slot the operator keeps mapped between calls: none. The
+/// operator renders rarely and idles between reconciles, so it returns every slot's pages to
+/// the OS after each call (`HostConfig::keep_resident_bytes`; the default, for hosts that
+/// render repeatedly, keeps up to 2 MiB per slot — about 1 MiB of each of the 11 slots a
+/// sample render uses — which would cost the operator its RSS target).
+pub const PLUGIN_KEEP_RESIDENT_BYTES: usize = 0;
+
 /// Drops the renderer's loaded plugins (see
 /// [`kiln_plugin_host::PluginHost::release_loaded`]) and hands freed heap memory back to the
 /// OS. Returns how many plugins were dropped.

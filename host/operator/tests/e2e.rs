@@ -83,6 +83,7 @@ fn start_operator(
 )> {
     let cfg = kiln_plugin_host::HostConfig {
         drop_in_dir: Some(plugins.to_path_buf()),
+        keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
         ..kiln_plugin_host::HostConfig::default()
     };
     let host = Arc::new(kiln_plugin_host::PluginHost::new(

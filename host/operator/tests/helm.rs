@@ -83,7 +83,10 @@ async fn helm(cluster: &TestCluster, home: &Path, args: &[&str]) -> anyhow::Resu
 
 fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let host = Arc::new(kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig::default(),
+        kiln_plugin_host::HostConfig {
+            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
+            ..kiln_plugin_host::HostConfig::default()
+        },
         kiln_bundled_plugins::BUNDLED,
     )?);
     let config = kiln_operator::Config {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::capture::PluginLog;
 use crate::error::PluginError;
 use crate::host::PluginHost;
-use crate::outcome::{Rendered, describe};
+use crate::outcome::describe;
 
 /// One step of a chain: a plugin name, optionally pinned by SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,29 +62,30 @@ impl PluginHost {
         spec: &Value,
         ctx: &TransformContext,
     ) -> Result<ChainOutput, PluginError> {
+        let spec = spec.to_string();
         let mut indices: Vec<usize> = (0..objects.len()).collect();
         let mut current = objects;
         let mut omitted = Vec::new();
         let mut logs = Vec::with_capacity(chain.len());
         for step in chain {
             let plugin = self.plugin(&step.name, step.sha256.as_deref())?;
-            let out = self.call(&plugin, &current, spec, ctx)?;
-            logs.push((step.name.clone(), out.log));
+            let (kept, log) = self.call_in_place(&plugin, &mut current, &spec, ctx)?;
+            logs.push((step.name.clone(), log));
+            if kept.iter().all(|&k| k) {
+                continue;
+            }
             let mut next = Vec::with_capacity(current.len());
             let mut next_indices = Vec::with_capacity(current.len());
-            for ((index, before), rendered) in indices.into_iter().zip(current).zip(out.rendered) {
-                match rendered {
-                    Rendered::Keep(after) => {
-                        next.push(after);
-                        next_indices.push(index);
-                    }
-                    Rendered::Omit => {
-                        omitted.push(Omitted {
-                            index,
-                            object: describe(&before),
-                            plugin: step.name.clone(),
-                        });
-                    }
+            for ((index, object), keep) in indices.into_iter().zip(current).zip(kept) {
+                if keep {
+                    next.push(object);
+                    next_indices.push(index);
+                } else {
+                    omitted.push(Omitted {
+                        index,
+                        object: describe(&object),
+                        plugin: step.name.clone(),
+                    });
                 }
             }
             current = next;

@@ -29,7 +29,8 @@ pub(crate) fn make_engine(cfg: &HostConfig) -> Result<Engine, PluginError> {
         .total_stacks(POOL_SLOTS)
         .max_memory_size(cfg.memory_limit_bytes)
         .linear_memory_keep_resident(cfg.keep_resident_bytes)
-        .table_keep_resident(cfg.keep_resident_bytes);
+        .table_keep_resident(cfg.keep_resident_bytes)
+        .pagemap_scan(wasmtime::Enabled::Auto);
     let mut config = Config::new();
     config
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))

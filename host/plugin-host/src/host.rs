@@ -16,7 +16,7 @@ use crate::capture::PluginLog;
 use crate::config::HostConfig;
 use crate::engine::{EpochTicker, make_engine};
 use crate::error::{GuestError, PluginError};
-use crate::outcome::{Rendered, apply_outcomes};
+use crate::outcome::{Rendered, apply_outcomes_in_place};
 use crate::sandbox::{CallState, first_forbidden_import, imports_of, make_linker};
 use crate::trap::classify;
 
@@ -268,14 +268,39 @@ impl PluginHost {
         spec: &Value,
         ctx: &TransformContext,
     ) -> Result<TransformOutput, PluginError> {
+        let mut patched = objects.to_vec();
+        let (kept, log) = self.call_in_place(plugin, &mut patched, &spec.to_string(), ctx)?;
+        let rendered = patched
+            .into_iter()
+            .zip(kept)
+            .map(|(o, keep)| {
+                if keep {
+                    Rendered::Keep(o)
+                } else {
+                    Rendered::Omit
+                }
+            })
+            .collect();
+        Ok(TransformOutput { rendered, log })
+    }
+
+    /// Runs `plugin` on `objects` and applies its patches to them in place (see
+    /// `outcome::apply_outcomes_in_place`); returns, per object, whether it is kept, and the
+    /// plugin's log. `spec` is the ClusterPolicy spec as JSON text.
+    pub(crate) fn call_in_place(
+        &self,
+        plugin: &LoadedPlugin,
+        objects: &mut [Value],
+        spec: &str,
+        ctx: &TransformContext,
+    ) -> Result<(Vec<bool>, PluginLog), PluginError> {
         let texts: Vec<String> = objects.iter().map(Value::to_string).collect();
-        let spec = spec.to_string();
         let ctx = make_context(ctx);
         let mut store = self.new_store(&plugin.name);
         let result = plugin
             .pre
             .instantiate(&mut store)
-            .and_then(|instance| instance.call_transform(&mut store, &texts, &spec, &ctx));
+            .and_then(|instance| instance.call_transform(&mut store, &texts, spec, &ctx));
         let log = store.data().log.finish();
         let outcomes = match result {
             Err(err) => {
@@ -295,13 +320,15 @@ impl PluginHost {
             }
             Ok(Ok(outcomes)) => outcomes,
         };
-        let rendered = apply_outcomes(
+        drop(store);
+        drop(texts);
+        let kept = apply_outcomes_in_place(
             &plugin.name,
             objects,
             outcomes,
             self.config.output_limit_bytes,
         )?;
-        Ok(TransformOutput { rendered, log })
+        Ok((kept, log))
     }
 
     /// A fresh store for one call of `plugin`, with every limit set.

@@ -32,14 +32,42 @@ pub(crate) fn describe(object: &Value) -> String {
 /// Applies `outcomes` to `objects` and validates the results.
 ///
 /// # Errors
-/// [`PluginError::WrongOutcomeCount`], [`PluginError::OutputTooLarge`] (total patch bytes over
-/// `output_limit_bytes`), [`PluginError::InvalidPatch`] and [`PluginError::InvalidResult`].
+/// As [`apply_outcomes_in_place`].
+#[cfg(test)]
 pub(crate) fn apply_outcomes(
     plugin: &str,
     objects: &[Value],
     outcomes: Vec<Outcome>,
     output_limit_bytes: usize,
 ) -> Result<Vec<Rendered>, PluginError> {
+    let mut patched = objects.to_vec();
+    let kept = apply_outcomes_in_place(plugin, &mut patched, outcomes, output_limit_bytes)?;
+    Ok(patched
+        .into_iter()
+        .zip(kept)
+        .map(|(o, keep)| {
+            if keep {
+                Rendered::Keep(o)
+            } else {
+                Rendered::Omit
+            }
+        })
+        .collect())
+}
+
+/// Applies `outcomes` to `objects` in place (no copy of an object is made) and validates the
+/// results; returns, per object, whether it is kept (`false`: omitted, left unpatched). On an
+/// error the objects are left part-patched: callers discard them.
+///
+/// # Errors
+/// [`PluginError::WrongOutcomeCount`], [`PluginError::OutputTooLarge`] (total patch bytes over
+/// `output_limit_bytes`), [`PluginError::InvalidPatch`] and [`PluginError::InvalidResult`].
+pub(crate) fn apply_outcomes_in_place(
+    plugin: &str,
+    objects: &mut [Value],
+    outcomes: Vec<Outcome>,
+    output_limit_bytes: usize,
+) -> Result<Vec<bool>, PluginError> {
     if outcomes.len() != objects.len() {
         return Err(PluginError::WrongOutcomeCount {
             plugin: plugin.to_string(),
@@ -62,79 +90,102 @@ pub(crate) fn apply_outcomes(
         });
     }
     objects
-        .iter()
+        .iter_mut()
         .zip(outcomes)
         .enumerate()
         .map(|(index, (object, outcome))| match outcome {
-            Outcome::Omit => Ok(Rendered::Omit),
-            Outcome::Patch(text) => apply_patch(plugin, index, object, &text).map(Rendered::Keep),
+            Outcome::Omit => Ok(false),
+            Outcome::Patch(text) => apply_patch(plugin, index, object, &text).map(|()| true),
         })
         .collect()
+}
+
+/// The members of an object a patch must not change (see the module docs), copied before the
+/// patch is applied.
+struct Identity {
+    members: [Option<Value>; 4],
+    daemonset_selector: Option<Option<Value>>,
+    describe: String,
+}
+
+/// Pointers of the members every patched object keeps.
+const IDENTITY: [&str; 4] = [
+    "/apiVersion",
+    "/kind",
+    "/metadata/name",
+    "/metadata/namespace",
+];
+
+impl Identity {
+    fn of(object: &Value) -> Self {
+        let is_daemonset = object.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
+            && object.get("kind").and_then(Value::as_str) == Some("DaemonSet");
+        Identity {
+            members: IDENTITY.map(|p| object.pointer(p).cloned()),
+            daemonset_selector: is_daemonset.then(|| object.pointer("/spec/selector").cloned()),
+            describe: describe(object),
+        }
+    }
+
+    /// Why `patched` is not an acceptable result for the object this identity was taken
+    /// from, if it is not.
+    fn check(&self, patched: &Value) -> Result<(), String> {
+        if !patched.is_object() {
+            return Err("the result is not a JSON object".into());
+        }
+        for (pointer, before) in IDENTITY.iter().zip(&self.members) {
+            let after = patched.pointer(pointer);
+            if before.as_ref() != after {
+                return Err(format!(
+                    "{pointer} changed from {} to {}",
+                    show(before.as_ref()),
+                    show(after)
+                ));
+            }
+        }
+        if let Some(before) = &self.daemonset_selector {
+            <DaemonSet as serde::Deserialize>::deserialize(patched)
+                .map_err(|e| format!("not a valid apps/v1 DaemonSet: {e}"))?;
+            let after = patched.pointer("/spec/selector");
+            if before.as_ref() != after {
+                return Err(format!(
+                    "/spec/selector changed from {} to {}",
+                    show(before.as_ref()),
+                    show(after)
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn apply_patch(
     plugin: &str,
     index: usize,
-    object: &Value,
+    object: &mut Value,
     text: &str,
-) -> Result<Value, PluginError> {
+) -> Result<(), PluginError> {
+    let identity = Identity::of(object);
     let invalid_patch = |message: String| PluginError::InvalidPatch {
         plugin: plugin.to_string(),
         index,
-        object: describe(object),
+        object: identity.describe.clone(),
         message,
     };
     let patch: json_patch::Patch = serde_json::from_str(text)
         .map_err(|e| invalid_patch(format!("not an RFC 6902 JSON Patch: {e}")))?;
-    let mut patched = object.clone();
-    json_patch::patch(&mut patched, &patch).map_err(|e| invalid_patch(e.to_string()))?;
-    check_result(object, &patched).map_err(|message| PluginError::InvalidResult {
-        plugin: plugin.to_string(),
-        index,
-        object: describe(object),
-        message,
-    })?;
-    Ok(patched)
-}
-
-/// Why `patched` is not an acceptable result for `original`, if it is not.
-fn check_result(original: &Value, patched: &Value) -> Result<(), String> {
-    if !patched.is_object() {
-        return Err("the result is not a JSON object".into());
+    if patch.is_empty() {
+        return Ok(());
     }
-    for pointer in [
-        "/apiVersion",
-        "/kind",
-        "/metadata/name",
-        "/metadata/namespace",
-    ] {
-        let (before, after) = (original.pointer(pointer), patched.pointer(pointer));
-        if before != after {
-            return Err(format!(
-                "{pointer} changed from {} to {}",
-                show(before),
-                show(after)
-            ));
-        }
-    }
-    let is_daemonset = original.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
-        && original.get("kind").and_then(Value::as_str) == Some("DaemonSet");
-    if is_daemonset {
-        <DaemonSet as serde::Deserialize>::deserialize(patched)
-            .map_err(|e| format!("not a valid apps/v1 DaemonSet: {e}"))?;
-        let (before, after) = (
-            original.pointer("/spec/selector"),
-            patched.pointer("/spec/selector"),
-        );
-        if before != after {
-            return Err(format!(
-                "/spec/selector changed from {} to {}",
-                show(before),
-                show(after)
-            ));
-        }
-    }
-    Ok(())
+    json_patch::patch(object, &patch).map_err(|e| invalid_patch(e.to_string()))?;
+    identity
+        .check(object)
+        .map_err(|message| PluginError::InvalidResult {
+            plugin: plugin.to_string(),
+            index,
+            object: identity.describe.clone(),
+            message,
+        })
 }
 
 fn show(v: Option<&Value>) -> String {

@@ -50,11 +50,14 @@ pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetErro
         .iter()
         .position(|&s| s == state)
         .expect("State::ALL lists every state");
-    let assets = all[idx].clone()?;
-    Ok(assets
-        .into_iter()
-        .filter(|a| openshift || !a.path.contains("openshift"))
-        .collect())
+    match &all[idx] {
+        Ok(assets) => Ok(assets
+            .iter()
+            .filter(|a| openshift || !a.path.contains("openshift"))
+            .cloned()
+            .collect()),
+        Err(e) => Err(e.clone()),
+    }
 }
 
 fn parse_state(state: State) -> Result<Vec<Asset>, AssetError> {

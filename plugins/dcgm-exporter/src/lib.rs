@@ -106,6 +106,12 @@ pub struct DcgmExporter;
 
 impl Operand for DcgmExporter {
     const NAME: &'static str = "dcgm-exporter";
+    const OBJECT_KINDS: &'static [&'static str] = &[
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "ServiceMonitor",
+    ];
 
     /// Upstream `TransformDCGMExporter`, in its order: validation init containers; image, pull
     /// policy and secrets (`dcgmExporter.*`, fallback `DCGM_EXPORTER_IMAGE`); pod-template

@@ -24,6 +24,7 @@ pub struct MigManager;
 
 impl Operand for MigManager {
     const NAME: &'static str = "mig-manager";
+    const OBJECT_KINDS: &'static [&'static str] = &["ConfigMap"];
 
     /// Upstream order, on container[0]: validation init containers; image (`migManager.*`,
     /// fallback `MIG_MANAGER_IMAGE`), pull policy, secrets, resources, args; runtime class; NRI

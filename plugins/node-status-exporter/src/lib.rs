@@ -17,6 +17,7 @@ pub struct NodeStatusExporter;
 
 impl Operand for NodeStatusExporter {
     const NAME: &'static str = "node-status-exporter";
+    const OBJECT_KINDS: &'static [&'static str] = &["ServiceMonitor"];
 
     /// Image (`nodeStatusExporter.*`, fallback `VALIDATOR_IMAGE`), pull policy, secrets,
     /// resources, args, env; container[0] `runAsUser: 0`; hostNetwork. No validation init

@@ -13,6 +13,7 @@ pub struct OperatorMetrics;
 
 impl Operand for OperatorMetrics {
     const NAME: &'static str = "operator-metrics";
+    const OBJECT_KINDS: &'static [&'static str] = &["ServiceMonitor"];
 
     /// No DaemonSet belongs to this state; any is left as the common processing made it.
     fn daemonset(

@@ -16,6 +16,7 @@ pub struct PreRequisites;
 
 impl Operand for PreRequisites {
     const NAME: &'static str = "pre-requisites";
+    const OBJECT_KINDS: &'static [&'static str] = &["RuntimeClass"];
 
     /// No DaemonSet belongs to this state; any is left as the common processing made it.
     fn daemonset(

@@ -3,10 +3,11 @@
 //! A plugin is a `cdylib` crate built for `wasm32-wasip2` that implements [`Operand`] and calls
 //! [`export_operand!`]. The SDK parses the state's objects and the ClusterPolicy spec, hands the
 //! plugin typed objects to edit, and answers the host with one RFC 6902 patch per object
-//! (computed with `json_patch::diff`), so plugin code never writes patches by hand.
+//! (the changed sections of a DaemonSet, a `json_patch::diff` of any other object), so plugin
+//! code never writes patches by hand.
 //!
 //! ```text
-//! host ──objects, spec, ctx──► SDK (parse) ──► Operand::daemonset / Operand::object ──► SDK (diff) ──patches──► host
+//! host ──objects, spec, ctx──► SDK (parse) ──► Operand::daemonset / Operand::object ──► SDK (patch) ──patches──► host
 //! ```
 //!
 //! The edit helpers ([`env`], [`image`], [`pod`], [`common`]) follow the upstream GPU Operator's
@@ -26,6 +27,14 @@ pub mod validator;
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 pub mod wasm;
+
+pub mod bump;
+
+/// With the `leaking-allocator` feature, on wasm32: the plugin's global allocator is a
+/// [`bump::Bump`] that (almost) never frees, since the host discards each call's instance.
+#[cfg(all(target_arch = "wasm32", feature = "leaking-allocator"))]
+#[global_allocator]
+static ALLOCATOR: bump::Bump<bump::WasmMemory> = bump::Bump::new(bump::WasmMemory);
 
 pub use error::TransformError;
 pub use k8s_openapi;

@@ -24,6 +24,7 @@ pub struct VgpuDeviceManager;
 
 impl Operand for VgpuDeviceManager {
     const NAME: &'static str = "vgpu-device-manager";
+    const OBJECT_KINDS: &'static [&'static str] = &["ConfigMap"];
 
     /// Upstream order, on container[0]: validation init containers; image
     /// (`vgpuDeviceManager.*`, fallback `VGPU_DEVICE_MANAGER_IMAGE`), pull policy, secrets,

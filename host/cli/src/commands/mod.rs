@@ -98,9 +98,12 @@ impl Cli {
 }
 
 /// A plugin host over the bundled plugins and a drop-in directory (`plugins_dir`, default
-/// `/etc/kiln/plugins`). A directory given explicitly that does not exist is reported.
+/// `/etc/kiln/plugins`), keeping `keep_resident_bytes` of each plugin memory slot mapped
+/// between calls (see `HostConfig::keep_resident_bytes`). A directory given explicitly that
+/// does not exist is reported.
 pub(crate) fn plugin_host(
     plugins_dir: Option<std::path::PathBuf>,
+    keep_resident_bytes: usize,
 ) -> anyhow::Result<std::sync::Arc<kiln_plugin_host::PluginHost>> {
     if let Some(dir) = plugins_dir.as_ref().filter(|d| !d.is_dir()) {
         eprintln!(
@@ -111,6 +114,7 @@ pub(crate) fn plugin_host(
     let drop_in_dir = plugins_dir.or_else(|| Some(kiln_plugin_host::DEFAULT_DROP_IN_DIR.into()));
     let cfg = kiln_plugin_host::HostConfig {
         drop_in_dir,
+        keep_resident_bytes,
         ..Default::default()
     };
     let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?

@@ -57,7 +57,10 @@ impl OperatorArgs {
             }
             None => kube::Client::try_default().await.context("kube client")?,
         };
-        let host = super::plugin_host(self.plugins_dir.clone())?;
+        let host = super::plugin_host(
+            self.plugins_dir.clone(),
+            kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
+        )?;
         let renderer = kiln_render::Renderer::new(host);
         let config = kiln_operator::Config {
             namespace: self.namespace,

@@ -182,7 +182,10 @@ impl RenderArgs {
             );
         }
         let ctx = self.context()?;
-        let renderer = Renderer::new(super::plugin_host(self.plugins_dir.clone())?);
+        let renderer = Renderer::new(super::plugin_host(
+            self.plugins_dir.clone(),
+            kiln_plugin_host::DEFAULT_KEEP_RESIDENT_BYTES,
+        )?);
         let mut objects = Vec::new();
         let mut failed = 0;
         for (state, result) in renderer.render(&policy, &ctx) {

@@ -158,7 +158,10 @@ fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
         let client = kube::Client::try_from(cfg)?;
         let host = Arc::new(
             kiln_plugin_host::PluginHost::new(
-                kiln_plugin_host::HostConfig::default(),
+                kiln_plugin_host::HostConfig {
+                    keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
+                    ..kiln_plugin_host::HostConfig::default()
+                },
                 kiln_bundled_plugins::BUNDLED,
             )?
             .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256),
