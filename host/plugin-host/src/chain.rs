@@ -1,5 +1,7 @@
 //! Running a chain of plugins over the objects of one state.
 
+use std::sync::Arc;
+
 use kiln_core::context::TransformContext;
 use serde_json::Value;
 
@@ -24,6 +26,30 @@ impl PluginRef {
             name: name.into(),
             sha256: None,
         }
+    }
+}
+
+/// The input objects of a chain with their JSON text, serialized once and shared: a caller that
+/// runs the same objects repeatedly (a renderer, per state) keeps one and clones it cheaply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainInput {
+    objects: Arc<[Value]>,
+    texts: Arc<[String]>,
+}
+
+impl ChainInput {
+    /// Serializes `objects` (the state's objects, in apply order).
+    pub fn new(objects: Vec<Value>) -> Self {
+        let texts = objects.iter().map(Value::to_string).collect();
+        ChainInput {
+            objects: objects.into(),
+            texts,
+        }
+    }
+
+    /// The objects.
+    pub fn objects(&self) -> &[Value] {
+        &self.objects
     }
 }
 
@@ -58,18 +84,26 @@ impl PluginHost {
     pub fn run_chain(
         &self,
         chain: &[PluginRef],
-        objects: Vec<Value>,
+        input: &ChainInput,
         spec: &Value,
         ctx: &TransformContext,
     ) -> Result<ChainOutput, PluginError> {
         let spec = spec.to_string();
-        let mut indices: Vec<usize> = (0..objects.len()).collect();
-        let mut current = objects;
+        let mut indices: Vec<usize> = (0..input.objects.len()).collect();
+        let mut current = input.objects.to_vec();
         let mut omitted = Vec::new();
         let mut logs = Vec::with_capacity(chain.len());
+        // The first step sees the input as serialized once; later steps see the previous result.
+        let mut texts = Some(&input.texts);
         for step in chain {
             let plugin = self.plugin(&step.name, step.sha256.as_deref())?;
-            let (kept, log) = self.call_in_place(&plugin, &mut current, &spec, ctx)?;
+            let (kept, log) = self.call_in_place(
+                &plugin,
+                &mut current,
+                texts.take().map(|t| &t[..]),
+                &spec,
+                ctx,
+            )?;
             logs.push((step.name.clone(), log));
             if kept.iter().all(|&k| k) {
                 continue;

@@ -16,7 +16,7 @@ use crate::capture::PluginLog;
 use crate::config::HostConfig;
 use crate::engine::{EpochTicker, make_engine};
 use crate::error::{GuestError, PluginError};
-use crate::outcome::{Rendered, apply_outcomes_in_place};
+use crate::outcome::{Rendered, apply_outcomes_in_place, rendered};
 use crate::sandbox::{CallState, first_forbidden_import, imports_of, make_linker};
 use crate::trap::classify;
 
@@ -269,32 +269,33 @@ impl PluginHost {
         ctx: &TransformContext,
     ) -> Result<TransformOutput, PluginError> {
         let mut patched = objects.to_vec();
-        let (kept, log) = self.call_in_place(plugin, &mut patched, &spec.to_string(), ctx)?;
-        let rendered = patched
-            .into_iter()
-            .zip(kept)
-            .map(|(o, keep)| {
-                if keep {
-                    Rendered::Keep(o)
-                } else {
-                    Rendered::Omit
-                }
-            })
-            .collect();
-        Ok(TransformOutput { rendered, log })
+        let (kept, log) = self.call_in_place(plugin, &mut patched, None, &spec.to_string(), ctx)?;
+        Ok(TransformOutput {
+            rendered: rendered(patched, kept),
+            log,
+        })
     }
 
     /// Runs `plugin` on `objects` and applies its patches to them in place (see
     /// `outcome::apply_outcomes_in_place`); returns, per object, whether it is kept, and the
-    /// plugin's log. `spec` is the ClusterPolicy spec as JSON text.
+    /// plugin's log. `texts` are the objects' JSON text when the caller has it (else they are
+    /// serialized here); `spec` is the ClusterPolicy spec as JSON text.
     pub(crate) fn call_in_place(
         &self,
         plugin: &LoadedPlugin,
         objects: &mut [Value],
+        texts: Option<&[String]>,
         spec: &str,
         ctx: &TransformContext,
     ) -> Result<(Vec<bool>, PluginLog), PluginError> {
-        let texts: Vec<String> = objects.iter().map(Value::to_string).collect();
+        let serialized: Vec<String>;
+        let texts = match texts {
+            Some(t) => t,
+            None => {
+                serialized = objects.iter().map(Value::to_string).collect();
+                &serialized
+            }
+        };
         let ctx = make_context(ctx);
         let mut store = self.new_store(&plugin.name);
         let result = plugin
@@ -321,7 +322,6 @@ impl PluginHost {
             Ok(Ok(outcomes)) => outcomes,
         };
         drop(store);
-        drop(texts);
         let kept = apply_outcomes_in_place(
             &plugin.name,
             objects,

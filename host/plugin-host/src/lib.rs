@@ -42,7 +42,7 @@ mod trap;
 
 pub use cache::{CacheHit, sha256_hex};
 pub use capture::{LogLine, LogSource, PluginLog};
-pub use chain::{ChainOutput, Omitted, PluginRef};
+pub use chain::{ChainInput, ChainOutput, Omitted, PluginRef};
 pub use config::{
     CACHE_DIR_ENV, DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL,
     DEFAULT_KEEP_RESIDENT_BYTES, DEFAULT_LOG_LIMIT_BYTES, DEFAULT_MAX_WASM_STACK_BYTES,

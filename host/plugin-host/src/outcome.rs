@@ -42,7 +42,12 @@ pub(crate) fn apply_outcomes(
 ) -> Result<Vec<Rendered>, PluginError> {
     let mut patched = objects.to_vec();
     let kept = apply_outcomes_in_place(plugin, &mut patched, outcomes, output_limit_bytes)?;
-    Ok(patched
+    Ok(rendered(patched, kept))
+}
+
+/// Pairs patched objects with whether each is kept (see [`apply_outcomes_in_place`]).
+pub(crate) fn rendered(objects: Vec<Value>, kept: Vec<bool>) -> Vec<Rendered> {
+    objects
         .into_iter()
         .zip(kept)
         .map(|(o, keep)| {
@@ -52,7 +57,7 @@ pub(crate) fn apply_outcomes(
                 Rendered::Omit
             }
         })
-        .collect())
+        .collect()
 }
 
 /// Applies `outcomes` to `objects` in place (no copy of an object is made) and validates the

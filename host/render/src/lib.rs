@@ -17,11 +17,12 @@ pub mod placeholders;
 pub mod policy;
 pub mod site;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kiln_core::State;
 use kiln_core::context::TransformContext;
-use kiln_plugin_host::{Omitted, PluginError, PluginHost};
+use kiln_plugin_host::{ChainInput, Omitted, PluginError, PluginHost};
 use serde_json::Value;
 
 pub use policy::{Policy, PolicyError};
@@ -54,16 +55,63 @@ pub struct RenderedState {
     pub omitted: Vec<Omitted>,
 }
 
+/// What a state's input objects depend on: the state, OpenShift or not, the operator
+/// namespace and the runtime class (the placeholders).
+type InputKey = (State, bool, String, String);
+
 /// Renders policies with one shared plugin host.
 #[derive(Clone)]
 pub struct Renderer {
     host: Arc<PluginHost>,
+    /// Each state's placeholder-filled assets, serialized once (a few KiB per state).
+    inputs: Arc<Mutex<HashMap<InputKey, ChainInput>>>,
 }
 
 impl Renderer {
     /// A renderer over `host` (which holds the bundled and drop-in plugins).
     pub fn new(host: Arc<PluginHost>) -> Self {
-        Renderer { host }
+        Renderer {
+            host,
+            inputs: Arc::default(),
+        }
+    }
+
+    /// The state's assets with placeholders filled, as the first plugin of its chain sees
+    /// them; built once per distinct [`InputKey`].
+    fn input(
+        &self,
+        state: State,
+        policy: &Policy,
+        ctx: &TransformContext,
+    ) -> Result<ChainInput, RenderError> {
+        let key = (
+            state,
+            ctx.openshift_version.is_some(),
+            ctx.operator_namespace.clone(),
+            policy.spec.runtime_class().to_string(),
+        );
+        if let Some(input) = self
+            .inputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(input.clone());
+        }
+        let objects: Vec<Value> = assets::load_state(state, key.1)?
+            .into_iter()
+            .map(|a| {
+                let mut o = a.object;
+                placeholders::fill(&mut o, &key.2, &key.3);
+                o
+            })
+            .collect();
+        let input = ChainInput::new(objects);
+        self.inputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, input.clone());
+        Ok(input)
     }
 
     /// The plugin host.
@@ -83,18 +131,11 @@ impl Renderer {
     ) -> Result<RenderedState, RenderError> {
         let mut ctx = base.clone();
         ctx.state = state.name().to_string();
-        let objects: Vec<Value> = assets::load_state(state, ctx.openshift_version.is_some())?
-            .into_iter()
-            .map(|a| {
-                let mut o = a.object;
-                placeholders::fill(&mut o, &ctx.operator_namespace, policy.spec.runtime_class());
-                o
-            })
-            .collect();
+        let input = self.input(state, policy, &ctx)?;
         let chain = policy.plugins.chain(state);
         let out = self
             .host
-            .run_chain(&chain, objects, &policy.spec_json, &ctx)
+            .run_chain(&chain, &input, &policy.spec_json, &ctx)
             .map_err(|source| RenderError::Plugin { state, source })?;
         tracing::debug!(%state, objects = out.objects.len(), omitted = out.omitted.len(), "rendered state");
         Ok(RenderedState {

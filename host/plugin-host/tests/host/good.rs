@@ -1,7 +1,7 @@
 //! The well-behaved Rust std guest: round trip, logs, an empty environment, chaining.
 
 use kiln_plugin_host::{
-    GuestError, LogSource, PluginError, PluginRef, Rendered, inspect, is_allowed_import,
+    ChainInput, GuestError, LogSource, PluginError, PluginRef, Rendered, inspect, is_allowed_import,
 };
 use serde_json::json;
 
@@ -170,7 +170,9 @@ fn chain_feeds_results_forward_and_reports_omissions() {
         },
     ];
     let objects = vec![config_map("drop-me"), daemonset("ds")];
-    let out = host.run_chain(&chain, objects, &json!({}), &ctx()).unwrap();
+    let out = host
+        .run_chain(&chain, &ChainInput::new(objects), &json!({}), &ctx())
+        .unwrap();
 
     assert_eq!(out.objects.len(), 1);
     assert_eq!(out.objects[0].pointer("/metadata/name"), Some(&json!("ds")));
