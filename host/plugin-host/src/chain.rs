@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::capture::PluginLog;
 use crate::error::PluginError;
 use crate::host::PluginHost;
-use crate::outcome::describe;
+use crate::outcome::{StepObjects, describe};
 
 /// One step of a chain: a plugin name, optionally pinned by SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,41 +90,38 @@ impl PluginHost {
     ) -> Result<ChainOutput, PluginError> {
         let spec = spec.to_string();
         let mut indices: Vec<usize> = (0..input.objects.len()).collect();
-        let mut current = input.objects.to_vec();
+        // The first step reads the input as serialized once (copying objects only as far as
+        // their patches need); later steps patch the previous results in place.
+        let mut current: Option<Vec<Value>> = None;
         let mut omitted = Vec::new();
         let mut logs = Vec::with_capacity(chain.len());
-        // The first step sees the input as serialized once; later steps see the previous result.
-        let mut texts = Some(&input.texts);
         for step in chain {
             let plugin = self.plugin(&step.name, step.sha256.as_deref())?;
-            let (kept, log) = self.call_in_place(
-                &plugin,
-                &mut current,
-                texts.take().map(|t| &t[..]),
-                &spec,
-                ctx,
-            )?;
+            let (objects, texts) = match current.take() {
+                None => (StepObjects::Input(&input.objects), Some(&input.texts[..])),
+                Some(owned) => (StepObjects::Owned(owned), None),
+            };
+            let (results, log) = self.call_step(&plugin, objects, texts, &spec, ctx)?;
             logs.push((step.name.clone(), log));
-            if kept.iter().all(|&k| k) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(current.len());
-            let mut next_indices = Vec::with_capacity(current.len());
-            for ((index, object), keep) in indices.into_iter().zip(current).zip(kept) {
-                if keep {
-                    next.push(object);
-                    next_indices.push(index);
-                } else {
-                    omitted.push(Omitted {
+            let mut next = Vec::with_capacity(results.len());
+            let mut next_indices = Vec::with_capacity(results.len());
+            for (index, result) in indices.into_iter().zip(results) {
+                match result {
+                    Some(object) => {
+                        next.push(object);
+                        next_indices.push(index);
+                    }
+                    None => omitted.push(Omitted {
                         index,
-                        object: describe(&object),
+                        object: describe(&input.objects[index]),
                         plugin: step.name.clone(),
-                    });
+                    }),
                 }
             }
-            current = next;
+            current = Some(next);
             indices = next_indices;
         }
+        let current = current.unwrap_or_else(|| input.objects.to_vec());
         Ok(ChainOutput {
             objects: current,
             omitted,

@@ -16,7 +16,7 @@ use crate::capture::PluginLog;
 use crate::config::HostConfig;
 use crate::engine::{EpochTicker, make_engine};
 use crate::error::{GuestError, PluginError};
-use crate::outcome::{Rendered, apply_outcomes_in_place, rendered};
+use crate::outcome::{Rendered, StepObjects, apply_outcomes_to, rendered};
 use crate::sandbox::{CallState, first_forbidden_import, imports_of, make_linker};
 use crate::trap::classify;
 
@@ -268,31 +268,36 @@ impl PluginHost {
         spec: &Value,
         ctx: &TransformContext,
     ) -> Result<TransformOutput, PluginError> {
-        let mut patched = objects.to_vec();
-        let (kept, log) = self.call_in_place(plugin, &mut patched, None, &spec.to_string(), ctx)?;
+        let (results, log) = self.call_step(
+            plugin,
+            StepObjects::Input(objects),
+            None,
+            &spec.to_string(),
+            ctx,
+        )?;
         Ok(TransformOutput {
-            rendered: rendered(patched, kept),
+            rendered: rendered(results),
             log,
         })
     }
 
-    /// Runs `plugin` on `objects` and applies its patches to them in place (see
-    /// `outcome::apply_outcomes_in_place`); returns, per object, whether it is kept, and the
-    /// plugin's log. `texts` are the objects' JSON text when the caller has it (else they are
-    /// serialized here); `spec` is the ClusterPolicy spec as JSON text.
-    pub(crate) fn call_in_place(
+    /// Runs `plugin` on `objects` and applies its patches (see `outcome::apply_outcomes_to`);
+    /// returns, per object, the result or `None` when omitted, and the plugin's log. `texts`
+    /// are the objects' JSON text when the caller has it (else they are serialized here);
+    /// `spec` is the ClusterPolicy spec as JSON text.
+    pub(crate) fn call_step(
         &self,
         plugin: &LoadedPlugin,
-        objects: &mut [Value],
+        objects: StepObjects<'_>,
         texts: Option<&[String]>,
         spec: &str,
         ctx: &TransformContext,
-    ) -> Result<(Vec<bool>, PluginLog), PluginError> {
+    ) -> Result<(Vec<Option<Value>>, PluginLog), PluginError> {
         let serialized: Vec<String>;
         let texts = match texts {
             Some(t) => t,
             None => {
-                serialized = objects.iter().map(Value::to_string).collect();
+                serialized = objects.as_slice().iter().map(Value::to_string).collect();
                 &serialized
             }
         };
@@ -301,7 +306,7 @@ impl PluginHost {
         let result = plugin
             .pre
             .instantiate(&mut store)
-            .and_then(|instance| instance.call_transform(&mut store, &texts, spec, &ctx));
+            .and_then(|instance| instance.call_transform(&mut store, texts, spec, &ctx));
         let log = store.data().log.finish();
         let outcomes = match result {
             Err(err) => {
@@ -322,13 +327,13 @@ impl PluginHost {
             Ok(Ok(outcomes)) => outcomes,
         };
         drop(store);
-        let kept = apply_outcomes_in_place(
+        let results = apply_outcomes_to(
             &plugin.name,
             objects,
             outcomes,
             self.config.output_limit_bytes,
         )?;
-        Ok((kept, log))
+        Ok((results, log))
     }
 
     /// A fresh store for one call of `plugin`, with every limit set.

@@ -37,6 +37,7 @@ mod error;
 mod host;
 mod inspect;
 mod outcome;
+mod patch;
 mod sandbox;
 mod trap;
 

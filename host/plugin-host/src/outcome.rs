@@ -29,10 +29,28 @@ pub(crate) fn describe(object: &Value) -> String {
     format!("{kind}/{name}")
 }
 
+/// A chain step's objects: the chain's input (borrowed, copied only as far as a patch needs)
+/// or the previous step's results (owned, patched in place).
+pub(crate) enum StepObjects<'a> {
+    /// The chain's input objects.
+    Input(&'a [Value]),
+    /// Results of the previous step.
+    Owned(Vec<Value>),
+}
+
+impl StepObjects<'_> {
+    pub(crate) fn as_slice(&self) -> &[Value] {
+        match self {
+            StepObjects::Input(o) => o,
+            StepObjects::Owned(o) => o,
+        }
+    }
+}
+
 /// Applies `outcomes` to `objects` and validates the results.
 ///
 /// # Errors
-/// As [`apply_outcomes_in_place`].
+/// As [`apply_outcomes_to`].
 #[cfg(test)]
 pub(crate) fn apply_outcomes(
     plugin: &str,
@@ -40,43 +58,40 @@ pub(crate) fn apply_outcomes(
     outcomes: Vec<Outcome>,
     output_limit_bytes: usize,
 ) -> Result<Vec<Rendered>, PluginError> {
-    let mut patched = objects.to_vec();
-    let kept = apply_outcomes_in_place(plugin, &mut patched, outcomes, output_limit_bytes)?;
-    Ok(rendered(patched, kept))
+    let out = apply_outcomes_to(
+        plugin,
+        StepObjects::Input(objects),
+        outcomes,
+        output_limit_bytes,
+    )?;
+    Ok(rendered(out))
 }
 
-/// Pairs patched objects with whether each is kept (see [`apply_outcomes_in_place`]).
-pub(crate) fn rendered(objects: Vec<Value>, kept: Vec<bool>) -> Vec<Rendered> {
-    objects
+/// `Keep`/`Omit` for each result of [`apply_outcomes_to`].
+pub(crate) fn rendered(results: Vec<Option<Value>>) -> Vec<Rendered> {
+    results
         .into_iter()
-        .zip(kept)
-        .map(|(o, keep)| {
-            if keep {
-                Rendered::Keep(o)
-            } else {
-                Rendered::Omit
-            }
-        })
+        .map(|o| o.map_or(Rendered::Omit, Rendered::Keep))
         .collect()
 }
 
-/// Applies `outcomes` to `objects` in place (no copy of an object is made) and validates the
-/// results; returns, per object, whether it is kept (`false`: omitted, left unpatched). On an
-/// error the objects are left part-patched: callers discard them.
+/// Applies `outcomes` to `objects` and validates the results: per object, the patched object,
+/// or `None` when the plugin omitted it.
 ///
 /// # Errors
 /// [`PluginError::WrongOutcomeCount`], [`PluginError::OutputTooLarge`] (total patch bytes over
 /// `output_limit_bytes`), [`PluginError::InvalidPatch`] and [`PluginError::InvalidResult`].
-pub(crate) fn apply_outcomes_in_place(
+pub(crate) fn apply_outcomes_to(
     plugin: &str,
-    objects: &mut [Value],
+    objects: StepObjects<'_>,
     outcomes: Vec<Outcome>,
     output_limit_bytes: usize,
-) -> Result<Vec<bool>, PluginError> {
-    if outcomes.len() != objects.len() {
+) -> Result<Vec<Option<Value>>, PluginError> {
+    let expected = objects.as_slice().len();
+    if outcomes.len() != expected {
         return Err(PluginError::WrongOutcomeCount {
             plugin: plugin.to_string(),
-            expected: objects.len(),
+            expected,
             actual: outcomes.len(),
         });
     }
@@ -94,15 +109,69 @@ pub(crate) fn apply_outcomes_in_place(
             actual_bytes: total,
         });
     }
-    objects
-        .iter_mut()
-        .zip(outcomes)
-        .enumerate()
-        .map(|(index, (object, outcome))| match outcome {
-            Outcome::Omit => Ok(false),
-            Outcome::Patch(text) => apply_patch(plugin, index, object, &text).map(|()| true),
-        })
-        .collect()
+    let patch_one = |index: usize, object: Target<'_>, outcome: Outcome| match outcome {
+        Outcome::Omit => Ok(None),
+        Outcome::Patch(text) => apply_patch(plugin, index, object, &text).map(Some),
+    };
+    match objects {
+        StepObjects::Input(objects) => objects
+            .iter()
+            .zip(outcomes)
+            .enumerate()
+            .map(|(i, (o, outcome))| patch_one(i, Target::Copy(o), outcome))
+            .collect(),
+        StepObjects::Owned(objects) => objects
+            .into_iter()
+            .zip(outcomes)
+            .enumerate()
+            .map(|(i, (o, outcome))| patch_one(i, Target::InPlace(o), outcome))
+            .collect(),
+    }
+}
+
+/// The object a patch applies to.
+enum Target<'a> {
+    /// Patch a copy; the original stays.
+    Copy(&'a Value),
+    /// Patch this object.
+    InPlace(Value),
+}
+
+/// The copy of `original` that `patch` is applied to. When every operation is an `add`,
+/// `replace` or `remove` of a top-level member (what the standard plugins answer), members that
+/// an `add` or `replace` overwrites are not copied: they get a `null` placeholder, which those
+/// operations replace without reading it, so the result equals patching a full copy. Any other
+/// patch gets a full copy.
+fn copy_for_patch(original: &Value, patch: &json_patch::Patch) -> Value {
+    use json_patch::PatchOperation as Op;
+    let Value::Object(members) = original else {
+        return original.clone();
+    };
+    let mut overwritten = Vec::with_capacity(patch.len());
+    for op in patch.iter() {
+        let (path, overwrites) = match op {
+            Op::Add(a) => (&a.path, true),
+            Op::Replace(r) => (&r.path, true),
+            Op::Remove(r) => (&r.path, false),
+            _ => return original.clone(),
+        };
+        let mut tokens = path.tokens();
+        let (Some(token), None) = (tokens.next(), tokens.next()) else {
+            return original.clone();
+        };
+        if overwrites {
+            overwritten.push(token.decoded().into_owned());
+        }
+    }
+    Value::Object(
+        members
+            .iter()
+            .map(|(k, v)| {
+                let placeholder = overwritten.iter().any(|o| o == k);
+                (k.clone(), if placeholder { Value::Null } else { v.clone() })
+            })
+            .collect(),
+    )
 }
 
 /// The members of an object a patch must not change (see the module docs), copied before the
@@ -167,30 +236,42 @@ impl Identity {
 fn apply_patch(
     plugin: &str,
     index: usize,
-    object: &mut Value,
+    target: Target<'_>,
     text: &str,
-) -> Result<(), PluginError> {
-    let identity = Identity::of(object);
+) -> Result<Value, PluginError> {
+    let original = match &target {
+        Target::Copy(o) => *o,
+        Target::InPlace(o) => o,
+    };
+    let identity = Identity::of(original);
     let invalid_patch = |message: String| PluginError::InvalidPatch {
         plugin: plugin.to_string(),
         index,
         object: identity.describe.clone(),
         message,
     };
-    let patch: json_patch::Patch = serde_json::from_str(text)
+    let patch = crate::patch::parse_patch(text)
         .map_err(|e| invalid_patch(format!("not an RFC 6902 JSON Patch: {e}")))?;
     if patch.is_empty() {
-        return Ok(());
+        return Ok(match target {
+            Target::Copy(o) => o.clone(),
+            Target::InPlace(o) => o,
+        });
     }
-    json_patch::patch(object, &patch).map_err(|e| invalid_patch(e.to_string()))?;
+    let mut object = match target {
+        Target::Copy(o) => copy_for_patch(o, &patch),
+        Target::InPlace(o) => o,
+    };
+    json_patch::patch(&mut object, &patch).map_err(|e| invalid_patch(e.to_string()))?;
     identity
-        .check(object)
+        .check(&object)
         .map_err(|message| PluginError::InvalidResult {
             plugin: plugin.to_string(),
             index,
             object: identity.describe.clone(),
             message,
-        })
+        })?;
+    Ok(object)
 }
 
 fn show(v: Option<&Value>) -> String {
@@ -228,6 +309,32 @@ mod tests {
         };
         assert_eq!(obj.pointer("/metadata/labels/a"), Some(&json!("b")));
         assert_eq!(run(vec![Outcome::Omit]).unwrap(), vec![Rendered::Omit]);
+    }
+
+    /// Patching the partial copy gives what patching a full copy gives, for patches the
+    /// shortcut takes and for those it does not.
+    #[test]
+    fn partial_copy_patches_like_a_full_copy() {
+        let original = daemonset();
+        for text in [
+            r#"[{"op":"add","path":"/spec","value":{"selector":{"matchLabels":{"app":"ds"}},"template":{}}},{"op":"add","path":"/metadata","value":{"name":"ds","namespace":"ns","labels":{"x":"y"}}}]"#,
+            r#"[{"op":"replace","path":"/metadata","value":{"name":"ds"}},{"op":"remove","path":"/spec"},{"op":"add","path":"/spec","value":7}]"#,
+            r#"[{"op":"add","path":"/spec/x","value":1}]"#,
+            r#"[{"op":"copy","from":"/spec","path":"/status"},{"op":"add","path":"/spec","value":{}}]"#,
+        ] {
+            let patch = crate::patch::parse_patch(text).unwrap();
+            let mut full = original.clone();
+            json_patch::patch(&mut full, &patch).unwrap();
+            let mut partial = copy_for_patch(&original, &patch);
+            json_patch::patch(&mut partial, &patch).unwrap();
+            assert_eq!(partial, full, "{text}");
+        }
+        let top = crate::patch::parse_patch(r#"[{"op":"add","path":"/spec","value":1}]"#).unwrap();
+        assert_eq!(
+            copy_for_patch(&original, &top)["spec"],
+            Value::Null,
+            "not copied"
+        );
     }
 
     #[test]
