@@ -76,8 +76,10 @@ pub struct ChainOutput {
 }
 
 impl PluginHost {
-    /// Runs `chain` over `objects`: each plugin sees the previous one's result, and an object
-    /// one plugin omits is neither shown to later plugins nor returned.
+    /// Runs `chain` over the `input` objects: each plugin sees the previous one's result, and
+    /// an object one plugin omits is neither shown to later plugins nor returned. With an empty
+    /// chain the input is returned unchanged. `spec` is the ClusterPolicy spec handed to every
+    /// plugin as JSON.
     ///
     /// # Errors
     /// The first [`PluginError`] of any step (lookup, pin, call or output), naming its plugin.
