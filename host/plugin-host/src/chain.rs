@@ -46,11 +46,6 @@ impl ChainInput {
             texts,
         }
     }
-
-    /// The objects.
-    pub fn objects(&self) -> &[Value] {
-        &self.objects
-    }
 }
 
 /// An object a plugin of the chain left out.

@@ -179,7 +179,6 @@ fn copy_for_patch(original: &Value, patch: &json_patch::Patch) -> Value {
 struct Identity {
     members: [Option<Value>; 4],
     daemonset_selector: Option<Option<Value>>,
-    describe: String,
 }
 
 /// Pointers of the members every patched object keeps.
@@ -197,8 +196,18 @@ impl Identity {
         Identity {
             members: IDENTITY.map(|p| object.pointer(p).cloned()),
             daemonset_selector: is_daemonset.then(|| object.pointer("/spec/selector").cloned()),
-            describe: describe(object),
         }
+    }
+
+    /// `kind/name` of the object, as [`describe`] gives it.
+    fn describe(&self) -> String {
+        let text = |v: &Option<Value>| {
+            v.as_ref()
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string()
+        };
+        format!("{}/{}", text(&self.members[1]), text(&self.members[2]))
     }
 
     /// Why `patched` is not an acceptable result for the object this identity was taken
@@ -243,32 +252,38 @@ fn apply_patch(
         Target::Copy(o) => *o,
         Target::InPlace(o) => o,
     };
-    let identity = Identity::of(original);
-    let invalid_patch = |message: String| PluginError::InvalidPatch {
+    let invalid_patch = |object: String, message: String| PluginError::InvalidPatch {
         plugin: plugin.to_string(),
         index,
-        object: identity.describe.clone(),
+        object,
         message,
     };
-    let patch = crate::patch::parse_patch(text)
-        .map_err(|e| invalid_patch(format!("not an RFC 6902 JSON Patch: {e}")))?;
+    let patch = crate::patch::parse_patch(text).map_err(|e| {
+        invalid_patch(
+            describe(original),
+            format!("not an RFC 6902 JSON Patch: {e}"),
+        )
+    })?;
     if patch.is_empty() {
+        // Most objects of a state: no identity to check, nothing to copy but the result.
         return Ok(match target {
             Target::Copy(o) => o.clone(),
             Target::InPlace(o) => o,
         });
     }
+    let identity = Identity::of(original);
     let mut object = match target {
         Target::Copy(o) => copy_for_patch(o, &patch),
         Target::InPlace(o) => o,
     };
-    json_patch::patch(&mut object, &patch).map_err(|e| invalid_patch(e.to_string()))?;
+    json_patch::patch(&mut object, &patch)
+        .map_err(|e| invalid_patch(identity.describe(), e.to_string()))?;
     identity
         .check(&object)
         .map_err(|message| PluginError::InvalidResult {
             plugin: plugin.to_string(),
             index,
-            object: identity.describe.clone(),
+            object: identity.describe(),
             message,
         })?;
     Ok(object)

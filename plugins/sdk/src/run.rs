@@ -109,22 +109,22 @@ pub fn run_operand<O: Operand>(
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            if text.starts_with(DAEMONSET_PREFIX) {
-                return edit_daemonset::<O>(i, text, &spec, ctx);
+            let kind = if text.starts_with(DAEMONSET_PREFIX) {
+                Some(Cow::Borrowed("DaemonSet"))
+            } else {
+                peek_kind(i, text)?
+            };
+            match kind.as_deref() {
+                Some("DaemonSet") => edit_daemonset::<O>(i, text, &spec, ctx),
+                Some(k) if O::OBJECT_KINDS.contains(&k) => {
+                    edit_value(i, text, |obj| O::object(obj, &spec, ctx))
+                }
+                _other => {
+                    #[cfg(debug_assertions)]
+                    check_unlisted_kind_untouched::<O>(text, _other, &spec, ctx);
+                    Ok(Outcome::Patch(EMPTY_PATCH.to_string()))
+                }
             }
-            let kind = peek_kind(i, text)?;
-            if kind.as_deref() == Some("DaemonSet") {
-                return edit_daemonset::<O>(i, text, &spec, ctx);
-            }
-            if kind
-                .as_deref()
-                .is_some_and(|k| O::OBJECT_KINDS.contains(&k))
-            {
-                return edit_value(i, text, |obj| O::object(obj, &spec, ctx));
-            }
-            #[cfg(debug_assertions)]
-            check_unlisted_kind_untouched::<O>(text, kind.as_deref(), &spec, ctx);
-            Ok(Outcome::Patch(EMPTY_PATCH.to_string()))
         })
         .collect()
 }
