@@ -73,8 +73,8 @@ pub struct ChainOutput {
 impl PluginHost {
     /// Runs `chain` over the `input` objects: each plugin sees the previous one's result, and
     /// an object one plugin omits is neither shown to later plugins nor returned. With an empty
-    /// chain the input is returned unchanged. `spec` is the ClusterPolicy spec handed to every
-    /// plugin as JSON.
+    /// chain the input is returned unchanged. `spec` is the ClusterPolicy spec as JSON text,
+    /// handed to every plugin as is.
     ///
     /// # Errors
     /// The first [`PluginError`] of any step (lookup, pin, call or output), naming its plugin.
@@ -82,10 +82,9 @@ impl PluginHost {
         &self,
         chain: &[PluginRef],
         input: &ChainInput,
-        spec: &Value,
+        spec: &str,
         ctx: &TransformContext,
     ) -> Result<ChainOutput, PluginError> {
-        let spec = spec.to_string();
         let mut indices: Vec<usize> = (0..input.objects.len()).collect();
         // The first step reads the input as serialized once (copying objects only as far as
         // their patches need); later steps patch the previous results in place.
@@ -98,7 +97,7 @@ impl PluginHost {
                 None => (StepObjects::Input(&input.objects), Some(&input.texts[..])),
                 Some(owned) => (StepObjects::Owned(owned), None),
             };
-            let (results, log) = self.call_step(&plugin, objects, texts, &spec, ctx)?;
+            let (results, log) = self.call_step(&plugin, objects, texts, spec, ctx)?;
             logs.push((step.name.clone(), log));
             let mut next = Vec::with_capacity(results.len());
             let mut next_indices = Vec::with_capacity(results.len());

@@ -71,12 +71,11 @@ fn native_inputs(states: &[State], policy: &Policy, ctx: &TransformContext) -> V
 /// The same plugin logic, called natively: the SDK entry point on the state's serialized
 /// inputs, then each patch applied to a copy of its object (as the renderer does with the
 /// Wasm plugins' patches; the renderer also validates each result, which this skips).
-fn native(input: &NativeInput, spec: &Value) -> Vec<Value> {
+fn native(input: &NativeInput, spec: &str) -> Vec<Value> {
     let (state, objects, texts, ctx) = (input.state, &input.objects, &input.texts, &input.ctx);
-    let spec = spec.to_string();
     macro_rules! dispatch {
         ($($s:ident => $t:path),* $(,)?) => {
-            match state { $(State::$s => run_operand::<$t>(&texts, &spec, ctx),)* }
+            match state { $(State::$s => run_operand::<$t>(&texts, spec, ctx),)* }
         };
     }
     let outcomes = dispatch!(
@@ -192,7 +191,7 @@ fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
     let inputs = native_inputs(&states, policy, ctx);
     let native = || {
         for input in &inputs {
-            black_box(native(input, &policy.spec_json));
+            black_box(native(input, &policy.spec_text));
         }
     };
     // Mean CPU per render over one round of `n / ROUNDS` renders.
@@ -277,7 +276,7 @@ fn benches(c: &mut Criterion) {
             })
         });
         warm.bench_function(format!("native/{state}"), |b| {
-            b.iter(|| black_box(native(black_box(input), &policy.spec_json)))
+            b.iter(|| black_box(native(black_box(input), &policy.spec_text)))
         });
     }
     warm.finish();
@@ -297,7 +296,7 @@ fn benches(c: &mut Criterion) {
     full.bench_function("native", |b| {
         b.iter(|| {
             for input in &inputs {
-                black_box(native(input, &policy.spec_json));
+                black_box(native(input, &policy.spec_text));
             }
         })
     });

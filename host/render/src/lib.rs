@@ -18,6 +18,7 @@ pub mod policy;
 pub mod site;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kiln_core::State;
@@ -135,7 +136,7 @@ impl Renderer {
         let chain = policy.plugins.chain(state);
         let out = self
             .host
-            .run_chain(&chain, &input, &policy.spec_json, &ctx)
+            .run_chain(&chain, &input, &policy.spec_text, &ctx)
             .map_err(|source| RenderError::Plugin { state, source })?;
         tracing::debug!(%state, objects = out.objects.len(), omitted = out.omitted.len(), "rendered state");
         Ok(RenderedState {
@@ -146,23 +147,46 @@ impl Renderer {
     }
 
     /// Render every state `policy` enables, returned in apply order; each state's result is
-    /// independent. States render concurrently (one scoped thread each, sharing the host): no
-    /// state's transform reads another's output.
+    /// independent. States render on up to [`std::thread::available_parallelism`] scoped
+    /// threads sharing the host (no state's transform reads another's output), each taking the
+    /// next state not yet started. One thread per core, not per state: warm calls are short
+    /// (≈ 0.2 ms) and more threads than cores only add scheduling and cross-core TLB flushes
+    /// (Wasmtime changes page protections of an instance's memory when it is discarded), while
+    /// a cold start still compiles plugins on every core.
     pub fn render(
         &self,
         policy: &Policy,
         base: &TransformContext,
     ) -> Vec<(State, Result<RenderedState, RenderError>)> {
         let states = kiln_core::plan::enabled_states(&policy.spec);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = states
+        let workers = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZero::get)
+            .min(states.len());
+        if workers <= 1 {
+            return states
                 .iter()
-                .map(|&s| (s, scope.spawn(move || self.render_state(s, policy, base))))
+                .map(|&s| (s, self.render_state(s, policy, base)))
                 .collect();
+        }
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&state) = states.get(i) else {
+                    return done;
+                };
+                done.push((i, state, self.render_state(state, policy, base)));
+            }
+        };
+        let mut results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(work)).collect();
             handles
                 .into_iter()
-                .map(|(s, h)| (s, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+                .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
-        })
+        });
+        results.sort_by_key(|(i, _, _)| *i);
+        results.into_iter().map(|(_, s, r)| (s, r)).collect()
     }
 }

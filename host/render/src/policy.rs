@@ -33,6 +33,8 @@ pub struct Policy {
     pub name: String,
     /// `spec` exactly as written (`{}` when absent).
     pub spec_json: Value,
+    /// [`Policy::spec_json`] as JSON text, serialized once: what plugins receive.
+    pub spec_text: String,
     /// The typed spec.
     pub spec: ClusterPolicySpec,
     /// Site plugins and pins from the `kiln.dev/plugins` annotation.
@@ -83,6 +85,7 @@ impl Policy {
         };
         Ok(Policy {
             name,
+            spec_text: spec_json.to_string(),
             spec_json,
             spec,
             plugins,

@@ -222,3 +222,22 @@ fn the_deploy_sample_renders_every_default_state() {
         );
     }
 }
+
+#[test]
+fn render_returns_each_enabled_state_once_in_apply_order() {
+    let path = repo().join("../shared/upstream/clusterpolicy-sample.yaml");
+    let doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let policy = Policy::from_object(&doc).unwrap();
+    let renderer = Renderer::new(host());
+    let ctx = defaults::render_context();
+    // `render` spreads states over worker threads; its results must still come back in apply
+    // order and equal a one-state-at-a-time render.
+    let rendered = renderer.render(&policy, &ctx);
+    let states: Vec<State> = rendered.iter().map(|(s, _)| *s).collect();
+    assert_eq!(states, kiln_core::plan::enabled_states(&policy.spec));
+    assert_eq!(states.len(), 11);
+    for (state, result) in rendered {
+        let one = renderer.render_state(state, &policy, &ctx).unwrap();
+        assert_eq!(result.unwrap(), one, "{state}");
+    }
+}

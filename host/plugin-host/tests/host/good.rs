@@ -171,7 +171,7 @@ fn chain_feeds_results_forward_and_reports_omissions() {
     ];
     let objects = vec![config_map("drop-me"), daemonset("ds")];
     let out = host
-        .run_chain(&chain, &ChainInput::new(objects), &json!({}), &ctx())
+        .run_chain(&chain, &ChainInput::new(objects), "{}", &ctx())
         .unwrap();
 
     assert_eq!(out.objects.len(), 1);
