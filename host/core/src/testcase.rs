@@ -114,10 +114,10 @@ impl Case {
         if want.path.is_some() && want.path.as_deref() != path {
             return Err(format!("error path {path:?}, expected {:?}", want.path));
         }
-        if let Some(c) = &want.contains {
-            if !message.contains(c.as_str()) {
-                return Err(format!("error message {message:?} lacks {c:?}"));
-            }
+        if let Some(c) = &want.contains
+            && !message.contains(c.as_str())
+        {
+            return Err(format!("error message {message:?} lacks {c:?}"));
         }
         Ok(())
     }
