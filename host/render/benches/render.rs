@@ -289,7 +289,7 @@ fn benches(c: &mut Criterion) {
             }
         })
     });
-    // `Renderer::render`: one thread per state, as `kiln render` runs it.
+    // `Renderer::render`: one worker thread per core, as `kiln render` runs it.
     full.bench_function("wasm_threaded", |b| {
         b.iter(|| black_box(renderer.render(black_box(&policy), &ctx)))
     });
