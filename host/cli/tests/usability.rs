@@ -245,3 +245,32 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
     );
     assert!(!err.contains("caching in memory only"), "{err}");
 }
+
+#[test]
+fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (name, bytes) = kiln_bundled_plugins::BUNDLED
+        .iter()
+        .find(|(n, _)| *n == "dcgm")
+        .expect("the dcgm plugin is bundled");
+    // As cargo names the build output, then as the drop-in directory wants it.
+    for (file, rename) in [("kiln_plugin_dcgm.wasm", true), ("dcgm.wasm", false)] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, bytes).unwrap();
+        let out = kiln(&["plugin", "check"]).arg(&path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.contains(&format!("name:    {name}\n")), "{text}");
+        assert!(text.contains("verdict: accepted"), "{text}");
+        assert!(!text.contains("warning"), "{text}");
+        assert!(
+            text.contains(&format!("install: as {name}.wasm in the drop-in directory")),
+            "{text}"
+        );
+        assert_eq!(
+            text.contains("would be looked up as \"kiln_plugin_dcgm\""),
+            rename,
+            "{text}"
+        );
+    }
+}

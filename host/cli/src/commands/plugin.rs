@@ -155,10 +155,16 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or_default();
-    if let Some(name) = report.name.as_deref().filter(|n| *n != stem) {
-        println!(
-            "warning: the file is {stem:?} but the component calls itself {name:?}; install it as {name}.wasm"
-        );
+    if let Some(name) = report.name.as_deref() {
+        // The host finds a drop-in by file name and refuses one whose `name()` differs, so a
+        // build output (`site_node_pool.wasm`, `kiln_plugin_driver.wasm`) must be renamed.
+        if name == stem {
+            println!("install: as {name}.wasm in the drop-in directory");
+        } else {
+            println!(
+                "install: as {name}.wasm in the drop-in directory (the host looks a plugin up by file name; this file would be looked up as {stem:?})"
+            );
+        }
     }
     match &report.refusal {
         None => {
