@@ -274,3 +274,24 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
         );
     }
 }
+
+#[test]
+fn render_heads_each_yaml_document_with_its_state_and_plugin_chain() {
+    let sample = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/samples/clusterpolicy.yaml"
+    );
+    let out = kiln(&["render", "--policy", sample]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.starts_with("---\n# Source: state-pre-requisites via pre-requisites\n"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    let documents = text.lines().filter(|l| *l == "---").count();
+    let sources = text.lines().filter(|l| l.starts_with("# Source: ")).count();
+    assert!(documents > 40, "{documents} documents");
+    assert_eq!(sources, documents);
+    assert!(text.contains("---\n# Source: state-driver via driver\napiVersion: "));
+}

@@ -186,11 +186,21 @@ impl RenderArgs {
             self.plugins_dir.clone(),
             kiln_plugin_host::DEFAULT_KEEP_RESIDENT_BYTES,
         )?);
+        // Each object with the `# Source:` text of its state: `state-driver via driver, site-x`.
         let mut objects = Vec::new();
         let mut failed = 0;
         for (state, result) in renderer.render(&policy, &ctx) {
             match result {
-                Ok(r) => objects.extend(r.objects),
+                Ok(r) => {
+                    let chain: Vec<String> = policy
+                        .plugins
+                        .chain(state)
+                        .into_iter()
+                        .map(|p| p.name)
+                        .collect();
+                    let source = format!("state-{state} via {}", chain.join(", "));
+                    objects.extend(r.objects.into_iter().map(|o| (source.clone(), o)));
+                }
                 Err(e) => {
                     failed += 1;
                     eprintln!("error: {file}: {e}");
@@ -202,8 +212,13 @@ impl RenderArgs {
             bail!("{failed} state(s) failed to render");
         }
         let text = match self.output {
-            Format::Yaml => output::yaml_stream(&objects)?,
-            Format::Json => output::json_list(&objects),
+            Format::Yaml => {
+                output::yaml_stream_with_sources(objects.iter().map(|(s, o)| (s.as_str(), o)))?
+            }
+            Format::Json => {
+                let objects: Vec<serde_json::Value> = objects.into_iter().map(|(_, o)| o).collect();
+                output::json_list(&objects)
+            }
         };
         super::write_stdout(&text)?;
         Ok(ExitCode::SUCCESS)
