@@ -273,6 +273,16 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
             "{text}"
         );
     }
+    // Not Wasm at all: exit 1, naming the file and the plugin name it would be looked up by.
+    let notes = dir.path().join("notes.md");
+    std::fs::write(&notes, "# not a plugin\n").unwrap();
+    let out = kiln(&["plugin", "check"]).arg(&notes).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("notes.md: plugin \"notes\": cannot load component: not a WebAssembly file"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -9,7 +9,8 @@ use crate::error::PluginError;
 use crate::host::PluginHost;
 use crate::sandbox::{exports_of, first_forbidden_import, imports_of};
 
-/// The name used in errors about an inspected file, whose real name is not known yet.
+/// The name [`inspect`] uses in errors about the bytes, whose real name is not known yet
+/// ([`inspect_as`] takes one, e.g. the file name a drop-in would be looked up by).
 pub const INSPECTED: &str = "(inspected file)";
 
 /// What [`inspect`] found out about a wasm file.
@@ -41,8 +42,17 @@ impl PluginReport {
 /// [`PluginError::EngineSetup`], or [`PluginError::LoadFailed`] when the bytes are not a
 /// component at all; every other problem is reported in [`PluginReport::refusal`].
 pub fn inspect(bytes: &[u8]) -> Result<PluginReport, PluginError> {
+    inspect_as(bytes, INSPECTED)
+}
+
+/// [`inspect`], naming the plugin `label` in errors (`kiln plugin check` passes the file name
+/// without `.wasm`, the name the host would look the file up by).
+///
+/// # Errors
+/// As [`inspect`].
+pub fn inspect_as(bytes: &[u8], label: &str) -> Result<PluginReport, PluginError> {
     let host = PluginHost::new(HostConfig::in_memory(), &[])?;
-    host.inspect(bytes)
+    host.inspect_as(bytes, label)
 }
 
 impl PluginHost {
@@ -51,7 +61,15 @@ impl PluginHost {
     /// # Errors
     /// As [`inspect`].
     pub fn inspect(&self, bytes: &[u8]) -> Result<PluginReport, PluginError> {
-        let component = crate::cache::compile(&self.engine, INSPECTED, bytes)?;
+        self.inspect_as(bytes, INSPECTED)
+    }
+
+    /// [`inspect_as`] with this host's engine and limits.
+    ///
+    /// # Errors
+    /// As [`inspect`].
+    pub fn inspect_as(&self, bytes: &[u8], label: &str) -> Result<PluginReport, PluginError> {
+        let component = crate::cache::compile(&self.engine, label, bytes)?;
         let mut report = PluginReport {
             sha256: sha256_hex(bytes),
             imports: imports_of(&self.engine, &component),
@@ -61,7 +79,7 @@ impl PluginHost {
         };
         if let Some(import) = first_forbidden_import(&self.engine, &component) {
             report.refusal = Some(PluginError::ForbiddenImport {
-                plugin: INSPECTED.into(),
+                plugin: label.into(),
                 import,
             });
             return Ok(report);
@@ -71,10 +89,10 @@ impl PluginHost {
             .instantiate_pre(&component)
             .and_then(OperandTransformPre::new)
             .map_err(|e| PluginError::LoadFailed {
-                plugin: INSPECTED.into(),
+                plugin: label.into(),
                 message: format!("{e:#}"),
             });
-        match pre.and_then(|pre| self.call_name(&Arc::from(INSPECTED), &pre)) {
+        match pre.and_then(|pre| self.call_name(&Arc::from(label), &pre)) {
             Ok(name) => report.name = Some(name),
             Err(e) => report.refusal = Some(e),
         }

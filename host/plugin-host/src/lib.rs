@@ -53,7 +53,7 @@ pub use config::{
 pub use engine::PERFMAP_ENV;
 pub use error::{GuestError, PluginError};
 pub use host::{LoadedPlugin, PluginHost, PluginSource, TransformOutput};
-pub use inspect::{INSPECTED, PluginReport, inspect};
+pub use inspect::{INSPECTED, PluginReport, inspect, inspect_as};
 pub use outcome::Rendered;
 pub use sandbox::{ALLOWED_WASI_INTERFACES, is_allowed_import};
 

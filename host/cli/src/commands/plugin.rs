@@ -134,7 +134,12 @@ fn precompile(
 
 fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
-    let report = kiln_plugin_host::inspect(&bytes).with_context(|| file.display().to_string())?;
+    let stem = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    let report =
+        kiln_plugin_host::inspect_as(&bytes, stem).with_context(|| file.display().to_string())?;
     println!("file:    {}", file.display());
     println!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
     println!("sha256:  {}", report.sha256);
@@ -151,10 +156,6 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
         };
         println!("  {i} ({mark})");
     }
-    let stem = file
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or_default();
     if let Some(name) = report.name.as_deref() {
         // The host finds a drop-in by file name and refuses one whose `name()` differs, so a
         // build output (`site_node_pool.wasm`, `kiln_plugin_driver.wasm`) must be renamed.

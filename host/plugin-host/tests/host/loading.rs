@@ -106,6 +106,10 @@ fn garbage_is_a_load_failure() {
         inspect(b"not wasm"),
         Err(PluginError::LoadFailed { .. })
     ));
+    match kiln_plugin_host::inspect_as(b"not wasm", "notes") {
+        Err(PluginError::LoadFailed { plugin, .. }) => assert_eq!(plugin, "notes"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
