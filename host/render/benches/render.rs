@@ -159,7 +159,8 @@ fn process_cpu() -> Option<std::time::Duration> {
 }
 
 /// CPU time per full render, all states one after another on one thread, Wasm and native:
-/// unlike criterion's wall-clock figures these hold on a loaded machine.
+/// less disturbed than criterion's wall-clock figures by other processes, though a busy machine
+/// still slows them (shared caches and cores).
 fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
     let n: u32 = std::env::var("KILN_BENCH_CPU_N")
         .ok()
