@@ -28,7 +28,7 @@ impl RenderCache {
     pub fn inputs(state: State, policy: &Policy, ctx: &TransformContext) -> String {
         format!(
             "{state}\n{}\n{ctx:?}\n{:?}",
-            policy.spec_json,
+            policy.spec_text,
             policy.plugins.chain(state)
         )
     }

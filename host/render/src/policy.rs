@@ -33,7 +33,8 @@ pub struct Policy {
     pub name: String,
     /// `spec` exactly as written (`{}` when absent).
     pub spec_json: Value,
-    /// [`Policy::spec_json`] as JSON text, serialized once: what plugins receive.
+    /// [`Policy::spec_json`] as JSON text, serialized once by [`Policy::from_object`]: what
+    /// plugins receive. Build a changed policy through `from_object` so the two agree.
     pub spec_text: String,
     /// The typed spec.
     pub spec: ClusterPolicySpec,
