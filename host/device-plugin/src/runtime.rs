@@ -223,10 +223,7 @@ fn load(
     Ok(match source {
         ConfigSource::None => (Config::default(), None, None),
         ConfigSource::File(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let text = crate::config::read_file(path)?;
             let cfg = Config::from_yaml(&text).map_err(|e| ConfigError::InFile {
                 file: path.clone(),
                 source: Box::new(e),
@@ -431,7 +428,7 @@ impl Plugin {
             }
         }
         if let ConfigSource::File(path) = &self.opts.source {
-            let now = std::fs::read_to_string(path).ok();
+            let now = crate::config::read_file(path).ok();
             if now.is_some() && now != self.file_text {
                 tracing::info!(file = %path.display(), "config file changed; reloading");
                 self.reload().await;

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config::ConfigError;
+
 /// Default node label naming the config key.
 pub const NODE_LABEL: &str = "nvidia.com/device-plugin.config";
 
@@ -117,9 +119,17 @@ impl ConfigDir {
 
     fn read(&self, name: &str) -> Result<Selected, SelectError> {
         let path = self.dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|e| SelectError::Read {
-            path: path.clone(),
-            message: e.to_string(),
+        // Bounded like every config file (regular file, at most 1 MiB).
+        let text = crate::config::read_file(&path).map_err(|e| {
+            let full = match &e {
+                ConfigError::Read { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            let prefix = format!("{}: ", path.display());
+            SelectError::Read {
+                message: full.strip_prefix(&prefix).unwrap_or(&full).to_owned(),
+                path: path.clone(),
+            }
         })?;
         Ok(Selected {
             name: Some(name.to_owned()),

@@ -75,13 +75,61 @@ pub fn family(major: u32, minor: u32) -> &'static str {
     }
 }
 
-/// All labels for one snapshot.
+/// All labels for one snapshot, each valid for the API server: values computed from hardware
+/// strings pass through [`expressible`] (sanitised, or left out with a warning).
 ///
 /// # Errors
 /// [`GfdError::DriverVersion`] when the driver version is not `X.Y[.Z]`;
 /// [`GfdError::MpsWithMig`] when MPS sharing is configured and a GPU has MIG on (upstream's
 /// labeler error).
 pub fn make_labels(
+    system: &SystemInfo,
+    gpus: &[GpuDevice],
+    input: &LabelInput,
+) -> Result<Labels, GfdError> {
+    raw_labels(system, gpus, input).map(expressible)
+}
+
+/// `labels` with every key and value valid for the API server (Kubernetes label syntax,
+/// [`kiln_input::k8s`]): a value outside it is sanitised
+/// ([`kiln_input::k8s::sanitize_label_value`]: invalid characters to `-`, at most 63
+/// characters, alphanumeric at both ends; a warning names the label). A label whose key is
+/// invalid (MIG keys are built from raw profile names) or whose value has nothing expressible
+/// left is left out, with a warning naming it — one bad label must not make the API server
+/// refuse the whole patch.
+#[must_use]
+pub fn expressible(labels: Labels) -> Labels {
+    use kiln_input::k8s::{is_label_key, sanitize_label_value};
+    let shown = |s: &str| {
+        s.chars()
+            .take(80)
+            .collect::<String>()
+            .escape_debug()
+            .to_string()
+    };
+    labels
+        .into_iter()
+        .filter_map(|(key, value)| {
+            if !is_label_key(&key) {
+                tracing::warn!(label = %shown(&key), "label key is not a valid Kubernetes label key; not labelled");
+                return None;
+            }
+            match sanitize_label_value(&value) {
+                Some(v) if v == value => Some((key, value)),
+                Some(v) => {
+                    tracing::warn!(label = %key, from = %shown(&value), to = %v, "label value sanitised to the Kubernetes label syntax");
+                    Some((key, v))
+                }
+                None => {
+                    tracing::warn!(label = %key, value = %shown(&value), "label value cannot be expressed as a Kubernetes label value; not labelled");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+fn raw_labels(
     system: &SystemInfo,
     gpus: &[GpuDevice],
     input: &LabelInput,

@@ -31,7 +31,9 @@ mod run;
 use std::path::PathBuf;
 
 pub use host::{read_machine, read_pci_modes};
-pub use labels::{GpuMode, LabelInput, Labels, PREFIX, clean_name, family, make_labels};
+pub use labels::{
+    GpuMode, LabelInput, Labels, PREFIX, clean_name, expressible, family, make_labels,
+};
 pub use mig::profile_slices;
 pub use output::{
     OWNED_LABELS_ANNOTATION, make_node_patch, patch_node, render_lines, write_features_file,

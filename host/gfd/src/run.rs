@@ -20,8 +20,13 @@ pub const DEFAULT_SLEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// defaults (flag/env > file > default, as upstream).
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// The device-plugin config file (`/config/config.yaml`); absent file = default config.
+    /// The device-plugin config file (`/config/config.yaml`). A file that does not exist is an
+    /// error unless [`Options::config_file_optional`] is set.
     pub config_file: Option<PathBuf>,
+    /// A missing [`Options::config_file`] means the default config: true only for the
+    /// built-in default path (config-manager writes it only when the policy names a config);
+    /// a file named by a flag or env var must exist.
+    pub config_file_optional: bool,
     /// `--mig-strategy`.
     pub mig_strategy: Option<MigStrategy>,
     /// `--oneshot`.
@@ -80,14 +85,16 @@ pub struct Effective {
 }
 
 impl Options {
-    /// Reads the config file (a missing file is the default config) and merges.
+    /// Reads the config file and merges. A missing file is the default config only with
+    /// [`Options::config_file_optional`].
     ///
     /// # Errors
-    /// [`GfdError::Config`] for an unreadable or invalid file.
+    /// [`GfdError::Config`] for a missing (when required), unreadable or invalid file.
     pub fn effective(&self) -> Result<Effective, GfdError> {
         let config = match &self.config_file {
-            Some(p) if p.exists() => Config::from_file(p)?,
-            _ => Config::default(),
+            Some(p) if self.config_file_optional && !p.exists() => Config::default(),
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
         };
         let f = &config.flags;
         Ok(Effective {

@@ -33,23 +33,25 @@ pub enum GpuError {
     /// A device index beyond the last GPU was asked for.
     #[error("no GPU with index {0}")]
     NoSuchDevice(u32),
-    /// The fake backend's fixture file could not be read.
-    #[error("reading GPU fixture {path}")]
+    /// The fake backend's fixture file could not be read: missing, not a regular file, over
+    /// [`kiln_input::MAX_FILE_BYTES`] (the source names the file).
+    #[error("reading the GPU fixture")]
     FixtureRead {
         /// The fixture path.
         path: PathBuf,
-        /// The IO error.
+        /// What went wrong, naming the file.
         #[source]
-        source: std::io::Error,
+        source: kiln_input::InputError,
     },
-    /// The fake backend's fixture file is not valid YAML/JSON for the fixture format.
-    #[error("parsing GPU fixture {path}")]
+    /// The fake backend's fixture file is not valid YAML/JSON for the fixture format, or a
+    /// value is out of range.
+    #[error("parsing GPU fixture {}", path.display())]
     FixtureParse {
         /// The fixture path.
         path: PathBuf,
-        /// The parse error, naming the field.
+        /// The field path and what is wrong with it.
         #[source]
-        source: serde_yaml_ng::Error,
+        source: kiln_input::YamlError,
     },
     /// A backend spec was neither `nvml` nor `fake:<path>`.
     #[error("unknown GPU backend {0:?}: expected `nvml` or `fake:<fixture path>`")]

@@ -53,6 +53,42 @@ pub struct Fixture {
     pub gpus: Vec<FixtureGpu>,
 }
 
+/// The largest `memory_total_mib` a fixture may give: the most MiB whose byte count fits in
+/// 64 bits (2^44 − 1 MiB, 16 EiB).
+pub const MAX_MEMORY_MIB: u64 = u64::MAX >> 20;
+
+/// The most GPUs a fixture may describe (NVML has no node with more than a few dozen).
+pub const MAX_FIXTURE_GPUS: usize = 1024;
+
+impl Fixture {
+    /// Range checks: at most [`MAX_FIXTURE_GPUS`] GPUs, `memory_total_mib` at most
+    /// [`MAX_MEMORY_MIB`] (2^44 MiB is 2^64 bytes, which wrapped to 0 and lost the memory
+    /// label).
+    ///
+    /// # Errors
+    /// The field path and the bound.
+    pub fn check(&self) -> Result<(), kiln_input::YamlError> {
+        if self.gpus.len() > MAX_FIXTURE_GPUS {
+            return Err(kiln_input::YamlError {
+                path: "gpus".into(),
+                message: format!("at most {MAX_FIXTURE_GPUS} GPUs"),
+            });
+        }
+        for (i, g) in self.gpus.iter().enumerate() {
+            if g.memory_total_mib > MAX_MEMORY_MIB {
+                return Err(kiln_input::YamlError {
+                    path: format!("gpus[{i}].memory_total_mib"),
+                    message: format!(
+                        "{} MiB is more than the most, {MAX_MEMORY_MIB} MiB (2^64 bytes)",
+                        g.memory_total_mib
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One GPU of a [`Fixture`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -109,20 +145,25 @@ struct FakeState {
 }
 
 impl FakeBackend {
-    /// Reads a fixture file.
+    /// Reads a fixture file: a regular file of at most [`kiln_input::MAX_FILE_BYTES`], parsed
+    /// by kiln's one YAML loader, then [`Fixture::check`]ed.
     ///
     /// # Errors
     /// [`GpuError::FixtureRead`] or [`GpuError::FixtureParse`] (the message names the field).
     pub fn from_file(path: &Path) -> Result<Self, GpuError> {
-        let text = std::fs::read_to_string(path).map_err(|source| GpuError::FixtureRead {
+        let text =
+            kiln_input::read_bounded(path, kiln_input::MAX_FILE_BYTES).map_err(|source| {
+                GpuError::FixtureRead {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
+        let parse_err = |source| GpuError::FixtureParse {
             path: path.to_owned(),
             source,
-        })?;
-        let fixture: Fixture =
-            serde_yaml_ng::from_str(&text).map_err(|source| GpuError::FixtureParse {
-                path: path.to_owned(),
-                source,
-            })?;
+        };
+        let fixture: Fixture = kiln_input::yaml::from_str(&text).map_err(parse_err)?;
+        fixture.check().map_err(parse_err)?;
         Ok(Self::new(fixture))
     }
 
@@ -231,7 +272,7 @@ fn to_device(index: usize, g: &FixtureGpu) -> GpuDevice {
             .pci_bus_id
             .clone()
             .unwrap_or_else(|| format!("00000000:{:02X}:00.0", index + 1)),
-        memory_total_bytes: g.memory_total_mib << 20,
+        memory_total_bytes: mib_to_bytes(g.memory_total_mib),
         compute_capability: (major.parse().unwrap_or(0), minor.parse().unwrap_or(0)),
         mig_enabled: g.mig_enabled,
         mig_devices: if g.mig_enabled == Some(true) {
@@ -245,8 +286,13 @@ fn to_device(index: usize, g: &FixtureGpu) -> GpuDevice {
 /// The fixture's sample, with `fb_total_bytes` filled from `memory_total_mib` when absent.
 fn sample_with_total(g: &FixtureGpu) -> DeviceSample {
     let mut s = g.sample.clone();
-    s.fb_total_bytes = s.fb_total_bytes.or(Some(g.memory_total_mib << 20));
+    s.fb_total_bytes = s.fb_total_bytes.or(Some(mib_to_bytes(g.memory_total_mib)));
     s
+}
+
+/// MiB to bytes, saturating (never wrapping to 0) above [`MAX_MEMORY_MIB`].
+fn mib_to_bytes(mib: u64) -> u64 {
+    mib.saturating_mul(1 << 20)
 }
 
 impl GpuInventory for FakeBackend {
@@ -404,5 +450,42 @@ gpus:
         let err = FakeBackend::from_file(&path).unwrap_err();
         assert!(matches!(err, GpuError::FixtureParse { .. }));
         assert!(err.to_string().contains("gpus.yaml"), "{err}");
+    }
+
+    #[test]
+    fn fixtures_are_bounded_files_with_bounded_values() {
+        let err = FakeBackend::from_file(Path::new("/dev/urandom")).unwrap_err();
+        let GpuError::FixtureRead { source, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            source.to_string(),
+            "/dev/urandom: not a regular file (character device)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.yaml");
+        let huge = FIXTURE.replace(
+            "memory_total_mib: 15360",
+            "memory_total_mib: 17592186044416",
+        );
+        std::fs::write(&path, huge).unwrap();
+        let err = FakeBackend::from_file(&path).unwrap_err();
+        let GpuError::FixtureParse { source, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(source.path, "gpus[1].memory_total_mib");
+        assert!(source.message.contains("17592186044415 MiB"), "{source}");
+        let dup = FIXTURE.replace(
+            "cuda_version: \"12.4\"",
+            "cuda_version: \"12.4\"\ncuda_version: \"12.5\"",
+        );
+        std::fs::write(&path, dup).unwrap();
+        let err = FakeBackend::from_file(&path).unwrap_err();
+        let GpuError::FixtureParse { source, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(source.path, "cuda_version");
+        // In memory the conversion saturates instead of wrapping to 0.
+        assert_eq!(mib_to_bytes(1 << 44), u64::MAX);
     }
 }

@@ -19,7 +19,7 @@ mod nvml;
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
 pub use error::GpuError;
-pub use fake::{FakeBackend, Fixture, FixtureGpu};
+pub use fake::{FakeBackend, Fixture, FixtureGpu, MAX_FIXTURE_GPUS, MAX_MEMORY_MIB};
 pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, MigSample, SystemInfo, XidEvent};
 pub use nvml::NvmlBackend;
 

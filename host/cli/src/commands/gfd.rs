@@ -35,9 +35,9 @@ pub struct GfdArgs {
     /// This node (downward API); required for `--output node`.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-    /// The device-plugin config file (written by config-manager); absent = default config.
-    /// Also read from `CONFIG_FILE` (what the operator sets), as upstream; default
-    /// `/config/config.yaml`.
+    /// The device-plugin config file (written by config-manager); a file named here must
+    /// exist. Also read from `CONFIG_FILE` (what the operator sets), as upstream; default
+    /// `/config/config.yaml`, where an absent file means the default config.
     #[arg(long, env = "GFD_CONFIG_FILE")]
     config_file: Option<PathBuf>,
     /// Upstream's second env var for `--config-file`.
@@ -85,10 +85,16 @@ impl GfdArgs {
     /// The config file: `--config-file`/`GFD_CONFIG_FILE`, then `CONFIG_FILE`, then
     /// `/config/config.yaml` (upstream's env order).
     fn config_file(&self) -> PathBuf {
+        self.named_config_file()
+            .unwrap_or_else(|| DEFAULT_CONFIG_FILE.into())
+    }
+
+    /// The config file named by a flag or env var (which then must exist), `None` for the
+    /// built-in default (which may be absent: the default config).
+    fn named_config_file(&self) -> Option<PathBuf> {
         self.config_file
             .clone()
             .or_else(|| self.config_file_env.clone())
-            .unwrap_or_else(|| DEFAULT_CONFIG_FILE.into())
     }
 
     /// `--mig-strategy`/`GFD_MIG_STRATEGY`, then `MIG_STRATEGY` (empty = unset); `None`
@@ -127,6 +133,7 @@ impl GfdArgs {
         };
         let opts = Options {
             config_file: Some(self.config_file()),
+            config_file_optional: self.named_config_file().is_none(),
             mig_strategy,
             oneshot: self.oneshot,
             no_timestamp: self.no_timestamp,

@@ -32,6 +32,7 @@ pub use schema::{
     ResourcePattern, Resources, SharedResourceSpec, SharingSpec, SharingSpecs, SleepInterval,
 };
 pub use sharing::{SharedResource, Sharing, SharingStrategy};
+pub use validate::MAX_REPLICAS;
 
 /// The resource-name prefix every advertised resource carries.
 pub const RESOURCE_PREFIX: &str = "nvidia.com/";
@@ -42,16 +43,18 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// field path, then upstream's message where upstream has one.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("reading config file {path}")]
+    /// The file could not be read: missing, not a regular file, over
+    /// [`kiln_input::MAX_FILE_BYTES`], not UTF-8 (the source names the file).
+    #[error("reading the config file")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The IO error.
+        /// What went wrong, naming the file.
         #[source]
-        source: std::io::Error,
+        source: kiln_input::InputError,
     },
-    /// Not YAML/JSON, a wrong type, or an unknown key; `path` is the field path
+    /// Not YAML/JSON, a wrong type, an unknown or repeated key, nested too deep (the rules of
+    /// [`kiln_input::yaml`]); `path` is the field path
     /// (`sharing.timeSlicing.resources[0].replicas`, `.` for the document).
     #[error("{path}: {message}")]
     Syntax {
@@ -100,8 +103,9 @@ impl ConfigError {
 }
 
 impl Config {
-    /// Parses and validates a config document (YAML or JSON). An empty document is the
-    /// default config. Afterwards upstream's `DisableResourceNamingInConfig` is applied:
+    /// Parses and validates a config document (YAML or JSON) with kiln's one loader
+    /// ([`kiln_input::yaml::from_str`]: duplicate keys, depth over [`kiln_input::MAX_DEPTH`] and
+    /// text over 1 MiB are refused). An empty document is the default config. Afterwards upstream's `DisableResourceNamingInConfig` is applied:
     /// `resources` is dropped, and each shared resource's `rename` is derived from
     /// `renameByDefault` (a warning is logged when the file set something else) and `devices`
     /// becomes `all`.
@@ -113,31 +117,22 @@ impl Config {
         let mut cfg: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            let de = serde_yaml_ng::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| {
-                let path = e.path().to_string();
-                let full = e.into_inner().to_string();
-                // serde_yaml_ng prefixes its own (parent) path; keep one path, the precise one.
-                let message = match full.split_once(": ") {
-                    Some((head, tail)) if path.starts_with(head) => tail.to_owned(),
-                    _ => full,
-                };
-                ConfigError::Syntax { path, message }
+            kiln_input::yaml::from_str(text).map_err(|e| ConfigError::Syntax {
+                path: e.path,
+                message: e.message,
             })?
         };
         validate::validate(&mut cfg)?;
         Ok(cfg)
     }
 
-    /// Reads and parses `path` (see [`Config::from_yaml`]).
+    /// Reads `path` (a regular file of at most [`kiln_input::MAX_FILE_BYTES`]) and parses it
+    /// (see [`Config::from_yaml`]).
     ///
     /// # Errors
     /// [`ConfigError::Read`], or [`ConfigError::InFile`] wrapping the parse error.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_file(path)?;
         Self::from_yaml(&text).map_err(|e| ConfigError::InFile {
             file: path.to_owned(),
             source: Box::new(e),
@@ -149,6 +144,18 @@ impl Config {
     pub fn sharing(&self) -> Sharing {
         Sharing::from_config(self)
     }
+}
+
+/// Reads a config file with kiln's bounded reader (regular file, at most
+/// [`kiln_input::MAX_FILE_BYTES`]).
+///
+/// # Errors
+/// [`ConfigError::Read`].
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    kiln_input::read_bounded(path, kiln_input::MAX_FILE_BYTES).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// `gpu` → `nvidia.com/gpu`; names that already carry the prefix are kept (upstream rule §2.3).

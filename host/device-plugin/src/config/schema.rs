@@ -83,7 +83,7 @@ pub struct GfdFlags {
     /// `noTimestamp`.
     pub no_timestamp: Option<bool>,
     /// `sleepInterval`: a Go duration string (`60s`, `1m30s`), a number of nanoseconds, or
-    /// `infinite`.
+    /// `infinite`; at most [`kiln_input::MAX_DURATION`] (366 days).
     pub sleep_interval: Option<SleepInterval>,
     /// `outputFile`.
     pub output_file: Option<String>,
@@ -302,8 +302,17 @@ impl<'de> Deserialize<'de> for SleepInterval {
         match serde_yaml_ng::Value::deserialize(d)? {
             serde_yaml_ng::Value::Number(n) => n
                 .as_u64()
-                .map(|ns| Self::Every(Duration::from_nanos(ns)))
-                .ok_or_else(|| D::Error::custom(format!("invalid sleepInterval: {n}"))),
+                .ok_or_else(|| format!("invalid sleepInterval: {n}"))
+                .and_then(|ns| {
+                    kiln_input::duration::check_max(
+                        Duration::from_nanos(ns),
+                        kiln_input::MAX_DURATION,
+                        &format!("{ns}ns"),
+                    )
+                    .map_err(|e| format!("invalid sleepInterval: {e}"))
+                })
+                .map(Self::Every)
+                .map_err(D::Error::custom),
             serde_yaml_ng::Value::String(s) => s.parse().map_err(D::Error::custom),
             other => Err(D::Error::custom(format!(
                 "invalid sleepInterval: {other:?}"
@@ -315,39 +324,15 @@ impl<'de> Deserialize<'de> for SleepInterval {
 impl FromStr for SleepInterval {
     type Err = String;
 
-    /// `infinite`, or a Go duration: decimal numbers with units `ns`, `us`/`µs`, `ms`, `s`,
-    /// `m`, `h`, concatenated (`1h30m`, `1.5s`).
+    /// `infinite`, or a Go duration of at most [`kiln_input::MAX_DURATION`]
+    /// ([`kiln_input::parse_go_duration`]: `1h30m`, `1.5s`). The error starts with
+    /// `invalid sleepInterval: `, then Go's message or the bound.
     fn from_str(s: &str) -> Result<Self, String> {
         if s == "infinite" {
             return Ok(Self::Infinite);
         }
-        let bad = || format!("invalid sleepInterval: time: invalid duration \"{s}\"");
-        let mut rest = s;
-        let mut total = 0f64;
-        if rest.is_empty() {
-            return Err(bad());
-        }
-        while !rest.is_empty() {
-            let num_len = rest
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .ok_or_else(bad)?;
-            let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
-            rest = &rest[num_len..];
-            let unit_len = rest
-                .find(|c: char| c.is_ascii_digit() || c == '.')
-                .unwrap_or(rest.len());
-            let seconds = match &rest[..unit_len] {
-                "ns" => 1e-9,
-                "us" | "µs" => 1e-6,
-                "ms" => 1e-3,
-                "s" => 1.0,
-                "m" => 60.0,
-                "h" => 3600.0,
-                _ => return Err(bad()),
-            };
-            total += value * seconds;
-            rest = &rest[unit_len..];
-        }
-        Ok(Self::Every(Duration::from_secs_f64(total)))
+        kiln_input::parse_go_duration(s, kiln_input::MAX_DURATION)
+            .map(Self::Every)
+            .map_err(|e| format!("invalid sleepInterval: {e}"))
     }
 }

@@ -245,3 +245,111 @@ fn from_file_names_the_file() {
     assert!(e.to_string().contains("config.yaml"), "{e}");
     assert_eq!(e.message(), "unknown version: v9");
 }
+
+/// The hostile-input cases of issue 15 (Why-5): every one an error naming the field, none a
+/// panic, an OOM or a silent truncation.
+#[test]
+fn out_of_range_values_are_errors_naming_the_field() {
+    let ts = |replicas: &str| {
+        format!("sharing: {{timeSlicing: {{resources: [{{name: gpu, replicas: {replicas}}}]}}}}")
+    };
+    let cases = [
+        (
+            "flags: {gfd: {sleepInterval: 99999999999999999999999h}}".to_owned(),
+            "flags.gfd.sleepInterval",
+            "invalid sleepInterval: duration 99999999999999999999999h is longer than the maximum 8784h",
+        ),
+        (
+            "flags: {gfd: {sleepInterval: 18446744073709551615}}".to_owned(),
+            "flags.gfd.sleepInterval",
+            "invalid sleepInterval: duration 18446744073709551615ns is longer than the maximum 8784h",
+        ),
+        (
+            "flags: {gfd: {sleepInterval: -5s}}".to_owned(),
+            "flags.gfd.sleepInterval",
+            "invalid sleepInterval: time: invalid duration \"-5s\" (negative)",
+        ),
+        (
+            ts("100000000"),
+            "sharing.timeSlicing.resources[0].replicas",
+            "number of replicas must be <= 1024 (got 100000000)",
+        ),
+        (
+            ts("4294967296"),
+            "sharing.timeSlicing.resources[0].replicas",
+            "number of replicas must be <= 1024 (got 4294967296)",
+        ),
+        (
+            ts("1025"),
+            "sharing.timeSlicing.resources[0].replicas",
+            "number of replicas must be <= 1024 (got 1025)",
+        ),
+    ];
+    for (text, path, message) in cases {
+        let e = err(&text);
+        assert_eq!(e.to_string(), format!("{path}: {message}"), "{text}");
+    }
+    assert_eq!(
+        err(&ts("99999999999999999999999")).to_string(),
+        "sharing.timeSlicing.resources[0].replicas: integer 99999999999999999999999 is out of range"
+    );
+    let cfg = Config::from_yaml(&ts("1024")).unwrap();
+    assert_eq!(cfg.sharing().replicas("gpu"), 1024);
+    assert_eq!(
+        cfg.sharing().replicas("gpu") as i64,
+        MAX_REPLICAS,
+        "the documented maximum is accepted"
+    );
+}
+
+#[test]
+fn duplicate_keys_and_deep_nesting_are_refused() {
+    let e = err("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}\nsharing: {}\n");
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("sharing: duplicate key `sharing`"),
+        "{e}"
+    );
+    let deep = format!("flags: {}1{}", "{a: ".repeat(100_000), "}".repeat(100_000));
+    let e = err(&deep);
+    assert!(
+        e.to_string().contains("nested deeper than 64 levels"),
+        "{e}"
+    );
+}
+
+#[test]
+fn files_must_exist_be_regular_and_small() {
+    let e = Config::from_file(Path::new("/nonexistent/config.yaml")).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    assert!(
+        anyhow_like(&e).contains("/nonexistent/config.yaml: cannot read"),
+        "{e:?}"
+    );
+    let e = Config::from_file(Path::new("/dev/urandom")).unwrap_err();
+    assert!(
+        anyhow_like(&e).contains("/dev/urandom: not a regular file (character device)"),
+        "{e:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    std::fs::write(&big, format!("# {}\n", "x".repeat(1 << 20))).unwrap();
+    let e = Config::from_file(&big).unwrap_err();
+    assert!(
+        anyhow_like(&e).contains("larger than 1048576 bytes"),
+        "{e:?}"
+    );
+}
+
+/// `e` and its sources joined by `: ` (what `{:#}` of anyhow prints).
+fn anyhow_like(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}

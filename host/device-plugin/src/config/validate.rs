@@ -5,6 +5,12 @@ use serde_yaml_ng::Value;
 
 use super::{Config, ConfigError, SharingSpec, qualify_resource_name};
 
+/// The most replicas one shared resource may advertise per physical device: 1024. Upstream
+/// has no bound; each replica is a kubelet device entry (and ~100 bytes of every
+/// ListAndWatch message), so `100000000` replicas exhausted memory without a log line. A
+/// larger value is refused with `number of replicas must be <= 1024`.
+pub const MAX_REPLICAS: i64 = 1024;
+
 /// Validates `cfg` in place and applies the §2.5 resets.
 pub(super) fn validate(cfg: &mut Config) -> Result<(), ConfigError> {
     match cfg.version.as_deref() {
@@ -101,6 +107,12 @@ fn validate_sharing(spec: &mut SharingSpec, path: &str) -> Result<(), ConfigErro
                     "number of replicas must be >= 2",
                 ));
             }
+            Some(n) if n > MAX_REPLICAS => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.replicas"),
+                    format!("number of replicas must be <= {MAX_REPLICAS} (got {n})"),
+                ));
+            }
             Some(_) => {}
         }
         if let Some(d) = &r.devices {
@@ -136,7 +148,7 @@ pub(crate) fn check_resource_name(name: &str) -> Result<(), String> {
         ));
     }
     let suffix = name.split_once('/').map_or(name, |(_, s)| s);
-    if !is_dns_subdomain(suffix) {
+    if !kiln_input::k8s::is_dns1123_subdomain(suffix) {
         return Err(format!(
             "incorrect format for resource name '{name}': [a lowercase RFC 1123 subdomain must \
              consist of lower case alphanumeric characters, '-' or '.', and must start and end \
@@ -145,18 +157,6 @@ pub(crate) fn check_resource_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    let label_ok = |l: &str| {
-        let b = l.as_bytes();
-        !b.is_empty()
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-            && b[0] != b'-'
-            && b[b.len() - 1] != b'-'
-    };
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
 }
 
 fn check_devices(d: &Value) -> Result<(), String> {
