@@ -52,14 +52,17 @@ pub(crate) fn make_context(ctx: &TransformContext) -> Context {
 
 impl From<kiln::operand::types::TransformError> for crate::error::GuestError {
     fn from(e: kiln::operand::types::TransformError) -> Self {
+        use crate::text::{MAX_GUEST_TEXT_BYTES, MAX_NAME_BYTES, bounded_owned};
         use kiln::operand::types::TransformError as E;
+        // Guest text is bounded and escaped here, once, before anything prints it.
+        let text = |m: String| bounded_owned(m, MAX_GUEST_TEXT_BYTES);
         match e {
             E::InvalidField(f) => crate::error::GuestError::InvalidField {
-                path: f.path,
-                message: f.message,
+                path: bounded_owned(f.path, MAX_NAME_BYTES),
+                message: text(f.message),
             },
-            E::InvalidObject(m) => crate::error::GuestError::InvalidObject(m),
-            E::Failed(m) => crate::error::GuestError::Failed(m),
+            E::InvalidObject(m) => crate::error::GuestError::InvalidObject(text(m)),
+            E::Failed(m) => crate::error::GuestError::Failed(text(m)),
         }
     }
 }

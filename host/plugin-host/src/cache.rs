@@ -1,10 +1,22 @@
 //! Compiled components, cached in memory by content digest and on disk as precompiled
 //! artifacts named `<sha256 of the wasm>-<engine compatibility hash>.cwasm`.
+//!
+//! An artifact is native code that Wasmtime maps and runs without checking it, so it is used
+//! only when it verifiably belongs to the wasm it is named after: when the host writes an
+//! artifact it also writes `<artifact>.sha256`, recording the artifact's own SHA-256 and the
+//! wasm's, and on load it hashes the artifact through an open descriptor (about 3 ms per MiB)
+//! and maps that same file only if both match; otherwise it warns, recompiles and rewrites
+//! both. A `.cwasm` swapped for another plugin's (or for any other file), truncated, or without
+//! its record is therefore never run. What this cannot stop is someone who can write the
+//! cache directory forging both files for code of their own: the directory must be writable
+//! only by the host (the operator's is an `emptyDir` its init container fills).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -75,15 +87,18 @@ impl ComponentCache {
     }
 
     /// The component for `bytes` (whose SHA-256 is `digest`), compiling it only if neither
-    /// cache has it.
+    /// cache has it; a compile runs on its own thread and is given up after `deadline`.
+    /// `bytes` is called only when the component must be compiled.
     ///
     /// # Errors
-    /// [`PluginError::LoadFailed`] when the bytes are not a valid component.
+    /// [`PluginError::LoadFailed`] when the bytes are not a valid component,
+    /// [`PluginError::CompileTimeout`], or what `bytes` returns.
     pub(crate) fn get_or_compile(
         &self,
         plugin: &str,
         digest: &str,
-        bytes: &[u8],
+        bytes: impl FnOnce() -> Result<Cow<'static, [u8]>, PluginError>,
+        deadline: Duration,
     ) -> Result<(Component, CacheHit), PluginError> {
         if let Some(c) = self
             .memory
@@ -94,16 +109,19 @@ impl ComponentCache {
             return Ok((c.clone(), CacheHit::Memory));
         }
         let path = self.artifact_path(digest);
-        let (component, hit) = match path.as_deref().and_then(|p| self.load_artifact(p)) {
+        let artifact = path
+            .as_deref()
+            .and_then(|p| self.load_artifact(plugin, digest, p));
+        let (component, hit) = match artifact {
             Some(c) => (c, CacheHit::Disk),
             None => {
                 tracing::info!(
                     plugin,
                     "compiling plugin (no precompiled artifact; `kiln plugin precompile` fills the cache ahead of time)"
                 );
-                let c = compile(&self.engine, plugin, bytes)?;
+                let c = compile_with_deadline(&self.engine, plugin, bytes()?, deadline)?;
                 if let Some(p) = &path {
-                    store_artifact(&c, p);
+                    store_artifact(&c, digest, p);
                 }
                 (c, CacheHit::Compiled)
             }
@@ -115,23 +133,131 @@ impl ComponentCache {
         Ok((component, hit))
     }
 
-    /// Loads a precompiled artifact; none if it is missing or Wasmtime rejects it.
+    /// Loads the precompiled artifact of wasm `digest` at `path`; none if it is missing,
+    /// its record (`<path>.sha256`) is missing or does not match it (see the module docs), or
+    /// Wasmtime rejects it.
     #[allow(unsafe_code)]
-    fn load_artifact(&self, path: &Path) -> Option<Component> {
-        if !path.is_file() {
-            return None;
+    fn load_artifact(&self, plugin: &str, digest: &str, path: &Path) -> Option<Component> {
+        let mut file = match std::fs::File::open(path) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => f,
+            _ => return None,
+        };
+        let recorded = std::fs::read_to_string(record_path(path)).ok();
+        let actual = match hash_reader(&mut file) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(plugin, path = %path.display(), error = %e, "cannot read plugin artifact; recompiling");
+                return None;
+            }
+        };
+        match recorded.as_deref().map(parse_record) {
+            Some(Some((artifact, source))) if artifact == actual && source == digest => {}
+            Some(_) => {
+                tracing::warn!(plugin, path = %path.display(), "plugin artifact does not match its record (replaced or corrupted); ignoring it and recompiling");
+                return None;
+            }
+            None => {
+                tracing::warn!(plugin, path = %path.display(), "plugin artifact has no record of its digest (not written by this host); ignoring it and recompiling");
+                return None;
+            }
         }
-        // SAFETY: `deserialize_file` trusts the file to be a Wasmtime artifact. We only read
-        // files this module wrote (`store_artifact`, write-then-rename) into the operator's own
-        // cache directory, under a name made of the wasm's SHA-256 and this engine's
-        // compatibility hash; Wasmtime itself also checks the header and version.
-        match unsafe { Component::deserialize_file(&self.engine, path) } {
+        // SAFETY: `deserialize_file` trusts the file to be a Wasmtime artifact of this engine.
+        // The bytes just hashed are those of an artifact this host compiled from the wasm of
+        // SHA-256 `digest` (its record says so); we map them through the descriptor we
+        // hashed, so a file renamed over `path` since is not what gets mapped. Wasmtime also
+        // checks the header and version.
+        let result = unsafe { Component::deserialize_file(&self.engine, opened_path(&file, path)) };
+        match result {
             Ok(c) => Some(c),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "ignoring unusable plugin artifact");
+                tracing::warn!(plugin, path = %path.display(), error = %format!("{e:#}"), "ignoring unusable plugin artifact");
                 None
             }
         }
+    }
+}
+
+/// The record of the artifact at `artifact`: `<artifact>.sha256`.
+pub(crate) fn record_path(artifact: &Path) -> PathBuf {
+    let mut name = artifact.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// The record's text: the artifact's SHA-256 and the wasm's.
+fn record_text(artifact_sha256: &str, source_sha256: &str) -> String {
+    format!("artifact-sha256 {artifact_sha256}\nsource-sha256 {source_sha256}\n")
+}
+
+/// `(artifact sha256, source sha256)` of a record's text, if well-formed.
+fn parse_record(text: &str) -> Option<(&str, &str)> {
+    let mut lines = text.lines();
+    let artifact = lines.next()?.strip_prefix("artifact-sha256 ")?;
+    let source = lines.next()?.strip_prefix("source-sha256 ")?;
+    Some((artifact, source))
+}
+
+/// The lowercase hex SHA-256 of what `reader` yields.
+fn hash_reader(reader: &mut impl std::io::Read) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hex::encode(hasher.finalize()));
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// A path that opens the same file as `file`: `/proc/self/fd/<fd>` on Linux (so what is
+/// mapped is what was hashed), else `path` itself.
+fn opened_path(file: &std::fs::File, path: &Path) -> PathBuf {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let _ = path;
+        PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        path.to_path_buf()
+    }
+}
+
+/// [`compile`] on its own thread, given up after `deadline` (the thread then finishes the
+/// compile and drops it: Wasmtime cannot stop a compile; the size bounds of `audit` bound it).
+///
+/// # Errors
+/// As [`compile`], and [`PluginError::CompileTimeout`].
+pub(crate) fn compile_with_deadline(
+    engine: &Engine,
+    plugin: &str,
+    bytes: Cow<'static, [u8]>,
+    deadline: Duration,
+) -> Result<Component, PluginError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (engine, name) = (engine.clone(), plugin.to_string());
+    std::thread::Builder::new()
+        .name("kiln-plugin-compile".into())
+        .spawn(move || {
+            let _ = tx.send(compile(&engine, &name, &bytes));
+        })
+        .map_err(|e| PluginError::LoadFailed {
+            plugin: plugin.to_string(),
+            message: format!("cannot start a compile thread: {e}"),
+        })?;
+    match rx.recv_timeout(deadline) {
+        Ok(result) => result,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(PluginError::CompileTimeout {
+            plugin: plugin.to_string(),
+            deadline,
+        }),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(PluginError::LoadFailed {
+            plugin: plugin.to_string(),
+            message: "the compiler panicked".into(),
+        }),
     }
 }
 
@@ -154,22 +280,36 @@ pub(crate) fn compile(
             "not a WebAssembly file (no \\0asm header)".into(),
         ));
     }
-    Component::from_binary(engine, bytes).map_err(|e| load_failed(format!("{e:#}")))
+    Component::from_binary(engine, bytes).map_err(|e| {
+        load_failed(crate::text::bounded_owned(
+            format!("{e:#}"),
+            crate::text::MAX_ENGINE_TEXT_BYTES,
+        ))
+    })
 }
 
-/// Writes `component` to `path` atomically; failures only cost a recompile later.
-fn store_artifact(component: &Component, path: &Path) {
+/// Writes `component` (compiled from wasm of SHA-256 `digest`) to `path`, and its record
+/// next to it, each atomically (record first, so an artifact never lacks one); failures only
+/// cost a recompile later.
+fn store_artifact(component: &Component, digest: &str, path: &Path) {
+    let write = |target: &Path, bytes: &[u8]| {
+        let mut tmp = target.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, target))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                e.to_string()
+            })
+    };
     let result = component
         .serialize()
         .map_err(|e| format!("{e:#}"))
         .and_then(|bytes| {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, bytes)
-                .and_then(|()| std::fs::rename(&tmp, path))
-                .map_err(|e| {
-                    let _ = std::fs::remove_file(&tmp);
-                    e.to_string()
-                })
+            let record = record_text(&sha256_hex(&bytes), digest);
+            write(&record_path(path), record.as_bytes())?;
+            write(path, &bytes)
         });
     if let Err(e) = result {
         tracing::warn!(path = %path.display(), error = %e, "cannot write plugin artifact");

@@ -1,6 +1,8 @@
 //! The bounded log of one call: the world's `log` import plus the guest's stdout and stderr.
 //!
-//! Every line also goes to `tracing` with the plugin name as the `plugin` field. Once the
+//! Every line is escaped and bounded ([`crate::text::bounded`], at most
+//! [`crate::text::MAX_LOG_LINE_BYTES`]) and also goes to `tracing` with the plugin name as the
+//! `plugin` field. Once the
 //! call's budget ([`crate::HostConfig::log_limit_bytes`]) is spent, further output is dropped
 //! (from the log and from `tracing`) and the log is marked truncated; the guest never sees an
 //! error for it.
@@ -100,10 +102,13 @@ impl LogCollector {
         self.push_locked(&mut st, source, message);
     }
 
-    fn push_locked(&self, st: &mut LogState, source: LogSource, mut message: String) {
+    fn push_locked(&self, st: &mut LogState, source: LogSource, message: String) {
         if st.log.truncated {
             return;
         }
+        // Each line escaped (no ANSI escapes, CR or forged lines reach a terminal or a log)
+        // and bounded to MAX_LOG_LINE_BYTES, then charged against the call's budget.
+        let mut message = crate::text::bounded_owned(message, crate::text::MAX_LOG_LINE_BYTES);
         let room = st.limit - st.used;
         if message.len() > room {
             let mut cut = room;

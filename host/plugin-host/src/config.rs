@@ -3,8 +3,66 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default cap on one linear memory of a plugin: 64 MiB.
+/// Default cap on the linear memory of one call, all of the component's memories together:
+/// 64 MiB.
 pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 64 << 20;
+/// Most table elements of one call, all of the component's tables together (Rust guests use a
+/// few hundred).
+pub const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Most linear memories one component may define, all its core modules together (a Rust
+/// guest has one).
+pub const MAX_MEMORIES: u32 = 4;
+/// Most tables one component may define, all its core modules together (a Rust guest and the
+/// component shims have a few).
+pub const MAX_TABLES: u32 = 8;
+/// Most linear memories one core module may define (multi-memory is not used by guests).
+pub const MAX_MEMORIES_PER_MODULE: u32 = 1;
+/// Most tables one core module may define.
+pub const MAX_TABLES_PER_MODULE: u32 = 1;
+/// Most core instances one component may create (a Rust `wasm32-wasip2` guest has 4).
+pub const MAX_CORE_INSTANCES: u32 = 16;
+/// Default cap on a plugin's wasm file: 16 MiB (the standard plugins are 0.3–0.6 MiB).
+pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 16 << 20;
+/// Most bytes of one function body: compile time grows faster than linearly in a function's
+/// size, so one huge function is refused rather than compiled (rustc's largest functions in
+/// the standard plugins are under 64 KiB).
+pub const MAX_FUNCTION_BODY_BYTES: usize = 1 << 20;
+/// Default bound on compiling one plugin: 30 s.
+pub const DEFAULT_COMPILE_DEADLINE: Duration = Duration::from_secs(30);
+/// Default cap on one object a plugin returns, serialized as compact JSON: 1 MiB (the API
+/// server refuses objects over about 1.5 MiB).
+pub const DEFAULT_OBJECT_LIMIT_BYTES: usize = 1 << 20;
+/// Environment variable for [`HostConfig::site_pod_privileges`] (`deny` or `allow`).
+pub const SITE_POD_PRIVILEGES_ENV: &str = "KILN_SITE_POD_PRIVILEGES";
+/// Environment variable for [`HostConfig::refuse_shadowing`] (`true` or `false`).
+pub const REFUSE_SHADOWING_ENV: &str = "KILN_REFUSE_SHADOWING";
+
+/// Whether a **site** plugin (any plugin not bundled with kiln) may widen an operand pod's
+/// privileges: set `hostPID`, `hostNetwork` or `hostIPC`, make a container `privileged`, add a
+/// capability, or add a `hostPath` volume, beyond what the object had when the plugin got it.
+/// Standard (bundled) plugins are not restricted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PodPrivileges {
+    /// Refuse any widening with [`crate::PluginError::PodPrivilegeWidened`] (the default).
+    /// Keeping or dropping what the input had is allowed.
+    #[default]
+    Deny,
+    /// Allow it (a site that ships, say, a privileged monitoring sidecar by plugin).
+    Allow,
+}
+
+impl std::str::FromStr for PodPrivileges {
+    type Err = String;
+
+    /// `deny` or `allow`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "deny" => Ok(PodPrivileges::Deny),
+            "allow" => Ok(PodPrivileges::Allow),
+            other => Err(format!("expected deny or allow, got {other:?}")),
+        }
+    }
+}
 /// Fuel per call when fuel metering is chosen ([`HostConfig::fuel`]): 500 million units
 /// (roughly that many Wasm instructions).
 pub const DEFAULT_FUEL: u64 = 500_000_000;
@@ -29,8 +87,10 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Every limit applies to every call; there is no way to call a plugin without them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostConfig {
-    /// Cap, in bytes, on each linear memory of a plugin instance (default 64 MiB). Growing past
-    /// it fails the call with [`crate::PluginError::MemoryLimit`].
+    /// Cap, in bytes, on the linear memory of one call, all of the component's memories
+    /// together (default 64 MiB); the elements of all its tables together are capped at
+    /// [`MAX_TABLE_ELEMENTS`]. Growing past either fails the call with
+    /// [`crate::PluginError::MemoryLimit`].
     pub memory_limit_bytes: usize,
     /// Deterministic fuel per call, or `None` (the default) for the epoch deadline alone.
     /// With `Some(n)` every call gets `n` units (see [`DEFAULT_FUEL`]) and running out fails it
@@ -68,6 +128,26 @@ pub struct HostConfig {
     /// the slot's first `keep_resident_bytes` whole. A host that idles between rare renders
     /// and counts its resident memory (the operator) sets 0.
     pub keep_resident_bytes: usize,
+    /// Cap, in bytes, on one object a plugin returns, serialized as compact JSON (default
+    /// [`DEFAULT_OBJECT_LIMIT_BYTES`], 1 MiB); over it the call fails with
+    /// [`crate::PluginError::ObjectTooLarge`].
+    pub object_limit_bytes: usize,
+    /// Whether site plugins may widen operand pods' privileges (default
+    /// [`PodPrivileges::Deny`]; `kiln render`/`kiln operator --site-pod-privileges`,
+    /// [`SITE_POD_PRIVILEGES_ENV`]).
+    pub site_pod_privileges: PodPrivileges,
+    /// Refuse a drop-in file named like a bundled plugin with
+    /// [`crate::PluginError::ShadowingRefused`] (default `false`: it is loaded, with a warning,
+    /// and [`crate::LoadedPlugin::shadows_bundled`] says so; `--refuse-shadowing`,
+    /// [`REFUSE_SHADOWING_ENV`]).
+    pub refuse_shadowing: bool,
+    /// Cap, in bytes, on a plugin's wasm file (default [`DEFAULT_MAX_COMPONENT_BYTES`]).
+    pub max_component_bytes: usize,
+    /// Bound on compiling one plugin (default [`DEFAULT_COMPILE_DEADLINE`]); past it the load
+    /// fails with [`crate::PluginError::CompileTimeout`]. Wasmtime cannot stop a compile, so
+    /// the compile finishes on its own thread and is discarded; the size bounds
+    /// ([`HostConfig::max_component_bytes`], [`MAX_FUNCTION_BODY_BYTES`]) bound that work.
+    pub compile_deadline: Duration,
 }
 
 impl Default for HostConfig {
@@ -82,6 +162,11 @@ impl Default for HostConfig {
             drop_in_dir: Some(PathBuf::from(DEFAULT_DROP_IN_DIR)),
             cache_dir: default_cache_dir(),
             keep_resident_bytes: DEFAULT_KEEP_RESIDENT_BYTES,
+            object_limit_bytes: DEFAULT_OBJECT_LIMIT_BYTES,
+            site_pod_privileges: PodPrivileges::Deny,
+            refuse_shadowing: false,
+            max_component_bytes: DEFAULT_MAX_COMPONENT_BYTES,
+            compile_deadline: DEFAULT_COMPILE_DEADLINE,
         }
     }
 }

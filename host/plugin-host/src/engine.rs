@@ -6,12 +6,21 @@ use std::thread::JoinHandle;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::config::{EPOCH_TICK, HostConfig};
+use crate::config::{
+    EPOCH_TICK, HostConfig, MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_MEMORIES_PER_MODULE, MAX_TABLES,
+    MAX_TABLES_PER_MODULE,
+};
 use crate::error::PluginError;
 
 /// Component instances the pooling allocator keeps slots for: the most plugin calls one host
 /// runs at the same time.
 pub const POOL_SLOTS: u32 = 32;
+
+// The pool is partitioned by construction: every call may hold at most MAX_MEMORIES
+// memories, MAX_TABLES tables and MAX_CORE_INSTANCES core instances (checked at load and by
+// the call's limiter), and the pool has that many per slot, so a plugin at its bounds cannot
+// take a slot's share from another call ("maximum concurrent limit of 64 for memory stripe 0
+// reached" was one plugin's 63 memories starving every other call).
 
 /// Set to `1` to write a perf map of plugin code (`/tmp/perf-<pid>.map`) so that `perf`
 /// profiles name the Wasm functions; a debugging aid, off by default.
@@ -23,9 +32,14 @@ pub const PERFMAP_ENV: &str = "KILN_PLUGIN_PERFMAP";
 pub(crate) fn make_engine(cfg: &HostConfig) -> Result<Engine, PluginError> {
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(POOL_SLOTS)
-        .total_core_instances(POOL_SLOTS * 8)
-        .total_memories(POOL_SLOTS * 2)
-        .total_tables(POOL_SLOTS * 8)
+        .total_core_instances(POOL_SLOTS * MAX_CORE_INSTANCES)
+        .total_memories(POOL_SLOTS * MAX_MEMORIES)
+        .total_tables(POOL_SLOTS * MAX_TABLES)
+        .max_memories_per_component(MAX_MEMORIES)
+        .max_tables_per_component(MAX_TABLES)
+        .max_core_instances_per_component(MAX_CORE_INSTANCES)
+        .max_memories_per_module(MAX_MEMORIES_PER_MODULE)
+        .max_tables_per_module(MAX_TABLES_PER_MODULE)
         .total_stacks(POOL_SLOTS)
         .max_memory_size(cfg.memory_limit_bytes)
         .linear_memory_keep_resident(cfg.keep_resident_bytes)

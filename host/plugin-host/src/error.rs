@@ -71,13 +71,49 @@ pub enum PluginError {
     },
     /// The component imports something outside the allowed surface.
     #[error(
-        "plugin {plugin:?}: forbidden import {import:?} (plugins may import only the world's own imports and WASI io/cli)"
+        "plugin {plugin:?}: forbidden import{} {} (plugins may import only the world's own imports and WASI io/cli)",
+        if imports.len() == 1 { "" } else { "s" },
+        quoted_list(imports)
     )]
     ForbiddenImport {
         /// Plugin name.
         plugin: String,
-        /// The import's full name, e.g. `wasi:filesystem/types@0.2.6`.
-        import: String,
+        /// Every forbidden import's full name, in declaration order, e.g.
+        /// `wasi:filesystem/types@0.2.6`.
+        imports: Vec<String>,
+    },
+    /// The component is bigger than the host compiles, or declares more memories, tables or
+    /// core instances than one plugin may have; checked at load, before anything runs.
+    #[error("plugin {plugin:?}: the component has {actual} {what}, over the limit of {limit}")]
+    ComponentLimit {
+        /// Plugin name.
+        plugin: String,
+        /// What was counted: `bytes`, `bytes in one function body`, `memories`, `tables`,
+        /// `core instances` or `bytes of initial memory`.
+        what: &'static str,
+        /// How many the component has.
+        actual: u64,
+        /// The bound ([`crate::HostConfig`] and the `MAX_*` constants of the crate root).
+        limit: u64,
+    },
+    /// Compiling the component took longer than [`crate::HostConfig::compile_deadline`].
+    #[error("plugin {plugin:?}: compiling took longer than {deadline:?}")]
+    CompileTimeout {
+        /// Plugin name.
+        plugin: String,
+        /// The compile deadline.
+        deadline: Duration,
+    },
+    /// A drop-in file has the name of a bundled plugin, and the host is set to refuse that
+    /// ([`crate::HostConfig::refuse_shadowing`]).
+    #[error(
+        "plugin {plugin:?}: drop-in {path:?} shadows the bundled plugin of that name, which this host refuses"
+    )]
+    ShadowingRefused {
+        /// Plugin name.
+        plugin: String,
+        /// The drop-in file.
+        path: PathBuf,
     },
     /// The component's `name()` differs from the name it was loaded by.
     #[error("plugin {plugin:?}: the component calls itself {exported:?}")]
@@ -111,12 +147,13 @@ pub enum PluginError {
         /// The deadline of one call.
         deadline: Duration,
     },
-    /// The guest tried to grow a linear memory past the cap.
+    /// The guest tried to grow its linear memories (all of them together) or tables past the
+    /// per-call cap.
     #[error("plugin {plugin:?} exceeded its memory limit of {limit_bytes} bytes")]
     MemoryLimit {
         /// Plugin name.
         plugin: String,
-        /// The cap, in bytes, on one linear memory.
+        /// The cap, in bytes, on all linear memories of one call together.
         limit_bytes: usize,
     },
     /// The guest overflowed its Wasm stack (e.g. unbounded recursion).
@@ -187,6 +224,75 @@ pub enum PluginError {
         /// What is wrong.
         message: String,
     },
+    /// The patched object's `apiVersion`, `kind`, `metadata.name` or `metadata.namespace`
+    /// differs from the object the plugin was given (no plugin may change them).
+    #[error(
+        "plugin {plugin:?}: object {index} ({object}): {field} changed from {before} to {after}; no plugin may change an object's identity"
+    )]
+    IdentityChanged {
+        /// Plugin name.
+        plugin: String,
+        /// Position of the object in the input.
+        index: usize,
+        /// `kind/name` of the object before the patch.
+        object: String,
+        /// JSON Pointer of the member, e.g. `/metadata/namespace`.
+        field: &'static str,
+        /// The member before, as JSON (`nothing` when absent).
+        before: String,
+        /// The member after, as JSON (`nothing` when absent), bounded.
+        after: String,
+    },
+    /// A site plugin changed what an RBAC object grants: the `rules` or `aggregationRule` of a
+    /// Role/ClusterRole, the `roleRef` or `subjects` of a RoleBinding/ClusterRoleBinding.
+    #[error(
+        "plugin {plugin:?}: object {index} ({object}): {field} changed; a site plugin may not change RBAC rules, role references or subjects"
+    )]
+    RbacChanged {
+        /// Plugin name.
+        plugin: String,
+        /// Position of the object in the input.
+        index: usize,
+        /// `kind/name` of the object.
+        object: String,
+        /// JSON Pointer of the member, e.g. `/rules` or `/subjects`.
+        field: &'static str,
+    },
+    /// A site plugin widened an operand pod's privileges beyond what its input had (host
+    /// namespaces, a privileged container, added capabilities, a hostPath volume), and the host
+    /// does not allow that ([`crate::HostConfig::site_pod_privileges`]).
+    #[error(
+        "plugin {plugin:?}: object {index} ({object}): {field} widens the pod's privileges; site plugins may not (see HostConfig::site_pod_privileges, `--site-pod-privileges`)"
+    )]
+    PodPrivilegeWidened {
+        /// Plugin name.
+        plugin: String,
+        /// Position of the object in the input.
+        index: usize,
+        /// `kind/name` of the object.
+        object: String,
+        /// Path of the widening setting, e.g.
+        /// `/spec/template/spec/containers[name=ctr]/securityContext/privileged`.
+        field: String,
+    },
+    /// The patched object serializes to more bytes than [`crate::HostConfig::object_limit_bytes`]
+    /// (the API server refuses objects over about 1.5 MiB).
+    #[error(
+        "plugin {plugin:?}: object {index} ({object}) serializes to more than {limit_bytes} bytes"
+    )]
+    ObjectTooLarge {
+        /// Plugin name.
+        plugin: String,
+        /// Position of the object in the input.
+        index: usize,
+        /// `kind/name` of the object.
+        object: String,
+        /// The bound, in bytes.
+        limit_bytes: usize,
+        /// Bytes counted before the check gave up: more than `limit_bytes` (counting stops at
+        /// the first write past the limit).
+        actual_bytes: usize,
+    },
     /// Any other failure of a call that Wasmtime reported (e.g. instantiation failed).
     #[error("plugin {plugin:?}: call failed: {message}")]
     CallFailed {
@@ -195,6 +301,15 @@ pub enum PluginError {
         /// Wasmtime's explanation.
         message: String,
     },
+}
+
+/// `"a", "b"` for the forbidden-import message.
+fn quoted_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| format!("{i:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Where a plugin was looked for, for [`PluginError::NotFound`].
@@ -218,6 +333,13 @@ impl PluginError {
             | DigestMismatch { plugin, .. }
             | LoadFailed { plugin, .. }
             | ForbiddenImport { plugin, .. }
+            | ComponentLimit { plugin, .. }
+            | CompileTimeout { plugin, .. }
+            | ShadowingRefused { plugin, .. }
+            | IdentityChanged { plugin, .. }
+            | RbacChanged { plugin, .. }
+            | PodPrivilegeWidened { plugin, .. }
+            | ObjectTooLarge { plugin, .. }
             | NameMismatch { plugin, .. }
             | Trap { plugin, .. }
             | OutOfFuel { plugin, .. }

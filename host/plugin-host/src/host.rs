@@ -16,8 +16,8 @@ use crate::capture::PluginLog;
 use crate::config::HostConfig;
 use crate::engine::{EpochTicker, make_engine};
 use crate::error::{GuestError, PluginError};
-use crate::outcome::{Rendered, StepObjects, apply_outcomes_to, rendered};
-use crate::sandbox::{CallState, first_forbidden_import, imports_of, make_linker};
+use crate::outcome::{OutputPolicy, Rendered, StepObjects, apply_outcomes_to, rendered};
+use crate::sandbox::{CallState, forbidden_imports, imports_of, make_linker};
 use crate::trap::classify;
 
 /// Where a plugin's bytes came from.
@@ -36,6 +36,7 @@ pub struct LoadedPlugin {
     source: PluginSource,
     cache_hit: CacheHit,
     imports: Vec<String>,
+    shadows_bundled: bool,
     pre: OperandTransformPre<CallState>,
 }
 
@@ -60,6 +61,30 @@ impl LoadedPlugin {
     pub fn imports(&self) -> &[String] {
         &self.imports
     }
+    /// Whether it is a drop-in file named like a bundled plugin, which it replaces (logged as
+    /// a warning at load; refused when [`HostConfig::refuse_shadowing`] is set).
+    pub fn shadows_bundled(&self) -> bool {
+        self.shadows_bundled
+    }
+    /// Whether it is a **standard** plugin: code bundled with kiln (from the binary, its
+    /// digest computed at build time). Every other plugin is a **site** plugin, whose output
+    /// the host holds to the site policy (no RBAC changes; pod privileges per
+    /// [`HostConfig::site_pod_privileges`]).
+    pub fn is_standard(&self) -> bool {
+        self.source == PluginSource::Bundled
+    }
+    /// How `kiln render`'s `# Source` line names it: its name, plus
+    /// ` (drop-in <path>, shadows bundled)` when it replaces a bundled plugin.
+    pub fn describe_source(&self) -> String {
+        match &self.source {
+            PluginSource::DropIn(path) if self.shadows_bundled => format!(
+                "{} (drop-in {}, shadows bundled)",
+                self.name,
+                crate::text::bounded(&path.display().to_string(), 512)
+            ),
+            _ => self.name.to_string(),
+        }
+    }
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -68,6 +93,7 @@ impl std::fmt::Debug for LoadedPlugin {
             .field("name", &self.name)
             .field("sha256", &self.digest)
             .field("source", &self.source)
+            .field("shadows_bundled", &self.shadows_bundled)
             .finish_non_exhaustive()
     }
 }
@@ -167,13 +193,30 @@ impl PluginHost {
     ///
     /// # Errors
     /// [`PluginError::InvalidName`], [`PluginError::InvalidPin`], [`PluginError::NotFound`],
-    /// [`PluginError::ReadFailed`], [`PluginError::DigestMismatch`], [`PluginError::LoadFailed`],
+    /// [`PluginError::ReadFailed`], [`PluginError::ShadowingRefused`],
+    /// [`PluginError::DigestMismatch`], [`PluginError::ComponentLimit`],
+    /// [`PluginError::LoadFailed`], [`PluginError::CompileTimeout`],
     /// [`PluginError::ForbiddenImport`], [`PluginError::NameMismatch`], or any call error of
     /// its `name()` export.
     pub fn load(&self, name: &str, pin: Option<&str>) -> Result<Arc<LoadedPlugin>, PluginError> {
         check_name(name)?;
         let pin = pin.map(|p| check_pin(name, p)).transpose()?;
         let (bytes, source) = self.read(name)?;
+        let shadows_bundled =
+            matches!(source, PluginSource::DropIn(_)) && self.bundled.contains_key(name);
+        if let (true, PluginSource::DropIn(path)) = (shadows_bundled, &source) {
+            if self.config.refuse_shadowing {
+                return Err(PluginError::ShadowingRefused {
+                    plugin: name.to_string(),
+                    path: path.clone(),
+                });
+            }
+            tracing::warn!(plugin = name, path = %path.display(), "drop-in plugin shadows the bundled plugin of the same name");
+        }
+        if let PluginSource::DropIn(_) = source {
+            // Site code is audited before any time is spent compiling it.
+            crate::audit::check_bytes(name, &bytes, self.config.max_component_bytes)?;
+        }
         let digest = match (&source, self.bundled_digests.get(name)) {
             (PluginSource::Bundled, Some(d)) => d.clone(),
             _ => sha256_hex(&bytes),
@@ -193,11 +236,22 @@ impl PluginHost {
         {
             return Ok(p);
         }
-        let (component, cache_hit) = self.cache.get_or_compile(name, &digest, &bytes)?;
-        let loaded = Arc::new(self.link(name, digest, source, cache_hit, &component)?);
+        let (component, cache_hit) =
+            self.cache
+                .get_or_compile(name, &digest, || Ok(bytes), self.config.compile_deadline)?;
+        crate::audit::check_resources(name, &component, self.config.memory_limit_bytes)?;
+        let mut loaded = self.link(name, digest, source, cache_hit, &component)?;
+        loaded.shadows_bundled = shadows_bundled;
+        let loaded = Arc::new(loaded);
         let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
         plugins.insert(name.to_string(), loaded.clone());
         Ok(loaded)
+    }
+
+    /// The plugin loaded now under `name`, if any (e.g. to say where it came from, see
+    /// [`LoadedPlugin::describe_source`]).
+    pub fn loaded(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        self.cached(name)
     }
 
     /// Names of the plugins loaded now (sorted), e.g. to check that an idle caller released
@@ -327,12 +381,12 @@ impl PluginHost {
             Ok(Ok(outcomes)) => outcomes,
         };
         drop(store);
-        let results = apply_outcomes_to(
-            &plugin.name,
-            objects,
-            outcomes,
-            self.config.output_limit_bytes,
-        )?;
+        let policy = OutputPolicy {
+            output_limit_bytes: self.config.output_limit_bytes,
+            object_limit_bytes: self.config.object_limit_bytes,
+            site: (!plugin.is_standard()).then_some(self.config.site_pod_privileges),
+        };
+        let results = apply_outcomes_to(&plugin.name, objects, outcomes, &policy)?;
         Ok((results, log))
     }
 
@@ -371,8 +425,18 @@ impl PluginHost {
             .as_ref()
             .map(|d| d.join(format!("{name}.wasm")));
         if let Some(path) = &drop_in {
-            match std::fs::read(path) {
-                Ok(bytes) => return Ok((Cow::Owned(bytes), PluginSource::DropIn(path.clone()))),
+            match read_bounded(path, self.config.max_component_bytes) {
+                Ok(Ok(bytes)) => {
+                    return Ok((Cow::Owned(bytes), PluginSource::DropIn(path.clone())));
+                }
+                Ok(Err(actual)) => {
+                    return Err(PluginError::ComponentLimit {
+                        plugin: name.to_string(),
+                        what: "bytes",
+                        actual,
+                        limit: self.config.max_component_bytes as u64,
+                    });
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {
                     return Err(PluginError::ReadFailed {
@@ -405,10 +469,11 @@ impl PluginHost {
             plugin: name.to_string(),
             message: format!("{e:#}"),
         };
-        if let Some(import) = first_forbidden_import(&self.engine, component) {
+        let forbidden = forbidden_imports(&self.engine, component);
+        if !forbidden.is_empty() {
             return Err(PluginError::ForbiddenImport {
                 plugin: name.to_string(),
-                import,
+                imports: forbidden,
             });
         }
         let pre = self
@@ -421,7 +486,7 @@ impl PluginHost {
         if exported != name {
             return Err(PluginError::NameMismatch {
                 plugin: name.to_string(),
-                exported,
+                exported: crate::text::bounded_owned(exported, crate::text::MAX_NAME_BYTES),
             });
         }
         let imports = imports_of(&self.engine, component);
@@ -431,6 +496,7 @@ impl PluginHost {
             source,
             cache_hit,
             imports,
+            shadows_bundled: false,
             pre,
         })
     }
@@ -450,6 +516,23 @@ impl PluginHost {
             classify(plugin, &self.config, store.data(), &log, err)
         })
     }
+}
+
+/// The bytes of the file at `path`, or `Err(size)` when it has more than `max_bytes` (never
+/// reading more than `max_bytes + 1`, whatever the file is).
+fn read_bounded(path: &std::path::Path, max_bytes: usize) -> std::io::Result<Result<Vec<u8>, u64>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    if len > max_bytes as u64 {
+        return Ok(Err(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max_bytes as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > max_bytes {
+        return Ok(Err(bytes.len() as u64));
+    }
+    Ok(Ok(bytes))
 }
 
 /// A plugin name must be usable as a file name: non-empty, no path separators, not `.`/`..`.

@@ -7,7 +7,7 @@ use crate::cache::sha256_hex;
 use crate::config::HostConfig;
 use crate::error::PluginError;
 use crate::host::PluginHost;
-use crate::sandbox::{exports_of, first_forbidden_import, imports_of};
+use crate::sandbox::{exports_of, forbidden_imports, imports_of};
 
 /// The name [`inspect`] uses in errors about the bytes, whose real name is not known yet
 /// ([`inspect_as`] takes one, e.g. the file name a drop-in would be looked up by).
@@ -46,7 +46,8 @@ pub fn inspect(bytes: &[u8]) -> Result<PluginReport, PluginError> {
 }
 
 /// [`inspect`], naming the plugin `label` in errors (`kiln plugin check` passes the file name
-/// without `.wasm`, the name the host would look the file up by).
+/// without `.wasm`, the name the host would look the file up by); a component whose `name()`
+/// differs from `label` is refused with [`PluginError::NameMismatch`], as the host would.
 ///
 /// # Errors
 /// As [`inspect`].
@@ -69,7 +70,21 @@ impl PluginHost {
     /// # Errors
     /// As [`inspect`].
     pub fn inspect_as(&self, bytes: &[u8], label: &str) -> Result<PluginReport, PluginError> {
-        let component = crate::cache::compile(&self.engine, label, bytes)?;
+        if let Err(e) = crate::audit::check_bytes(label, bytes, self.config.max_component_bytes) {
+            return Ok(PluginReport {
+                sha256: sha256_hex(bytes),
+                imports: Vec::new(),
+                exports: Vec::new(),
+                name: None,
+                refusal: Some(e),
+            });
+        }
+        let component = crate::cache::compile_with_deadline(
+            &self.engine,
+            label,
+            std::borrow::Cow::Owned(bytes.to_vec()),
+            self.config.compile_deadline,
+        )?;
         let mut report = PluginReport {
             sha256: sha256_hex(bytes),
             imports: imports_of(&self.engine, &component),
@@ -77,11 +92,18 @@ impl PluginHost {
             name: None,
             refusal: None,
         };
-        if let Some(import) = first_forbidden_import(&self.engine, &component) {
+        let forbidden = forbidden_imports(&self.engine, &component);
+        if !forbidden.is_empty() {
             report.refusal = Some(PluginError::ForbiddenImport {
                 plugin: label.into(),
-                import,
+                imports: forbidden,
             });
+            return Ok(report);
+        }
+        if let Err(e) =
+            crate::audit::check_resources(label, &component, self.config.memory_limit_bytes)
+        {
+            report.refusal = Some(e);
             return Ok(report);
         }
         let pre = self
@@ -93,6 +115,14 @@ impl PluginHost {
                 message: format!("{e:#}"),
             });
         match pre.and_then(|pre| self.call_name(&Arc::from(label), &pre)) {
+            // The host looks a drop-in up by file name and refuses one whose `name()` differs.
+            Ok(name) if label != INSPECTED && name != label => {
+                report.refusal = Some(PluginError::NameMismatch {
+                    plugin: label.into(),
+                    exported: crate::text::bounded(&name, crate::text::MAX_NAME_BYTES).into_owned(),
+                });
+                report.name = Some(name);
+            }
             Ok(name) => report.name = Some(name),
             Err(e) => report.refusal = Some(e),
         }

@@ -5,10 +5,12 @@
 //! (an RFC 6902 JSON Patch, or *omit*) per object. The host applies and validates the patches.
 //!
 //! ```text
-//! name ──► drop-in dir / bundled ──► sha256 (pin?) ──► compile or cache (memory, disk)
+//! name ──► drop-in dir / bundled (shadowing?) ──► sha256 (pin?) ──► audit (size, counts)
+//!      ──► compile (deadline) or cache (memory, disk: artifact digest checked)
 //!      ──► import audit ──► link (InstancePre) ──► name() check ──► LoadedPlugin
 //! call ──► fresh Store (memory cap, epoch deadline, fuel if set, empty WASI) ──► transform()
-//!      ──► outcomes ──► json-patch ──► identity / DaemonSet checks ──► Rendered
+//!      ──► outcomes ──► json-patch ──► output policy (identity, size; site: RBAC, pod
+//!          privileges) ──► Rendered
 //! ```
 //!
 //! Plugins get **no capabilities** and are deterministic: the only imports they may have are
@@ -27,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
 mod bindings;
 mod cache;
 mod capture;
@@ -39,15 +42,19 @@ mod inspect;
 mod outcome;
 mod patch;
 mod sandbox;
+pub mod text;
 mod trap;
 
 pub use cache::{CacheHit, sha256_hex};
 pub use capture::{LogLine, LogSource, PluginLog};
 pub use chain::{ChainInput, ChainOutput, Omitted, PluginRef};
 pub use config::{
-    CACHE_DIR_ENV, DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL,
-    DEFAULT_KEEP_RESIDENT_BYTES, DEFAULT_LOG_LIMIT_BYTES, DEFAULT_MAX_WASM_STACK_BYTES,
-    DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OUTPUT_LIMIT_BYTES, EPOCH_TICK, HostConfig,
+    CACHE_DIR_ENV, DEFAULT_COMPILE_DEADLINE, DEFAULT_DEADLINE, DEFAULT_DROP_IN_DIR, DEFAULT_FUEL,
+    DEFAULT_KEEP_RESIDENT_BYTES, DEFAULT_LOG_LIMIT_BYTES, DEFAULT_MAX_COMPONENT_BYTES,
+    DEFAULT_MAX_WASM_STACK_BYTES, DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_OBJECT_LIMIT_BYTES,
+    DEFAULT_OUTPUT_LIMIT_BYTES, EPOCH_TICK, HostConfig, MAX_CORE_INSTANCES,
+    MAX_FUNCTION_BODY_BYTES, MAX_MEMORIES, MAX_MEMORIES_PER_MODULE, MAX_TABLE_ELEMENTS, MAX_TABLES,
+    MAX_TABLES_PER_MODULE, PodPrivileges, REFUSE_SHADOWING_ENV, SITE_POD_PRIVILEGES_ENV,
     default_cache_dir,
 };
 pub use engine::PERFMAP_ENV;

@@ -1,14 +1,52 @@
-//! Applying a plugin's outcomes to its input objects, and checking what comes out.
+//! Applying a plugin's outcomes to its input objects, and the output policy every result is
+//! held to before anything is applied (`wit/README.md`, "Output policy"):
 //!
-//! A patched object must keep its identity: the same `apiVersion`, `kind`, `metadata.name` and
-//! `metadata.namespace`. An `apps/v1` DaemonSet must also still parse as one and keep its
-//! `spec.selector` (it is immutable in the API server).
+//! * Every plugin: a patched object keeps its identity, the same `apiVersion`, `kind`,
+//!   `metadata.name` and `metadata.namespace` ([`PluginError::IdentityChanged`]); an `apps/v1`
+//!   DaemonSet still parses as one and keeps its `spec.selector`, which the API server holds
+//!   immutable ([`PluginError::InvalidResult`]); and it serializes to at most
+//!   [`crate::HostConfig::object_limit_bytes`] ([`PluginError::ObjectTooLarge`]).
+//! * Site plugins (all but the bundled standard ones) also leave RBAC alone: the `rules` and
+//!   `aggregationRule` of Roles/ClusterRoles, the `roleRef` and `subjects` of
+//!   RoleBindings/ClusterRoleBindings ([`PluginError::RbacChanged`]); and, unless the host
+//!   allows it ([`PodPrivileges::Allow`]), do not widen an operand pod's privileges beyond what
+//!   its input had: `hostPID`/`hostNetwork`/`hostIPC`, a `privileged` container, an added
+//!   capability, a `hostPath` volume ([`PluginError::PodPrivilegeWidened`]).
+//!
+//! Objects a plugin returns unpatched (an empty patch) are not checked again: they are what it
+//! was given. The site checks read only the objects of the kinds they concern.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde_json::Value;
 
 use crate::bindings::kiln::operand::types::Outcome;
+use crate::config::PodPrivileges;
 use crate::error::PluginError;
+
+/// What one call's output is held to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutputPolicy {
+    /// Cap on the total patch text of the call.
+    pub(crate) output_limit_bytes: usize,
+    /// Cap on one patched object, serialized.
+    pub(crate) object_limit_bytes: usize,
+    /// `Some` for a site plugin, with whether it may widen pod privileges.
+    pub(crate) site: Option<PodPrivileges>,
+}
+
+impl OutputPolicy {
+    /// The default limits for a plugin that is standard (`site` false) or not.
+    #[cfg(test)]
+    pub(crate) fn for_tests(output_limit_bytes: usize, site: bool) -> Self {
+        OutputPolicy {
+            output_limit_bytes,
+            object_limit_bytes: crate::config::DEFAULT_OBJECT_LIMIT_BYTES,
+            site: site.then_some(PodPrivileges::Deny),
+        }
+    }
+}
 
 /// What a plugin decided for one object.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,14 +94,9 @@ pub(crate) fn apply_outcomes(
     plugin: &str,
     objects: &[Value],
     outcomes: Vec<Outcome>,
-    output_limit_bytes: usize,
+    policy: &OutputPolicy,
 ) -> Result<Vec<Rendered>, PluginError> {
-    let out = apply_outcomes_to(
-        plugin,
-        StepObjects::Input(objects),
-        outcomes,
-        output_limit_bytes,
-    )?;
+    let out = apply_outcomes_to(plugin, StepObjects::Input(objects), outcomes, policy)?;
     Ok(rendered(out))
 }
 
@@ -80,13 +113,15 @@ pub(crate) fn rendered(results: Vec<Option<Value>>) -> Vec<Rendered> {
 ///
 /// # Errors
 /// [`PluginError::WrongOutcomeCount`], [`PluginError::OutputTooLarge`] (total patch bytes over
-/// `output_limit_bytes`), [`PluginError::InvalidPatch`] and [`PluginError::InvalidResult`].
+/// the policy's `output_limit_bytes`), [`PluginError::InvalidPatch`], and the output policy's
+/// errors (see the module docs).
 pub(crate) fn apply_outcomes_to(
     plugin: &str,
     objects: StepObjects<'_>,
     outcomes: Vec<Outcome>,
-    output_limit_bytes: usize,
+    policy: &OutputPolicy,
 ) -> Result<Vec<Option<Value>>, PluginError> {
+    let output_limit_bytes = policy.output_limit_bytes;
     let expected = objects.as_slice().len();
     if outcomes.len() != expected {
         return Err(PluginError::WrongOutcomeCount {
@@ -111,7 +146,7 @@ pub(crate) fn apply_outcomes_to(
     }
     let patch_one = |index: usize, object: Target<'_>, outcome: Outcome| match outcome {
         Outcome::Omit => Ok(None),
-        Outcome::Patch(text) => apply_patch(plugin, index, object, &text).map(Some),
+        Outcome::Patch(text) => apply_patch(plugin, index, object, &text, policy).map(Some),
     };
     match objects {
         StepObjects::Input(objects) => objects
@@ -212,20 +247,25 @@ impl Identity {
 
     /// Why `patched` is not an acceptable result for the object this identity was taken
     /// from, if it is not.
-    fn check(&self, patched: &Value) -> Result<(), String> {
+    fn check(&self, patched: &Value) -> Result<(), Refusal> {
         if !patched.is_object() {
-            return Err("the result is not a JSON object".into());
+            return Err(Refusal::Invalid("the result is not a JSON object".into()));
         }
         for (pointer, before) in IDENTITY.iter().zip(&self.members) {
             let after = patched.pointer(pointer);
             if before.as_ref() != after {
-                return Err(format!(
-                    "{pointer} changed from {} to {}",
-                    show(before.as_ref()),
-                    show(after)
-                ));
+                return Err(Refusal::Identity {
+                    field: pointer,
+                    before: show(before.as_ref()),
+                    after: crate::text::bounded_owned(show(after), crate::text::MAX_NAME_BYTES),
+                });
             }
         }
+        self.check_daemonset(patched).map_err(Refusal::Invalid)
+    }
+
+    /// The DaemonSet rules of the module docs.
+    fn check_daemonset(&self, patched: &Value) -> Result<(), String> {
         if let Some(before) = &self.daemonset_selector {
             <DaemonSet as serde::Deserialize>::deserialize(patched)
                 .map_err(|e| format!("not a valid apps/v1 DaemonSet: {e}"))?;
@@ -242,11 +282,186 @@ impl Identity {
     }
 }
 
+/// Why a patched object is refused (turned into a [`PluginError`] naming plugin and object).
+enum Refusal {
+    /// [`PluginError::InvalidResult`].
+    Invalid(String),
+    /// [`PluginError::IdentityChanged`].
+    Identity {
+        field: &'static str,
+        before: String,
+        after: String,
+    },
+    /// [`PluginError::RbacChanged`].
+    Rbac(&'static str),
+    /// [`PluginError::PodPrivilegeWidened`].
+    Privilege(String),
+    /// [`PluginError::ObjectTooLarge`], with the bytes counted (at least the limit + 1).
+    TooLarge(usize),
+}
+
+/// What the site checks need of an object before it is patched: the RBAC members it must
+/// keep, and its pod's privileges.
+struct SiteGuard {
+    rbac: Vec<(&'static str, Option<Value>)>,
+    /// Pointer of the pod spec, and its privileges before.
+    pod: Option<(&'static str, BTreeSet<String>)>,
+}
+
+/// The RBAC members a site plugin must keep, by kind.
+fn rbac_members(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "Role" | "ClusterRole" => &["/rules", "/aggregationRule"],
+        "RoleBinding" | "ClusterRoleBinding" => &["/roleRef", "/subjects"],
+        _ => &[],
+    }
+}
+
+/// Where a kind keeps its pod spec.
+fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some("/spec"),
+        "DaemonSet"
+        | "Deployment"
+        | "StatefulSet"
+        | "ReplicaSet"
+        | "ReplicationController"
+        | "Job" => Some("/spec/template/spec"),
+        "CronJob" => Some("/spec/jobTemplate/spec/template/spec"),
+        _ => None,
+    }
+}
+
+/// The privileges a pod spec grants, each as a path below the pod spec: `hostPID` (and the
+/// other host namespaces) when true, `containers[name=c]/securityContext/privileged` when
+/// true, `…/capabilities/add/CAP` per added capability, `volumes[name=v]/hostPath/path=P` per
+/// hostPath volume.
+fn pod_privileges(spec: Option<&Value>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Some(spec) = spec else { return out };
+    for ns in ["hostPID", "hostNetwork", "hostIPC"] {
+        if spec.get(ns).and_then(Value::as_bool) == Some(true) {
+            out.insert(ns.to_string());
+        }
+    }
+    let name_of = |v: &Value| {
+        v.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in spec
+            .get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(sc) = c.get("securityContext") else {
+                continue;
+            };
+            let name = name_of(c);
+            if sc.get("privileged").and_then(Value::as_bool) == Some(true) {
+                out.insert(format!("{list}[name={name}]/securityContext/privileged"));
+            }
+            let added = sc.pointer("/capabilities/add").and_then(Value::as_array);
+            for cap in added.into_iter().flatten() {
+                let cap = cap.as_str().map_or_else(|| cap.to_string(), str::to_string);
+                out.insert(format!(
+                    "{list}[name={name}]/securityContext/capabilities/add/{cap}"
+                ));
+            }
+        }
+    }
+    for v in spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(hp) = v.get("hostPath") {
+            let path = hp
+                .get("path")
+                .map_or_else(|| "null".into(), Value::to_string);
+            out.insert(format!("volumes[name={}]/hostPath/path={path}", name_of(v)));
+        }
+    }
+    out
+}
+
+impl SiteGuard {
+    /// The guard for `object`, for a site plugin with `privileges`; none when the object is
+    /// of a kind the site checks do not concern.
+    fn of(object: &Value, privileges: PodPrivileges) -> Option<Self> {
+        let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
+        let rbac: Vec<_> = rbac_members(kind)
+            .iter()
+            .map(|p| (*p, object.pointer(p).cloned()))
+            .collect();
+        let pod = match privileges {
+            PodPrivileges::Allow => None,
+            PodPrivileges::Deny => {
+                pod_spec_pointer(kind).map(|p| (p, pod_privileges(object.pointer(p))))
+            }
+        };
+        (!rbac.is_empty() || pod.is_some()).then_some(SiteGuard { rbac, pod })
+    }
+
+    fn check(&self, patched: &Value) -> Result<(), Refusal> {
+        for (pointer, before) in &self.rbac {
+            if patched.pointer(pointer) != before.as_ref() {
+                return Err(Refusal::Rbac(pointer));
+            }
+        }
+        if let Some((pointer, before)) = &self.pod {
+            let after = pod_privileges(patched.pointer(pointer));
+            if let Some(widened) = after.difference(before).next() {
+                return Err(Refusal::Privilege(crate::text::bounded_owned(
+                    format!("{pointer}/{widened}"),
+                    crate::text::MAX_ENGINE_TEXT_BYTES,
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counts bytes written, failing once there are more than `limit`.
+struct CountUpTo {
+    count: usize,
+    limit: usize,
+}
+
+impl std::io::Write for CountUpTo {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.count += buf.len();
+        if self.count > self.limit {
+            return Err(std::io::Error::other("over the limit"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `Err(bytes counted)` when `object` serializes (compact JSON) to more than `limit` bytes;
+/// stops counting at the first write past it.
+fn check_size(object: &Value, limit: usize) -> Result<(), Refusal> {
+    let mut w = CountUpTo { count: 0, limit };
+    match serde_json::to_writer(&mut w, object) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(Refusal::TooLarge(w.count)),
+    }
+}
+
 fn apply_patch(
     plugin: &str,
     index: usize,
     target: Target<'_>,
     text: &str,
+    policy: &OutputPolicy,
 ) -> Result<Value, PluginError> {
     let original = match &target {
         Target::Copy(o) => *o,
@@ -272,21 +487,60 @@ fn apply_patch(
         });
     }
     let identity = Identity::of(original);
+    let site = policy.site.and_then(|p| SiteGuard::of(original, p));
     let mut object = match target {
         Target::Copy(o) => copy_for_patch(o, &patch),
         Target::InPlace(o) => o,
     };
     json_patch::patch(&mut object, &patch)
         .map_err(|e| invalid_patch(identity.describe(), e.to_string()))?;
-    identity
+    let checked = identity
         .check(&object)
-        .map_err(|message| PluginError::InvalidResult {
-            plugin: plugin.to_string(),
+        .and_then(|()| site.as_ref().map_or(Ok(()), |g| g.check(&object)))
+        .and_then(|()| check_size(&object, policy.object_limit_bytes));
+    let Err(refusal) = checked else {
+        return Ok(object);
+    };
+    let (plugin, object) = (plugin.to_string(), identity.describe());
+    Err(match refusal {
+        Refusal::Invalid(message) => PluginError::InvalidResult {
+            plugin,
             index,
-            object: identity.describe(),
+            object,
             message,
-        })?;
-    Ok(object)
+        },
+        Refusal::Identity {
+            field,
+            before,
+            after,
+        } => PluginError::IdentityChanged {
+            plugin,
+            index,
+            object,
+            field,
+            before,
+            after,
+        },
+        Refusal::Rbac(field) => PluginError::RbacChanged {
+            plugin,
+            index,
+            object,
+            field,
+        },
+        Refusal::Privilege(field) => PluginError::PodPrivilegeWidened {
+            plugin,
+            index,
+            object,
+            field,
+        },
+        Refusal::TooLarge(actual_bytes) => PluginError::ObjectTooLarge {
+            plugin,
+            index,
+            object,
+            limit_bytes: policy.object_limit_bytes,
+            actual_bytes,
+        },
+    })
 }
 
 fn show(v: Option<&Value>) -> String {
@@ -310,7 +564,12 @@ mod tests {
     }
 
     fn run(outcomes: Vec<Outcome>) -> Result<Vec<Rendered>, PluginError> {
-        apply_outcomes("p", &[daemonset()], outcomes, 1000)
+        apply_outcomes(
+            "p",
+            &[daemonset()],
+            outcomes,
+            &OutputPolicy::for_tests(1000, false),
+        )
     }
 
     #[test]
@@ -376,6 +635,14 @@ mod tests {
         ));
         let rename = r#"[{"op":"replace","path":"/metadata/name","value":"x"}]"#;
         let err = run(vec![Outcome::Patch(rename.into())]).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                PluginError::IdentityChanged { field: "/metadata/name", before, after, .. }
+                    if before == "\"ds\"" && after == "\"x\""
+            ),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("/metadata/name changed"), "{err}");
         let unselect = r#"[{"op":"remove","path":"/spec/selector"}]"#;
         let err = run(vec![Outcome::Patch(unselect.into())]).unwrap_err();

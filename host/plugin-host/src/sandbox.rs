@@ -10,6 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::OperandTransform;
 use crate::bindings::kiln::operand::types::LogLevel;
 use crate::capture::{LogCollector, LogSource};
+use crate::config::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES};
 
 /// The interfaces (without version) a plugin may import, besides the world's own `log`.
 ///
@@ -59,59 +60,107 @@ pub(crate) fn exports_of(engine: &Engine, component: &Component) -> Vec<String> 
         .collect()
 }
 
-/// The first import outside the allowed surface, if any.
-pub(crate) fn first_forbidden_import(engine: &Engine, component: &Component) -> Option<String> {
+/// Every import outside the allowed surface, in declaration order (empty when none).
+pub(crate) fn forbidden_imports(engine: &Engine, component: &Component) -> Vec<String> {
     imports_of(engine, component)
         .into_iter()
-        .find(|name| !is_allowed_import(name))
+        .filter(|name| !is_allowed_import(name))
+        .collect()
 }
 
-/// Caps one linear memory and remembers whether the guest hit the cap.
+/// The budget of one call: all of its linear memories together are capped at `limit_bytes`,
+/// all of its tables together at [`MAX_TABLE_ELEMENTS`] elements, and it may create at most
+/// [`MAX_MEMORIES`] memories, [`MAX_TABLES`] tables and [`MAX_CORE_INSTANCES`] core instances
+/// (the same bounds `load` checks). One store per call, so the sums are per call.
 #[derive(Debug)]
 pub(crate) struct MemoryCap {
     limit_bytes: usize,
-    /// Set when a memory was refused growth past `limit_bytes`.
+    /// Bytes of all memories of the call now (initial sizes included: Wasmtime asks the
+    /// limiter for them when it creates a memory).
+    memory_bytes: usize,
+    /// Elements of all tables of the call now.
+    table_elements: usize,
+    /// The growth last granted and not yet done, taken back if it fails.
+    pending_memory: usize,
+    pending_table: usize,
+    /// Set when a memory or table was refused growth past the budget.
     pub(crate) hit: bool,
 }
 
-/// Most elements a table may grow to; Rust guests use a few hundred.
-const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Most core instances, tables and memories of one plugin instance.
-const MAX_INSTANCES: usize = 64;
+impl MemoryCap {
+    pub(crate) fn new(limit_bytes: usize) -> Self {
+        MemoryCap {
+            limit_bytes,
+            memory_bytes: 0,
+            table_elements: 0,
+            pending_memory: 0,
+            pending_table: 0,
+            hit: false,
+        }
+    }
+}
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit_bytes {
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        let grow = desired.saturating_sub(current);
+        let total = self.memory_bytes.saturating_add(grow);
+        if total > self.limit_bytes {
             self.hit = true;
             return Ok(false);
         }
-        Ok(maximum.is_none_or(|max| desired <= max))
+        self.memory_bytes = total;
+        self.pending_memory = grow;
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.memory_bytes -= std::mem::take(&mut self.pending_memory);
+        Ok(())
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS && maximum.is_none_or(|max| desired <= max))
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        let grow = desired.saturating_sub(current);
+        let total = self.table_elements.saturating_add(grow);
+        if total > MAX_TABLE_ELEMENTS {
+            self.hit = true;
+            return Ok(false);
+        }
+        self.table_elements = total;
+        self.pending_table = grow;
+        Ok(true)
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.table_elements -= std::mem::take(&mut self.pending_table);
+        Ok(())
     }
 
     fn instances(&self) -> usize {
-        MAX_INSTANCES
+        MAX_CORE_INSTANCES as usize
     }
 
     fn tables(&self) -> usize {
-        MAX_INSTANCES
+        MAX_TABLES as usize
     }
 
     fn memories(&self) -> usize {
-        MAX_INSTANCES
+        MAX_MEMORIES as usize
     }
 }
 
@@ -135,10 +184,7 @@ impl CallState {
         CallState {
             wasi,
             table: ResourceTable::new(),
-            memory: MemoryCap {
-                limit_bytes: memory_limit_bytes,
-                hit: false,
-            },
+            memory: MemoryCap::new(memory_limit_bytes),
             log,
         }
     }

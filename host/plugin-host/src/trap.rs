@@ -6,6 +6,7 @@ use crate::capture::{LogSource, PluginLog};
 use crate::config::HostConfig;
 use crate::error::PluginError;
 use crate::sandbox::CallState;
+use crate::text::{MAX_ENGINE_TEXT_BYTES, bounded_owned};
 
 /// How many trailing stderr lines (a Rust panic message) are quoted in a trap message.
 const STDERR_LINES_QUOTED: usize = 5;
@@ -52,11 +53,14 @@ pub(crate) fn classify(
                 let tail = &stderr[stderr.len().saturating_sub(STDERR_LINES_QUOTED)..];
                 message = format!("{message}; stderr: {}", tail.join(" / "));
             }
-            PluginError::Trap { plugin, message }
+            PluginError::Trap {
+                plugin,
+                message: bounded_owned(message, MAX_ENGINE_TEXT_BYTES),
+            }
         }
         None => PluginError::CallFailed {
             plugin,
-            message: format!("{err:#}"),
+            message: bounded_owned(format!("{err:#}"), MAX_ENGINE_TEXT_BYTES),
         },
     }
 }

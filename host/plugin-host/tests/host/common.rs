@@ -15,14 +15,99 @@ fn crate_dir() -> &'static Path {
 /// A hostile fixture as a component: `tests/fixtures/<file>.wat` spliced into `shell.wat`
 /// under plugin name `name`.
 pub fn hostile(file: &str, name: &str) -> Vec<u8> {
+    hostile_with(file, name, &[])
+}
+
+/// [`hostile`], with `@KEY@` placeholders of the core fixture replaced by `values` first.
+pub fn hostile_with(file: &str, name: &str, values: &[(&str, String)]) -> Vec<u8> {
     let dir = crate_dir().join("tests/fixtures");
-    let core = std::fs::read_to_string(dir.join(format!("{file}.wat"))).unwrap();
-    let shell = std::fs::read_to_string(dir.join("shell.wat")).unwrap();
+    let mut core = std::fs::read_to_string(dir.join(format!("{file}.wat"))).unwrap();
+    for (key, value) in values {
+        core = core.replace(&format!("@{key}@"), value);
+    }
+    let mut shell = std::fs::read_to_string(dir.join("shell.wat")).unwrap();
+    let outer = values.iter().find(|(k, _)| *k == "OUTER");
+    shell = shell.replace("@OUTER@", outer.map_or("", |(_, v)| v.as_str()));
     let text = shell
         .replace("@CORE@", &core)
         .replace("@NAMELEN@", &name.len().to_string())
         .replace("@NAME@", name);
     wat::parse_str(&text).unwrap_or_else(|e| panic!("{file}.wat: {e}"))
+}
+
+/// `text` as the inside of a WAT string (`"`, `\\` and non-printable bytes as `\\hh`).
+pub fn wat_string(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b' '..=b'~' if b != b'"' && b != b'\\' => (b as char).to_string(),
+            _ => format!("\\{b:02x}"),
+        })
+        .collect()
+}
+
+/// The `patch_each` fixture as plugin `name`: answers every object with the patch
+/// `prefix`, `pad` bytes of `A`, `suffix`; `extra` declares more and defines `$before`.
+pub fn patcher_with(name: &str, prefix: &str, pad: usize, suffix: &str, extra: &str) -> Vec<u8> {
+    assert!(prefix.len() < 2048 && suffix.len() < 1024);
+    hostile_with(
+        "patch_each",
+        name,
+        &[
+            ("PREFIX", wat_string(prefix)),
+            ("SUFFIX", wat_string(suffix)),
+            ("PREFIXLEN", prefix.len().to_string()),
+            ("SUFFIXLEN", suffix.len().to_string()),
+            ("PAD", pad.to_string()),
+            ("PADDEDLEN", (prefix.len() + pad).to_string()),
+            ("TEXTLEN", (prefix.len() + pad + suffix.len()).to_string()),
+            ("EXTRA", extra.to_string()),
+        ],
+    )
+}
+
+/// A plugin `name` answering every object with `patch`.
+pub fn patcher(name: &str, patch: &str) -> Vec<u8> {
+    patcher_with(name, patch, 0, "", "(func $before)")
+}
+
+/// The WAT of `count` core modules, each with one memory of `pages` 64 KiB pages that its
+/// start function writes one byte into every 4 KiB of (so that it is resident), and an
+/// instance of each.
+pub fn memory_modules(count: usize, pages: u32) -> String {
+    let bytes = u64::from(pages) * 65536;
+    (0..count)
+        .map(|k| {
+            format!(
+                "(core module $x{k} (memory {pages}) (func $touch (local $a i32) \
+                 (loop $l (i32.store8 (local.get $a) (i32.const 1)) \
+                 (local.set $a (i32.add (local.get $a) (i32.const 4096))) \
+                 (br_if $l (i32.lt_u (local.get $a) (i32.const {bytes}))))) (start $touch))\n\
+                 (core instance (instantiate $x{k}))\n"
+            )
+        })
+        .collect()
+}
+
+/// A plugin `name` made of `memories` core instances with one linear memory each: the
+/// shell's (which answers every object with an empty patch) and `memories - 1` more of `pages`
+/// 64 KiB pages, all written to (see [`memory_modules`]) when the component is instantiated.
+pub fn many_memories(name: &str, memories: usize, pages: u32) -> Vec<u8> {
+    let prefix = "[]";
+    hostile_with(
+        "patch_each",
+        name,
+        &[
+            ("PREFIX", wat_string(prefix)),
+            ("SUFFIX", String::new()),
+            ("PREFIXLEN", prefix.len().to_string()),
+            ("SUFFIXLEN", "0".into()),
+            ("PAD", "0".into()),
+            ("PADDEDLEN", prefix.len().to_string()),
+            ("TEXTLEN", prefix.len().to_string()),
+            ("EXTRA", "(func $before)".into()),
+            ("OUTER", memory_modules(memories - 1, pages)),
+        ],
+    )
 }
 
 /// A standalone fixture component (`tests/fixtures/<file>.wat`).

@@ -156,10 +156,13 @@ fn wasi_filesystem_and_socket_imports_are_refused_at_load() {
     let host = host_with_good(&dirs, dirs.config());
     let err = host.load("fs", None).unwrap_err();
     match &err {
-        PluginError::ForbiddenImport { plugin, import } => {
+        PluginError::ForbiddenImport { plugin, imports } => {
             assert_eq!(
-                (plugin.as_str(), import.as_str()),
-                ("fs", "wasi:filesystem/preopens@0.2.6")
+                (plugin.as_str(), imports.as_slice()),
+                (
+                    "fs",
+                    ["wasi:filesystem/preopens@0.2.6".to_string()].as_slice()
+                )
             );
         }
         other => panic!("{other:?}"),
@@ -172,13 +175,78 @@ fn wasi_filesystem_and_socket_imports_are_refused_at_load() {
         .transform("net", &[daemonset("ds")], &json!({}), &ctx())
         .unwrap_err();
     match &err {
-        PluginError::ForbiddenImport { plugin, import } => {
+        PluginError::ForbiddenImport { plugin, imports } => {
             assert_eq!(
-                (plugin.as_str(), import.as_str()),
-                ("net", "wasi:sockets/tcp-create-socket@0.2.6")
+                (plugin.as_str(), imports.as_slice()),
+                (
+                    "net",
+                    ["wasi:sockets/tcp-create-socket@0.2.6".to_string()].as_slice()
+                )
             );
         }
         other => panic!("{other:?}"),
     }
     assert_good_works(&host);
+}
+
+#[test]
+fn every_forbidden_import_is_listed() {
+    let dirs = Dirs::new();
+    dirs.install("many", &standalone("forbidden_many"));
+    let host = host_with_good(&dirs, dirs.config());
+    let err = host.load("many", None).unwrap_err();
+    let expected = [
+        "wasi:filesystem/preopens@0.2.6",
+        "wasi:clocks/wall-clock@0.2.6",
+        "wasi:random/random@0.2.6",
+    ];
+    match &err {
+        PluginError::ForbiddenImport { plugin, imports } => {
+            assert_eq!(
+                (plugin.as_str(), imports.as_slice()),
+                ("many", expected.map(String::from).as_slice())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "plugin \"many\": forbidden imports \"wasi:filesystem/preopens@0.2.6\", \"wasi:clocks/wall-clock@0.2.6\", \"wasi:random/random@0.2.6\" (plugins may import only the world's own imports and WASI io/cli)"
+    );
+    let report = kiln_plugin_host::inspect_as(&standalone("forbidden_many"), "many").unwrap();
+    assert!(
+        matches!(&report.refusal, Some(PluginError::ForbiddenImport { imports, .. }) if imports.len() == 3),
+        "{:?}",
+        report.refusal
+    );
+}
+
+#[test]
+fn a_10_mib_error_message_is_bounded_and_escaped() {
+    let (_, err) = run_hostile("long_error", Dirs::config);
+    let PluginError::Guest {
+        error: kiln_plugin_host::GuestError::Failed(message),
+        ..
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert!(
+        message.len() <= kiln_plugin_host::text::MAX_GUEST_TEXT_BYTES,
+        "{}",
+        message.len()
+    );
+    assert!(
+        message.starts_with(r"\u{1b}[31m\r\nerror: forged line\n"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("… [truncated, 10485760 bytes]"),
+        "{message}"
+    );
+    let shown = err.to_string();
+    assert!(
+        !shown.contains(['\u{1b}', '\r', '\n']),
+        "control characters reach the terminal: {shown:?}"
+    );
 }

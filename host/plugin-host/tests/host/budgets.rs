@@ -1,0 +1,121 @@
+//! Sandbox budgets per call, not per memory: a component's memories and tables share one cap,
+//! their number is bounded at load, and a hostile plugin fails alone.
+
+use std::time::Duration;
+
+use kiln_plugin_host::{HostConfig, PluginError};
+use serde_json::json;
+
+use crate::common::*;
+
+#[test]
+fn a_component_with_63_memories_is_refused_at_load_and_others_keep_running() {
+    let dirs = Dirs::new();
+    dirs.install("hog", &many_memories("hog", 63, 1024));
+    let host = host_with_good(&dirs, dirs.config());
+    std::thread::scope(|s| {
+        let good: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    for _ in 0..5 {
+                        assert_good_works(&host);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..5 {
+            let err = host
+                .transform("hog", &[daemonset("ds")], &json!({}), &ctx())
+                .unwrap_err();
+            match &err {
+                PluginError::ComponentLimit {
+                    plugin,
+                    what,
+                    actual,
+                    limit,
+                } => assert_eq!(
+                    (plugin.as_str(), *what, *actual, *limit),
+                    ("hog", "memories", 63, 4)
+                ),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                err.to_string(),
+                "plugin \"hog\": the component has 63 memories, over the limit of 4"
+            );
+        }
+        for g in good {
+            g.join().unwrap();
+        }
+    });
+    assert_eq!(
+        kiln_plugin_host::inspect_as(&many_memories("hog", 63, 1), "hog")
+            .unwrap()
+            .refusal
+            .map(|e| e.to_string()),
+        Some("plugin \"hog\": the component has 63 memories, over the limit of 4".into())
+    );
+}
+
+#[test]
+fn all_memories_of_a_call_share_one_cap() {
+    // Three extra memories of 24 MiB each: each under the 64 MiB cap, together over it.
+    let dirs = Dirs::new();
+    dirs.install("four", &many_memories("four", 4, 384));
+    let host = host_with_good(&dirs, dirs.config());
+    let err = host
+        .transform("four", &[daemonset("ds")], &json!({}), &ctx())
+        .unwrap_err();
+    assert!(
+        matches!(&err, PluginError::MemoryLimit { plugin, limit_bytes: 67_108_864 } if plugin == "four"),
+        "{err:?}"
+    );
+    // Two fit (48 MiB and the shell's memory).
+    dirs.install("three", &many_memories("three", 3, 384));
+    let out = host
+        .transform("three", &[daemonset("ds")], &json!({}), &ctx())
+        .unwrap();
+    assert_eq!(out.rendered.len(), 1);
+    assert_good_works(&host);
+}
+
+#[test]
+fn an_oversized_component_is_refused_before_compiling() {
+    let dirs = Dirs::new();
+    let bytes = hostile("trap", "big");
+    dirs.install("big", &bytes);
+    let host = host_with_good(
+        &dirs,
+        HostConfig {
+            max_component_bytes: 100,
+            ..dirs.config()
+        },
+    );
+    let err = host.load("big", None).unwrap_err();
+    match &err {
+        PluginError::ComponentLimit {
+            what: "bytes",
+            actual,
+            limit: 100,
+            ..
+        } => assert_eq!(*actual, bytes.len() as u64),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_compile_past_its_deadline_fails_the_load() {
+    let dirs = Dirs::new();
+    let host = host_with_good(
+        &dirs,
+        HostConfig {
+            compile_deadline: Duration::from_nanos(1),
+            ..dirs.config()
+        },
+    );
+    let err = host.load("good", None).unwrap_err();
+    assert!(
+        matches!(&err, PluginError::CompileTimeout { plugin, deadline } if plugin == "good" && *deadline == Duration::from_nanos(1)),
+        "{err:?}"
+    );
+}
