@@ -20,7 +20,7 @@ impl Operand for KataManager {
         spec: &ClusterPolicySpec,
         ctx: &TransformContext,
     ) -> Result<(), TransformError> {
-        let c = &spec.kata_manager;
+        let c = &spec.kata_manager.common;
         apply_simple_component(
             ds,
             spec,

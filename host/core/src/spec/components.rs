@@ -4,10 +4,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PodSecurityContext, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "kube")]
 use schemars::JsonSchema;
+
+#[cfg(feature = "kube")]
+use super::schema::{crd_default, quantity_map};
 
 /// `{name, value}`: an env var as upstream's spec carries it (no `valueFrom`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,12 +28,50 @@ pub struct EnvVarSpec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub struct ResourcesSpec {
-    /// Limits, e.g. `{cpu: 500m, memory: 200Mi}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Limits, e.g. `{cpu: 500m, memory: 200Mi}`; a value may also be a plain number
+    /// (`cpu: 1`), as the CRD's int-or-string quantities allow.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "quantities"
+    )]
+    #[cfg_attr(feature = "kube", schemars(schema_with = "quantity_map"))]
     pub limits: Option<BTreeMap<String, Quantity>>,
-    /// Requests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Requests (same shape as `limits`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "quantities"
+    )]
+    #[cfg_attr(feature = "kube", schemars(schema_with = "quantity_map"))]
     pub requests: Option<BTreeMap<String, Quantity>>,
+}
+
+/// A quantity as the CRD stores it: a string (`500m`) or a number (`1`, kept as its text).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum QuantityValue {
+    Text(String),
+    Number(serde_json::Number),
+}
+
+/// `{name: quantity}` where a quantity is a string or a number (see [`QuantityValue`]).
+fn quantities<'de, D>(d: D) -> Result<Option<BTreeMap<String, Quantity>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let raw = Option::<BTreeMap<String, QuantityValue>>::deserialize(d)?;
+    Ok(raw.map(|m| {
+        m.into_iter()
+            .map(|(k, v)| {
+                let text = match v {
+                    QuantityValue::Text(s) => s,
+                    QuantityValue::Number(n) => n.to_string(),
+                };
+                (k, Quantity(text))
+            })
+            .collect()
+    }))
 }
 
 /// The fields every operand shares: enable flag, image, pull policy and secrets, resources,
@@ -44,8 +86,10 @@ pub struct ComponentSpec {
     /// Image repository, e.g. `nvcr.io/nvidia`.
     #[serde(default)]
     pub repository: String,
-    /// Image name, or a full reference when repository and version are empty.
+    /// Image name, or a full reference when repository and version are empty (CRD pattern
+    /// `[a-zA-Z0-9\-]+`).
     #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
     /// Tag, or a digest starting with `sha256:`.
     #[serde(default)]
@@ -85,8 +129,9 @@ pub struct DriverManagerSpec {
     /// Image repository.
     #[serde(default)]
     pub repository: String,
-    /// Image name.
+    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
     #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
     /// Tag or digest.
     #[serde(default)]
@@ -119,11 +164,13 @@ pub struct ServiceMonitorSpec {
     /// Create the ServiceMonitor (exporter: nil = false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// Scrape interval, e.g. `15s`.
+    /// Scrape interval, e.g. `15s` (a Prometheus duration, CRD pattern [`DURATION_PATTERN`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = DURATION_PATTERN)))]
     pub interval: Option<String>,
-    /// Scrape timeout.
+    /// Scrape timeout (a Prometheus duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = DURATION_PATTERN)))]
     pub scrape_timeout: Option<String>,
     /// honorLabels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,9 +178,61 @@ pub struct ServiceMonitorSpec {
     /// Labels merged into the ServiceMonitor's metadata.
     #[serde(default)]
     pub additional_labels: BTreeMap<String, String>,
-    /// Prometheus relabel configs, passed through.
+    /// Prometheus relabel configs, passed through as JSON; the CRD types them as
+    /// [`RelabelConfig`] (so the API server and `kiln render` default `action: replace`).
     #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(with = "Vec<RelabelConfig>"))]
     pub relabelings: Vec<serde_json::Value>,
+}
+
+/// Prometheus' duration syntax (`30s`, `1m30s`, `0`), the CRD's pattern for scrape settings.
+pub const DURATION_PATTERN: &str =
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
+
+/// One Prometheus relabeling (prometheus-operator's `RelabelConfig`), the schema of
+/// `serviceMonitor.relabelings[]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct RelabelConfig {
+    /// Source labels whose values are concatenated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_labels: Vec<String>,
+    /// Separator between concatenated source label values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separator: Option<String>,
+    /// Label the result is written to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_label: Option<String>,
+    /// Regex matched against the concatenated values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Modulus for `hashmod` (≥ 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("minimum" = 0)))]
+    pub modulus: Option<u64>,
+    /// Replacement value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<String>,
+    /// Action; CRD default `replace`.
+    #[serde(default = "relabel_action", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "kube",
+        schemars(
+            transform = crd_default,
+            extend("enum" = [
+                "replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+                "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
+                "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
+                "dropequal", "DropEqual"
+            ])
+        )
+    )]
+    pub action: Option<String>,
+}
+
+fn relabel_action() -> Option<String> {
+    Some("replace".into())
 }
 
 /// `operator`.
@@ -141,8 +240,9 @@ pub struct ServiceMonitorSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorSpec {
-    /// Runtime class name for operands (default `nvidia`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Runtime class name for operands (CRD default `nvidia`).
+    #[serde(default = "runtime_class", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub runtime_class: Option<String>,
     /// Deprecated, unused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +257,42 @@ pub struct OperatorSpec {
     /// Operator metrics.
     #[serde(default)]
     pub metrics: OperatorMetricsSpec,
+    /// Deprecated upstream (the init container image of all components); accepted, unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_container: Option<ImageSpec>,
+    /// Labels for the operator's own objects (upstream: set by the Helm chart; unused here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations for the operator's own objects (as `labels`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn runtime_class() -> Option<String> {
+    Some("nvidia".into())
+}
+
+/// An image reference block without env (`operator.initContainer`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    /// Image repository.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repository: String,
+    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
+    pub image: String,
+    /// Tag or digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Pull policy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_pull_policy: String,
+    /// Pull secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// `operator.metrics`.
@@ -187,8 +323,9 @@ pub struct DaemonsetsSpec {
     /// Replaces the pod priority class when non-empty.
     #[serde(default)]
     pub priority_class_name: String,
-    /// Update strategy for all operands.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Update strategy for all operands (CRD default `RollingUpdate`).
+    #[serde(default = "rolling_update", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub update_strategy: Option<UpdateStrategy>,
     /// Rolling update tunables.
     #[serde(default)]
@@ -196,6 +333,10 @@ pub struct DaemonsetsSpec {
     /// Replaces `pod.securityContext` when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<PodSecurityContext>,
+}
+
+fn rolling_update() -> Option<UpdateStrategy> {
+    Some(UpdateStrategy::RollingUpdate)
 }
 
 /// `daemonsets.updateStrategy` (CRD enum; default RollingUpdate).
@@ -218,7 +359,8 @@ pub struct RollingUpdateSpec {
     pub max_unavailable: String,
 }
 
-/// Startup/liveness/readiness probe overrides; each set field replaces the asset's.
+/// Startup/liveness/readiness probe overrides; each set field replaces the asset's. Timeouts,
+/// periods and thresholds are ≥ 1 (CRD minimums).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -228,15 +370,19 @@ pub struct ProbeSpec {
     pub initial_delay_seconds: Option<i32>,
     /// Seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("minimum" = 1)))]
     pub timeout_seconds: Option<i32>,
     /// Seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("minimum" = 1)))]
     pub period_seconds: Option<i32>,
     /// Count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("minimum" = 1)))]
     pub success_threshold: Option<i32>,
     /// Count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(extend("minimum" = 1)))]
     pub failure_threshold: Option<i32>,
 }
 
@@ -274,8 +420,12 @@ pub struct DriverSpec {
     /// Deprecated no-op.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_open_kernel_modules: Option<bool>,
-    /// auto | open | proprietary.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// auto | open | proprietary (CRD default `auto`).
+    #[serde(
+        default = "kernel_module_auto",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub kernel_module_type: Option<KernelModuleType>,
     /// Probe overrides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,9 +439,9 @@ pub struct DriverSpec {
     /// GPUDirect RDMA.
     #[serde(default)]
     pub rdma: RdmaSpec,
-    /// Driver upgrade policy (kept as JSON here; the upgrade controller types it).
+    /// Driver upgrade policy (read by the upgrade controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade_policy: Option<serde_json::Value>,
+    pub upgrade_policy: Option<DriverUpgradePolicySpec>,
     /// The k8s-driver-manager init container.
     #[serde(default)]
     pub manager: DriverManagerSpec,
@@ -313,6 +463,151 @@ pub struct DriverSpec {
     /// Secret whose keys become env (`envFrom.secretRef`).
     #[serde(default)]
     pub secret_env: String,
+}
+
+fn kernel_module_auto() -> Option<KernelModuleType> {
+    Some(KernelModuleType::Auto)
+}
+
+/// `driver.upgradePolicy`: how driver pods are replaced when their template changes (NVIDIA's
+/// `DriverUpgradePolicySpec`). Every field has the CRD's default, applied by serde as well, so a
+/// typed policy read from `upgradePolicy: {}` equals the one the API server stores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct DriverUpgradePolicySpec {
+    /// Global switch for automatic upgrades; when false the other fields are ignored
+    /// (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub auto_upgrade: bool,
+    /// Nodes upgraded in parallel; 0 means no limit (default 1).
+    #[serde(default = "one")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub max_parallel_upgrades: u32,
+    /// Nodes with the driver installed that may be unavailable during the upgrade: a count
+    /// (`5`) or a percentage of the nodes at the start, rounded up (`10%`); default `25%`.
+    #[serde(default = "quarter")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub max_unavailable: IntOrString,
+    /// Wait for selected pods (jobs) to complete before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_completion: Option<WaitForCompletionSpec>,
+    /// Deletion of pods that use GPUs before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_deletion: Option<PodDeletionSpec>,
+    /// Node drain before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
+}
+
+impl Default for DriverUpgradePolicySpec {
+    /// The CRD's defaults (what `upgradePolicy: {}` becomes).
+    fn default() -> Self {
+        DriverUpgradePolicySpec {
+            auto_upgrade: false,
+            max_parallel_upgrades: one(),
+            max_unavailable: quarter(),
+            wait_for_completion: None,
+            pod_deletion: None,
+            drain: None,
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn quarter() -> IntOrString {
+    IntOrString::String("25%".into())
+}
+
+fn five_minutes() -> u32 {
+    300
+}
+
+/// `driver.upgradePolicy.waitForCompletion`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct WaitForCompletionSpec {
+    /// Label selector (`app=job`) of the pods to wait for; empty waits for none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_selector: String,
+    /// Seconds to wait before giving up; 0 waits forever (default 0).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub timeout_seconds: u32,
+}
+
+/// `driver.upgradePolicy.podDeletion`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PodDeletionSpec {
+    /// Delete pods not managed by a controller too (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub force: bool,
+    /// Seconds to wait for pod termination; 0 waits forever (default 300).
+    #[serde(default = "five_minutes")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub timeout_seconds: u32,
+    /// Continue although pods use emptyDir (its data is lost) (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub delete_empty_dir: bool,
+}
+
+impl Default for PodDeletionSpec {
+    /// The CRD's defaults.
+    fn default() -> Self {
+        PodDeletionSpec {
+            force: false,
+            timeout_seconds: five_minutes(),
+            delete_empty_dir: false,
+        }
+    }
+}
+
+/// `driver.upgradePolicy.drain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Drain the node during the upgrade (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub enable: bool,
+    /// Force the drain (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub force: bool,
+    /// Label selector of the pods to drain; empty drains all.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_selector: String,
+    /// Seconds before giving up the drain; 0 waits forever (default 300).
+    #[serde(default = "five_minutes")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub timeout_seconds: u32,
+    /// Continue although pods use emptyDir (default false).
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub delete_empty_dir: bool,
+}
+
+impl Default for DrainSpec {
+    /// The CRD's defaults.
+    fn default() -> Self {
+        DrainSpec {
+            enable: false,
+            force: false,
+            pod_selector: String::new(),
+            timeout_seconds: five_minutes(),
+            delete_empty_dir: false,
+        }
+    }
 }
 
 /// `driver.rdma`.
@@ -380,9 +675,17 @@ pub struct ToolkitSpec {
     /// Shared component fields (`enabled` nil = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
-    /// Install directory on the host (default `/usr/local/nvidia`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Install directory on the host (CRD default `/usr/local/nvidia`).
+    #[serde(
+        default = "toolkit_install_dir",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub install_dir: Option<String>,
+}
+
+fn toolkit_install_dir() -> Option<String> {
+    Some("/usr/local/nvidia".into())
 }
 
 impl ToolkitSpec {
@@ -441,9 +744,14 @@ pub struct DevicePluginConfigSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub struct MpsSpec {
-    /// MPS root on the host (default `/run/nvidia/mps`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// MPS root on the host (CRD default [`DEFAULT_MPS_ROOT`]).
+    #[serde(default = "mps_root", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub root: Option<String>,
+}
+
+fn mps_root() -> Option<String> {
+    Some(DEFAULT_MPS_ROOT.into())
 }
 
 /// `dcgmExporter`.
@@ -581,9 +889,17 @@ pub struct MigConfigSpec {
     /// ConfigMap name; empty uses `default-mig-parted-config`.
     #[serde(default)]
     pub name: String,
-    /// Default MIG config label value (`all-disabled` or empty).
-    #[serde(default)]
+    /// Default MIG config label value: `all-disabled` (the CRD default) or empty.
+    #[serde(default = "all_disabled")]
+    #[cfg_attr(
+        feature = "kube",
+        schemars(transform = crd_default, extend("enum" = ["all-disabled", ""]))
+    )]
     pub default: String,
+}
+
+fn all_disabled() -> String {
+    "all-disabled".into()
 }
 
 /// Per-component validator env blocks.
@@ -634,12 +950,25 @@ pub struct SandboxWorkloadsSpec {
     /// Enable sandbox workloads (nil = false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// `container`, `vm-passthrough` or `vm-vgpu`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `container` (CRD default), `vm-passthrough` or `vm-vgpu`.
+    #[serde(
+        default = "container_workload",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub default_workload: Option<Workload>,
-    /// `kubevirt` or `kata`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `kubevirt` (CRD default) or `kata`.
+    #[serde(default = "kubevirt", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub mode: Option<SandboxMode>,
+}
+
+fn container_workload() -> Option<Workload> {
+    Some(Workload::Container)
+}
+
+fn kubevirt() -> Option<SandboxMode> {
+    Some(SandboxMode::Kubevirt)
 }
 
 /// A GPU workload configuration (`nvidia.com/gpu.workload.config`).
@@ -692,7 +1021,24 @@ pub struct VgpuDeviceManagerSpec {
     pub common: ComponentSpec,
     /// vGPU devices ConfigMap and default.
     #[serde(default)]
-    pub config: DevicePluginConfigSpec,
+    pub config: VgpuDevicesConfigSpec,
+}
+
+/// `vgpuDeviceManager.config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+pub struct VgpuDevicesConfigSpec {
+    /// ConfigMap name; empty uses the default vGPU devices config.
+    #[serde(default)]
+    pub name: String,
+    /// Default key of that ConfigMap (CRD default `default`).
+    #[serde(default = "default_key")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub default: String,
+}
+
+fn default_key() -> String {
+    "default".into()
 }
 
 /// `cdi`.
@@ -700,15 +1046,26 @@ pub struct VgpuDeviceManagerSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CdiSpec {
-    /// CDI (nil = true since v25.10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// CDI (CRD default true; nil = true since v25.10).
+    #[serde(default = "some_true", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub enabled: Option<bool>,
-    /// Deprecated, unused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Deprecated, unused (CRD default false).
+    #[serde(default = "some_false", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub default: Option<bool>,
-    /// NRI plugin injection (nil = false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// NRI plugin injection (CRD default false).
+    #[serde(default = "some_false", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub nri_plugin_enabled: Option<bool>,
+}
+
+fn some_true() -> Option<bool> {
+    Some(true)
+}
+
+fn some_false() -> Option<bool> {
+    Some(false)
 }
 
 impl CdiSpec {
@@ -730,8 +1087,9 @@ pub struct CcManagerSpec {
     /// Shared component fields (`enabled` nil = false).
     #[serde(flatten)]
     pub common: ComponentSpec,
-    /// `on`, `off` or `devtools`.
+    /// `on`, `off` or `devtools` (CRD enum).
     #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(extend("enum" = ["on", "off", "devtools"])))]
     pub default_mode: String,
 }
 
@@ -746,9 +1104,72 @@ pub struct HostPathsSpec {
     /// Driver install directory (default `/run/nvidia/driver`).
     #[serde(default)]
     pub driver_install_dir: String,
-    /// Kubelet root (default `/var/lib/kubelet`).
-    #[serde(default)]
+    /// Kubelet root (CRD default `/var/lib/kubelet`).
+    #[serde(default = "kubelet_root")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub kubelet_root_dir: String,
+}
+
+fn kubelet_root() -> String {
+    "/var/lib/kubelet".into()
+}
+
+/// `kataManager` (deprecated upstream; the state is never enabled).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct KataManagerSpec {
+    /// Shared component fields (`enabled` nil = false).
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// Kata manager configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<KataManagerConfigSpec>,
+}
+
+/// `kataManager.config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct KataManagerConfigSpec {
+    /// Where kata artifacts are placed on the host (CRD default
+    /// `/opt/nvidia-gpu-operator/artifacts/runtimeclasses`).
+    #[serde(default = "kata_artifacts_dir")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub artifacts_dir: String,
+    /// Kata runtime classes to configure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_classes: Vec<KataRuntimeClassSpec>,
+}
+
+fn kata_artifacts_dir() -> String {
+    "/opt/nvidia-gpu-operator/artifacts/runtimeclasses".into()
+}
+
+/// `kataManager.config.runtimeClasses[]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct KataRuntimeClassSpec {
+    /// RuntimeClass name.
+    pub name: String,
+    /// nodeSelector of the RuntimeClass.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// The OCI artifact with the class's kata artifacts.
+    pub artifacts: KataArtifactsSpec,
+}
+
+/// `kataManager.config.runtimeClasses[].artifacts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct KataArtifactsSpec {
+    /// OCI artifact URL.
+    pub url: String,
+    /// Secret used to pull it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pull_secret: String,
 }
 
 /// Accept an explicit `null` (the upstream sample writes `plugin:` with no value) as default.

@@ -9,6 +9,8 @@
 //! the `is_*`/`*_or_default` methods (e.g. [`ComponentSpec::enabled_or`]).
 
 mod components;
+#[cfg(feature = "kube")]
+pub mod schema;
 mod status;
 
 pub use components::*;
@@ -109,7 +111,7 @@ pub struct ClusterPolicySpec {
     pub cdi: CdiSpec,
     /// Deprecated kata manager (never enabled).
     #[serde(default)]
-    pub kata_manager: ComponentSpec,
+    pub kata_manager: KataManagerSpec,
     /// Confidential-computing manager.
     #[serde(default)]
     pub cc_manager: CcManagerSpec,

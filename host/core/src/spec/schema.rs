@@ -1,0 +1,329 @@
+//! The ClusterPolicy CRD's OpenAPI schema, derived from the types in this module's parent, and
+//! the API server's structural defaulting and pruning applied with it.
+//!
+//! One source of truth for defaults: a field's CRD default is its serde default (a
+//! `#[serde(default = "…")]` function), which schemars emits as `default` for fields marked
+//! `#[schemars(transform = crd_default)]`. Every other derived default (serde's `Default` for
+//! strings, lists, …) is dropped: upstream's CRD has none there. [`default_spec`] walks the
+//! resulting schema exactly as the API server does on create/update, so `kiln render` gives an
+//! offline policy the same fields the stored object has.
+//!
+//! The schema follows NVIDIA GPU Operator v26.7.0's `clusterpolicies.nvidia.com` (types,
+//! defaults, enums, patterns, minimums; `host/operator/tests/crd_fidelity.rs` checks every
+//! property path against a copy of it). Unknown fields are pruned, as for NVIDIA's CRD: the spec
+//! does not preserve unknown fields.
+
+use std::sync::OnceLock;
+
+use kube::core::schema::{OptionalEnum, OptionalIntOrString, StructuralSchemaRewriter};
+use schemars::generate::SchemaSettings;
+use schemars::transform::AddNullable;
+use schemars::{Schema, SchemaGenerator, json_schema};
+use serde_json::{Map, Value};
+
+use super::ClusterPolicy;
+
+/// Where [`crd_default`] parks a field's CRD default until [`make_structural`] restores it
+/// (all other `default`s are dropped there).
+const CRD_DEFAULT: &str = "x-kiln-crd-default";
+
+/// schemars field transform: keep this field's serde default as its CRD `default`.
+pub(crate) fn crd_default(schema: &mut Schema) {
+    if let Some(obj) = schema.as_object_mut()
+        && let Some(default) = obj.remove("default")
+    {
+        obj.insert(CRD_DEFAULT.into(), default);
+    }
+}
+
+/// Kubernetes' quantity syntax (`500m`, `1Gi`, `1e3`), the pattern of CRD quantities.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// Schema of `resources.limits`/`requests`: `{name: quantity}`, each an int-or-string matching
+/// [`QUANTITY_PATTERN`] (as controller-gen writes `corev1.ResourceList`).
+pub(crate) fn quantity_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": true
+        }
+    })
+}
+
+/// Make a derived schema node structural and upstream-like, recursively:
+/// - keep only CRD defaults (see [`crd_default`]); drop every other `default`;
+/// - drop `nullable` (upstream's CRD has none: the API server prunes `null`s) and a `null`
+///   entry of `enum`, and the `uint*` formats schemars gives unsigned integers (upstream writes
+///   `minimum: 0` instead);
+/// - a node with no `type`, `properties`, combinator or int-or-string marker (a
+///   `serde_json::Value` field) keeps unknown fields (`x-kubernetes-preserve-unknown-fields`),
+///   as a structural schema requires.
+pub fn make_structural(node: &mut Value) {
+    structural(node, false);
+}
+
+/// [`make_structural`]; `in_combinator`: `node` is an `anyOf`/`oneOf`/`allOf` branch, which
+/// needs no type of its own.
+fn structural(node: &mut Value, in_combinator: bool) {
+    let Some(obj) = node.as_object_mut() else {
+        return;
+    };
+    if obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+        // As controller-gen writes it (the API server accepts this form and the bare marker).
+        obj.remove("type");
+        obj.insert(
+            "anyOf".into(),
+            serde_json::json!([{"type": "integer"}, {"type": "string"}]),
+        );
+    }
+    for key in ["minimum", "maximum"] {
+        // schemars writes `0.0`; upstream (and the API server's echo) has `0`.
+        if let Some(n) = obj.get(key).and_then(Value::as_f64)
+            && n.fract() == 0.0
+        {
+            obj.insert(key.into(), Value::from(n as i64));
+        }
+    }
+    obj.remove("default");
+    if let Some(default) = obj.remove(CRD_DEFAULT) {
+        obj.insert("default".into(), default);
+    }
+    obj.remove("nullable");
+    if let Some(list) = obj.get_mut("enum").and_then(Value::as_array_mut) {
+        list.retain(|v| !v.is_null());
+    }
+    if obj
+        .get("format")
+        .and_then(Value::as_str)
+        .is_some_and(|f| f.starts_with("uint"))
+    {
+        obj.remove("format");
+        obj.entry("minimum").or_insert(Value::from(0));
+    }
+    let typed = [
+        "type",
+        "properties",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "x-kubernetes-int-or-string",
+    ]
+    .iter()
+    .any(|k| obj.contains_key(*k));
+    if !typed && !in_combinator {
+        obj.insert(
+            "x-kubernetes-preserve-unknown-fields".into(),
+            Value::Bool(true),
+        );
+    }
+    if let Some(props) = obj.get_mut("properties").and_then(Value::as_object_mut) {
+        props.values_mut().for_each(make_structural);
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = obj.get_mut(key).filter(|c| c.is_object()) {
+            make_structural(child);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(list) = obj.get_mut(key).and_then(Value::as_array_mut) {
+            list.iter_mut().for_each(|n| structural(n, true));
+        }
+    }
+}
+
+/// The CRD's `openAPIV3Schema` (spec and status), structural (see [`make_structural`]).
+///
+/// Generated as kube's `CustomResource` derive generates it (same schemars settings and
+/// transforms), but kept as JSON until [`make_structural`] has run: the typed
+/// `JSONSchemaProps` would drop the markers [`crd_default`] leaves.
+pub fn openapi_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let generator = SchemaSettings::openapi3()
+            .with(|s| {
+                s.inline_subschemas = true;
+                s.meta_schema = None;
+            })
+            .with_transform(AddNullable::default())
+            .with_transform(StructuralSchemaRewriter)
+            .with_transform(OptionalEnum)
+            .with_transform(OptionalIntOrString)
+            .into_generator();
+        let mut v = serde_json::to_value(generator.into_root_schema_for::<ClusterPolicy>())
+            .expect("a schema serializes");
+        if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
+            props.values_mut().for_each(make_structural);
+        }
+        v
+    })
+}
+
+/// The schema of `spec`.
+pub fn spec_schema() -> &'static Value {
+    &openapi_schema()["properties"]["spec"]
+}
+
+/// Apply the API server's structural pruning and defaulting to a ClusterPolicy `spec`, in
+/// place, with the CRD's schema ([`spec_schema`]), as it happens when the object is created or
+/// updated through the API:
+/// - a field the schema does not know is removed (unless its node preserves unknown fields);
+/// - a `null` is removed, or replaced by the field's default when it has one;
+/// - a missing field with a default gets it, in every object that is present (defaults do not
+///   create parent objects: `driver.kernelModuleType` is set only when `driver` exists).
+///
+/// Returns the removed unknown fields as paths below `spec` (`operator.foo`, `driver.env[0].x`),
+/// in document order, so a caller can warn about likely typos. Values of the wrong type are
+/// left alone: the typed parse ([`super::ClusterPolicySpec::from_json`]) rejects them.
+pub fn default_spec(spec: &mut Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    apply(spec_schema(), spec, "", &mut pruned);
+    pruned
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn apply(schema: &Value, value: &mut Value, path: &str, pruned: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => object(schema, map, path, pruned),
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter_mut().enumerate() {
+                    apply(item_schema, item, &format!("{path}[{i}]"), pruned);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn object(schema: &Value, map: &mut Map<String, Value>, path: &str, pruned: &mut Vec<String>) {
+    let preserve = schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let props = schema.get("properties").and_then(Value::as_object);
+    let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+    if props.is_none() && additional.is_none() {
+        // An opaque object (preserved as written) or a type mismatch the typed parse reports.
+        return;
+    }
+    let child_schema =
+        |key: &str| -> Option<&Value> { props.and_then(|p| p.get(key)).or(additional) };
+    // Pruning: unknown fields, and nulls where the field is not nullable and has no default.
+    map.retain(|key, v| {
+        let Some(child) = child_schema(key) else {
+            if preserve {
+                return true;
+            }
+            pruned.push(join(path, key));
+            return false;
+        };
+        let nullable = child.get("nullable").and_then(Value::as_bool) == Some(true);
+        !(v.is_null() && !nullable && child.get("default").is_none())
+    });
+    // Defaulting: missing fields, and non-nullable nulls, get the field's default.
+    if let Some(props) = props {
+        for (key, child) in props {
+            let Some(default) = child.get("default") else {
+                continue;
+            };
+            let nullable = child.get("nullable").and_then(Value::as_bool) == Some(true);
+            match map.get(key) {
+                None => {
+                    map.insert(key.clone(), default.clone());
+                }
+                Some(Value::Null) if !nullable => {
+                    map.insert(key.clone(), default.clone());
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    for (key, v) in map.iter_mut() {
+        if let Some(child) = child_schema(key) {
+            apply(child, v, &join(path, key), pruned);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_fill_present_objects_only() {
+        let mut spec = json!({"driver": {}, "cdi": {"enabled": false}});
+        assert!(default_spec(&mut spec).is_empty());
+        assert_eq!(spec["driver"]["kernelModuleType"], "auto");
+        assert_eq!(
+            spec["cdi"],
+            json!({"enabled": false, "default": false, "nriPluginEnabled": false})
+        );
+        // No parent, no default.
+        assert!(spec.get("toolkit").is_none());
+        assert!(spec["driver"].get("upgradePolicy").is_none());
+    }
+
+    #[test]
+    fn nested_defaults_and_nulls() {
+        let mut spec = json!({
+            "driver": {"upgradePolicy": {"drain": null, "podDeletion": {}}},
+            "validator": {"plugin": null},
+            "devicePlugin": {"mps": {"root": null}}
+        });
+        default_spec(&mut spec);
+        assert_eq!(
+            spec["driver"]["upgradePolicy"],
+            json!({"autoUpgrade": false, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
+                   "podDeletion": {"force": false, "timeoutSeconds": 300, "deleteEmptyDir": false}})
+        );
+        assert_eq!(spec["validator"], json!({}));
+        assert_eq!(spec["devicePlugin"]["mps"]["root"], "/run/nvidia/mps");
+    }
+
+    #[test]
+    fn unknown_fields_are_pruned_and_named() {
+        let mut spec = json!({
+            "migg": {"strategy": "single"},
+            "driver": {"env": [{"name": "A", "valu": "1"}]},
+            "operator": {"initContainer": {"image": "x", "tag": "y"}}
+        });
+        let pruned = default_spec(&mut spec);
+        assert_eq!(
+            pruned,
+            ["migg", "driver.env[0].valu", "operator.initContainer.tag"]
+        );
+        assert_eq!(spec["driver"]["env"], json!([{"name": "A"}]));
+        assert_eq!(spec["operator"]["initContainer"], json!({"image": "x"}));
+    }
+
+    #[test]
+    fn relabelings_get_the_default_action() {
+        let mut spec = json!({"dcgmExporter": {"serviceMonitor": {"relabelings": [
+            {"sourceLabels": ["a"], "targetLabel": "b"}, {"action": "drop"}
+        ]}}});
+        default_spec(&mut spec);
+        let r = &spec["dcgmExporter"]["serviceMonitor"]["relabelings"];
+        assert_eq!(r[0]["action"], "replace");
+        assert_eq!(r[1]["action"], "drop");
+    }
+
+    #[test]
+    fn schema_is_structural_without_spec_wide_preserve() {
+        let spec = spec_schema();
+        assert!(spec.get("x-kubernetes-preserve-unknown-fields").is_none());
+        let text = spec.to_string();
+        assert!(!text.contains("nullable"), "no nullable");
+        assert!(!text.contains(CRD_DEFAULT), "markers restored");
+        assert!(!text.contains("x-kubernetes-preserve-unknown-fields"));
+    }
+}
