@@ -1,9 +1,9 @@
 //! Standard plugin of the `driver` state: the NVIDIA driver DaemonSet
 //! (upstream `TransformDriver`, gpu-operator.md §3.1).
 //!
+//! `DRIVER_CONFIG_DIGEST` is upstream's value for the same final pod spec ([`digest`]).
+//!
 //! Deliberate differences from upstream:
-//! - `DRIVER_CONFIG_DIGEST` is kiln's own stable FNV-1a-32 digest ([`digest`]), not
-//!   byte-compatible with upstream's Go-specific one.
 //! - The OpenShift Driver Toolkit variant is not rendered: `openshift-driver-toolkit-ctr` is
 //!   always removed (the context carries no DTK ImageStream facts).
 //! - Precompiled drivers: the plugin sets the per-kernel image, the `nvidia.com/precompiled`

@@ -69,7 +69,8 @@ fn pod_mut(ds: &mut Value) -> &mut Value {
 fn digest_is_set_identically_on_manager_and_driver() {
     let (m, d) = digests(&base_ds(), &base_spec());
     assert_eq!(m, d);
-    assert_eq!(m.len(), 8);
+    // NVIDIA's format: an unsigned 32-bit integer in decimal.
+    assert!(m.parse::<u32>().is_ok(), "{m}");
     // Idempotent: transforming an already-transformed object gives the same digest.
     let once = kiln_plugin_sdk::apply_native::<Driver>(&[base_ds()], &base_spec(), &ctx()).unwrap();
     let again = digests(once[0].as_ref().unwrap(), &base_spec());
