@@ -32,12 +32,14 @@ pub struct Config {
         default_value = ":9400"
     )]
     pub address: String,
-    /// How often NVML is read, in milliseconds.
+    /// How often NVML is read, in milliseconds (1 to 31622400000, i.e. 366 days; below 100
+    /// counts as 100).
     #[arg(
         short = 'c',
         long,
         env = "KILN_EXPORTER_INTERVAL",
-        default_value_t = 30_000
+        default_value_t = 30_000,
+        value_parser = clap::value_parser!(u64).range(1..=kiln_input::MAX_DURATION_MS)
     )]
     pub collect_interval: u64,
     /// GPU backend: `nvml`, or `fake:<fixture.yaml>` for a machine without a GPU.
@@ -56,11 +58,13 @@ pub struct Config {
         default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
     )]
     pub pod_resources_kubelet_socket: PathBuf,
-    /// Least time between two pod-resources `List` calls, in milliseconds.
+    /// Least time between two pod-resources `List` calls, in milliseconds (1 to
+    /// 31622400000; below 100 counts as 100).
     #[arg(
         long,
         env = "KILN_EXPORTER_POD_RESOURCES_INTERVAL",
-        default_value_t = 10_000
+        default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..=kiln_input::MAX_DURATION_MS)
     )]
     pub pod_resources_interval: u64,
     /// Extra GPU resource names besides `nvidia.com/gpu`, `nvidia.com/gpu.shared` and
@@ -146,12 +150,20 @@ impl Config {
         let cat = match &self.collectors {
             None => Catalogue::default_list(),
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| {
-                    ExporterError::ReadCollectors {
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
+                // A regular file of at most 1 MiB (kiln's bounded reader).
+                let text =
+                    kiln_input::read_bounded(path, kiln_input::MAX_FILE_BYTES).map_err(|e| {
+                        ExporterError::ReadCollectors {
+                            path: path.clone(),
+                            source: match e {
+                                kiln_input::InputError::Read { source, .. } => source,
+                                other => std::io::Error::new(
+                                    std::io::ErrorKind::InvalidInput,
+                                    other.to_string(),
+                                ),
+                            },
+                        }
+                    })?;
                 Catalogue::parse(&text).map_err(|source| ExporterError::Collectors {
                     path: path.clone(),
                     source,

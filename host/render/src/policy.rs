@@ -11,12 +11,31 @@ pub enum PolicyError {
     /// The document is not a mapping.
     #[error("not a Kubernetes object (expected a mapping with apiVersion, kind, metadata, spec)")]
     NotAnObject,
-    /// `apiVersion` is not `nvidia.com/v1`.
-    #[error("apiVersion: expected nvidia.com/v1, got {0:?}")]
+    /// `apiVersion` is not `nvidia.com/v1`; the value as found (a string quoted, another
+    /// type as JSON, `nothing` when missing).
+    #[error("apiVersion: expected nvidia.com/v1, got {0}")]
     ApiVersion(String),
-    /// `kind` is not `ClusterPolicy`.
-    #[error("kind: expected ClusterPolicy, got {0:?}")]
+    /// `kind` is not `ClusterPolicy`; the value as found.
+    #[error("kind: expected ClusterPolicy, got {0}")]
     Kind(String),
+    /// `metadata.name` is not a DNS-1123 subdomain (as the API server requires; control
+    /// characters included), or `metadata.namespace` not a DNS-1123 label.
+    #[error("metadata{field}: {message}")]
+    Metadata {
+        /// `.name`, `.namespace`, or empty for `metadata` itself.
+        field: &'static str,
+        /// What is wrong (apimachinery's rule).
+        message: String,
+    },
+    /// A spec field that names a Kubernetes object (`operator.runtimeClass`, a ConfigMap or
+    /// Secret reference, an image pull secret, a priority class) is not a DNS-1123 subdomain.
+    #[error("{path}: {message}")]
+    ObjectName {
+        /// Field path, `spec.operator.runtimeClass` style.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A spec field is invalid.
     #[error("{0}")]
     Spec(#[from] SpecError),
@@ -50,21 +69,20 @@ impl Policy {
     /// [`PolicyError`], naming the field.
     pub fn from_object(doc: &Value) -> Result<Policy, PolicyError> {
         let obj = doc.as_object().ok_or(PolicyError::NotAnObject)?;
-        let api = obj
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if api != "nvidia.com/v1" {
-            return Err(PolicyError::ApiVersion(api.to_string()));
+        let api = obj.get("apiVersion");
+        if api.and_then(Value::as_str) != Some("nvidia.com/v1") {
+            return Err(PolicyError::ApiVersion(shown(api)));
         }
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
-        if kind != "ClusterPolicy" {
-            return Err(PolicyError::Kind(kind.to_string()));
+        let kind = obj.get("kind");
+        if kind.and_then(Value::as_str) != Some("ClusterPolicy") {
+            return Err(PolicyError::Kind(shown(kind)));
         }
+        check_metadata(obj.get("metadata"))?;
         let spec_json = match obj.get("spec") {
             None | Some(Value::Null) => Value::Object(Default::default()),
             Some(v) => v.clone(),
         };
+        check_object_names(&spec_json, "spec", None)?;
         let spec = ClusterPolicySpec::from_json(&spec_json)?;
         spec.validate()?;
         let meta = obj.get("metadata");
@@ -175,6 +193,117 @@ fn collect_unknown(input: &Value, known: &Value, path: &str, out: &mut Vec<Strin
     }
 }
 
+/// An identity field's value for an error: a string quoted and escaped, another type as JSON
+/// with its type, `nothing` when missing; cut to 100 characters.
+fn shown(v: Option<&Value>) -> String {
+    let text = match v {
+        None => return "nothing (the field is missing)".into(),
+        Some(Value::String(s)) => format!("{s:?}"),
+        Some(other @ Value::Number(_)) => format!("{other} (a number, not a string)"),
+        Some(other) => format!("{other} (not a string)"),
+    };
+    if text.chars().count() > 100 {
+        format!("{}…", text.chars().take(100).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// `metadata.name` (when present) must be a DNS-1123 subdomain and `metadata.namespace` (when
+/// present) a DNS-1123 label, as the API server requires: no control characters, no upper
+/// case, at most 253 / 63 characters.
+fn check_metadata(meta: Option<&Value>) -> Result<(), PolicyError> {
+    use kiln_input::k8s::{dns1123_subdomain_error, is_dns1123_label};
+    let Some(meta) = meta.filter(|m| !m.is_null()) else {
+        return Ok(());
+    };
+    let Some(meta) = meta.as_object() else {
+        return Err(PolicyError::Metadata {
+            field: "",
+            message: format!("must be a mapping, got {}", shown(Some(meta))),
+        });
+    };
+    let bad = |field, message| Err(PolicyError::Metadata { field, message });
+    match meta.get("name") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(n)) => {
+            if let Some(why) = dns1123_subdomain_error(n) {
+                return bad(".name", why);
+            }
+        }
+        Some(other) => {
+            return bad(
+                ".name",
+                format!("must be a string, got {}", shown(Some(other))),
+            );
+        }
+    }
+    match meta.get("namespace") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(n)) if is_dns1123_label(n) => {}
+        Some(other) => {
+            return bad(
+                ".namespace",
+                format!("{} is not a DNS-1123 label", shown(Some(other))),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Spec fields whose string value names a Kubernetes object, which the API server requires to
+/// be a DNS-1123 subdomain: `runtimeClass`, `configMapName`, `secretName`,
+/// `priorityClassName`, `name` inside a `config`/`*Config` object, and the entries of
+/// `imagePullSecrets`. Empty values mean "unset" and pass. Checked before the typed parse, so
+/// a control character in a name is refused here with its path, not passed into objects.
+fn check_object_names(v: &Value, path: &str, key: Option<&str>) -> Result<(), PolicyError> {
+    let names_object = |k: &str, parent: Option<&str>| {
+        matches!(
+            k,
+            "runtimeClass" | "configMapName" | "secretName" | "priorityClassName"
+        ) || (k == "name" && parent.is_some_and(|p| p == "config" || p.ends_with("Config")))
+    };
+    let check = |at: &str, s: &str| match kiln_input::k8s::dns1123_subdomain_error(s) {
+        Some(message) if !s.is_empty() => Err(PolicyError::ObjectName {
+            path: at.to_owned(),
+            message,
+        }),
+        _ => Ok(()),
+    };
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m {
+                let at = format!("{path}.{k}");
+                match child {
+                    Value::String(s) if names_object(k, key) => check(&at, s)?,
+                    Value::Array(items) if k == "imagePullSecrets" => {
+                        for (i, item) in items.iter().enumerate() {
+                            let at = format!("{at}[{i}]");
+                            match item {
+                                Value::String(s) => check(&at, s)?,
+                                Value::Object(o) => {
+                                    if let Some(Value::String(s)) = o.get("name") {
+                                        check(&format!("{at}.name"), s)?;
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    _ => check_object_names(child, &at, Some(k))?,
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                check_object_names(item, &format!("{path}[{i}]"), None)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// JSON-pointer escaping of one token (`/` → `~1`).
 fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
@@ -201,6 +330,23 @@ mod tests {
         let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": "Pod"}))
             .unwrap_err();
         assert_eq!(e.to_string(), "kind: expected ClusterPolicy, got \"Pod\"");
+        let e = Policy::from_object(&json!({"apiVersion": 12345, "kind": "ClusterPolicy"}))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "apiVersion: expected nvidia.com/v1, got 12345 (a number, not a string)"
+        );
+        let e = Policy::from_object(&json!({"kind": "ClusterPolicy"})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "apiVersion: expected nvidia.com/v1, got nothing (the field is missing)"
+        );
+        let e = Policy::from_object(&json!({"apiVersion": "nvidia.com/v1", "kind": ["x"]}))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kind: expected ClusterPolicy, got [\"x\"] (not a string)"
+        );
         let e = Policy::from_object(
             &json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
             "spec": {"mig": {"strategy": "double"}}}),
@@ -210,6 +356,73 @@ mod tests {
             e.to_string()
                 .starts_with("spec.mig.strategy: unknown variant `double`"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn names_follow_dns_1123_and_control_characters_are_refused() {
+        let policy = |meta: Value| {
+            Policy::from_object(
+                &json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": meta}),
+            )
+        };
+        assert_eq!(
+            policy(json!({"name": "cluster-policy"})).unwrap().name,
+            "cluster-policy"
+        );
+        let e = policy(json!({"name": "bad\u{1b}[31mname"})).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "metadata.name: \"bad\\u{1b}[31mname\" is not a lowercase RFC 1123 subdomain"
+            ),
+            "{e}"
+        );
+        assert!(policy(json!({"name": "a".repeat(254)})).is_err());
+        assert!(policy(json!({"name": "Upper"})).is_err());
+        let e = policy(json!({"name": 7})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "metadata.name: must be a string, got 7 (a number, not a string)"
+        );
+        let e = policy(json!({"name": "p", "namespace": "gpu\noperator"})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "metadata.namespace: \"gpu\\noperator\" is not a DNS-1123 label"
+        );
+        assert!(policy(json!({"name": "p", "namespace": "gpu-operator"})).is_ok());
+    }
+
+    #[test]
+    fn spec_fields_naming_objects_must_be_dns_names() {
+        let policy = |spec: Value| {
+            Policy::from_object(
+                &json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "spec": spec}),
+            )
+        };
+        let e = policy(json!({"operator": {"runtimeClass": "nvidia\u{7}"}})).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("spec.operator.runtimeClass: \"nvidia\\u{7}\" is not a lowercase"),
+            "{e}"
+        );
+        let e = policy(json!({"devicePlugin": {"config": {"name": "a b", "default": ""}}}))
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with("spec.devicePlugin.config.name: "),
+            "{e}"
+        );
+        let e = policy(json!({"driver": {"imagePullSecrets": ["ok", "Bad"]}})).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("spec.driver.imagePullSecrets[1]: "),
+            "{e}"
+        );
+        // Unset (empty) and valid names pass; env var names are not object names.
+        assert!(
+            policy(json!({"operator": {"runtimeClass": ""},
+                "devicePlugin": {"config": {"name": "time-slicing", "default": ""}},
+                "validator": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}}))
+            .is_ok()
         );
     }
 

@@ -77,14 +77,20 @@ struct RunArgs {
     config_dir: Option<PathBuf>,
     #[command(flatten)]
     selection: SelectionArgs,
-    /// How often XIDs, the driver version and the config file are checked, milliseconds.
-    #[arg(long, env = "KILN_HEALTH_INTERVAL_MS", default_value_t = 1000)]
+    /// How often XIDs, the driver version and the config file are checked, milliseconds
+    /// (10 to 31622400000, i.e. 366 days).
+    #[arg(long, env = "KILN_HEALTH_INTERVAL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=kiln_input::MAX_DURATION_MS))]
     health_interval_ms: u64,
-    /// Seconds without a new critical XID before a responding GPU is healthy again.
-    #[arg(long, env = "KILN_HEALTH_RECOVERY_AFTER_S", default_value_t = 300)]
+    /// Seconds without a new critical XID before a responding GPU is healthy again (at most
+    /// 31622400, i.e. 366 days).
+    #[arg(long, env = "KILN_HEALTH_RECOVERY_AFTER_S", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=kiln_input::MAX_DURATION_SECS))]
     health_recovery_after_s: u64,
-    /// How often kubelet.sock is checked for a kubelet restart, milliseconds.
-    #[arg(long, env = "KILN_KUBELET_POLL_MS", default_value_t = 200)]
+    /// How often kubelet.sock is checked for a kubelet restart, milliseconds (10 to
+    /// 31622400000).
+    #[arg(long, env = "KILN_KUBELET_POLL_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(10..=kiln_input::MAX_DURATION_MS))]
     kubelet_poll_ms: u64,
 }
 
@@ -267,13 +273,17 @@ fn read_driver_ready(args: &mut RunArgs) -> Option<Vec<&'static str>> {
     if file.as_os_str().is_empty() {
         return None;
     }
-    match std::fs::read_to_string(file) {
+    match kiln_input::read_bounded(file, kiln_input::MAX_FILE_BYTES) {
         Ok(text) => {
             let filled = args.overrides.fill_from_driver_ready(&text);
             tracing::info!(file = %file.display(), ?filled, "driver roots from driver-ready");
             Some(filled)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(kiln_input::InputError::Read { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
         Err(e) => {
             tracing::warn!(file = %file.display(), "not reading driver-ready: {e}");
             None

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
 use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
 use kiln_render::{Policy, Renderer, defaults, output};
@@ -171,10 +171,9 @@ impl RenderArgs {
     /// Render and print; exit 1 (printing nothing on stdout) when any state fails.
     pub fn run(self) -> anyhow::Result<ExitCode> {
         let file = self.policy.display().to_string();
-        let text = std::fs::read_to_string(&self.policy)
-            .with_context(|| format!("{file}: cannot read"))?;
-        let doc: serde_json::Value =
-            serde_yaml_ng::from_str(&text).with_context(|| format!("{file}: invalid YAML"))?;
+        // kiln's one loader: a regular file of at most 1 MiB, nesting at most 64 deep, duplicate
+        // keys refused; errors name the file and the field.
+        let doc: serde_json::Value = kiln_input::load_file(&self.policy)?;
         let policy = Policy::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         for key in kiln_render::policy::unknown_spec_keys(&policy.spec_json) {
             eprintln!(

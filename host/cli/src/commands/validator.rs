@@ -42,20 +42,24 @@ pub struct ValidatorArgs {
         default_value = "nvml"
     )]
     gpu_backend: BackendSpec,
-    /// Attempts per step before giving up (the pod's restart policy retries after that).
+    /// Attempts per step before giving up (the pod's restart policy retries after that);
+    /// 1 to 1000000.
     #[arg(
         long,
         global = true,
         env = "KILN_VALIDATOR_RETRIES",
-        default_value_t = 60
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
     )]
-    retries: usize,
-    /// Seconds between attempts (upstream `SLEEP_INTERVAL_SECONDS`).
+    retries: u64,
+    /// Seconds between attempts (upstream `SLEEP_INTERVAL_SECONDS`); at most 31622400 (366
+    /// days).
     #[arg(
         long,
         global = true,
         env = "SLEEP_INTERVAL_SECONDS",
-        default_value_t = 5
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(0..=kiln_input::MAX_DURATION_SECS)
     )]
     sleep_interval_seconds: u64,
     #[command(subcommand)]
@@ -122,7 +126,7 @@ impl ValidatorArgs {
                 driver_install_dir: self.driver_install_dir,
             },
             retry: RetryPolicy::new(
-                self.retries,
+                usize::try_from(self.retries).unwrap_or(usize::MAX),
                 Duration::from_secs(self.sleep_interval_seconds),
             ),
             open_gpu: Box::new(move |root| open_gpu(&spec, root)),

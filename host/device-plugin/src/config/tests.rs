@@ -135,7 +135,7 @@ fn upstream_error_strings_with_paths() {
 
 #[test]
 fn resource_names_follow_upstream_rules() {
-    let long = format!("{}", "a".repeat(60));
+    let long = "a".repeat(60);
     let e = err(&format!(
         "sharing: {{timeSlicing: {{resources: [{{name: {long}, replicas: 2}}]}}}}"
     ));
