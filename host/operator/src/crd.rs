@@ -10,8 +10,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition,
 };
 use kiln_core::spec::ClusterPolicy;
+use kiln_core::spec::schema::openapi_schema;
 use kube::CustomResourceExt;
-use serde_json::Value;
 
 fn column(
     name: &str,
@@ -29,75 +29,17 @@ fn column(
     }
 }
 
-/// Make a derived schema node structural and upstream-like, recursively:
-/// - drop `default`s (they come from serde's `Default`, not from upstream; kiln applies the
-///   upstream nil rules in code, so the API server must not fill objects in);
-/// - a node with no `type`, `properties`, combinator or int-or-string marker (a
-///   `serde_json::Value` field such as `driver.upgradePolicy`) keeps unknown fields
-///   (`x-kubernetes-preserve-unknown-fields: true`), as a structural schema requires.
-fn make_structural(node: &mut Value) {
-    let Some(obj) = node.as_object_mut() else {
-        return;
-    };
-    obj.remove("default");
-    let typed = [
-        "type",
-        "properties",
-        "anyOf",
-        "oneOf",
-        "allOf",
-        "x-kubernetes-int-or-string",
-    ]
-    .iter()
-    .any(|k| obj.contains_key(*k));
-    if !typed {
-        obj.insert(
-            "x-kubernetes-preserve-unknown-fields".into(),
-            Value::Bool(true),
-        );
-    }
-    if let Some(props) = obj.get_mut("properties").and_then(Value::as_object_mut) {
-        props.values_mut().for_each(make_structural);
-    }
-    for key in ["items", "additionalProperties"] {
-        if let Some(child) = obj.get_mut(key).filter(|c| c.is_object()) {
-            make_structural(child);
-        }
-    }
-    for key in ["anyOf", "oneOf", "allOf"] {
-        if let Some(list) = obj.get_mut(key).and_then(Value::as_array_mut) {
-            list.iter_mut().for_each(make_structural);
-        }
-    }
-}
-
-/// The CRD object: the derive's output, made structural (see `make_structural`), with
-/// unknown `spec` fields preserved (site plugins read the policy's original spec, so fields
-/// kiln does not model must survive) and kiln's extra printer columns.
+/// The CRD object: the derive's output with the structural, upstream-like schema of
+/// [`kiln_core::spec::schema::openapi_schema`] (NVIDIA's defaults, enums, patterns and
+/// minimums; unknown fields are pruned, as with NVIDIA's CRD) and kiln's extra printer columns.
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = ClusterPolicy::crd();
     for version in &mut crd.spec.versions {
-        let Some(schema) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-        else {
-            continue;
-        };
-        let mut v = serde_json::to_value(&*schema).expect("a schema serializes");
-        if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
-            props.values_mut().for_each(make_structural);
-        }
-        if let Some(spec) = v
-            .pointer_mut("/properties/spec")
-            .and_then(Value::as_object_mut)
-        {
-            spec.insert(
-                "x-kubernetes-preserve-unknown-fields".into(),
-                Value::Bool(true),
+        if let Some(schema) = version.schema.as_mut() {
+            schema.open_api_v3_schema = Some(
+                serde_json::from_value(openapi_schema().clone()).expect("a schema deserializes"),
             );
         }
-        *schema = serde_json::from_value(v).expect("a schema deserializes");
     }
     for version in &mut crd.spec.versions {
         let cols = version

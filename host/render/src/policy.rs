@@ -44,19 +44,24 @@ pub enum PolicyError {
     Plugins(String),
 }
 
-/// A parsed ClusterPolicy: its name, the original spec JSON (handed to plugins untouched, so
-/// fields kiln does not model survive), the typed spec, and the site plugin configuration.
+/// A parsed ClusterPolicy: its name, the spec JSON as the API server stores it (CRD defaults
+/// applied, unknown fields pruned; handed to plugins), the typed spec, and the site plugin
+/// configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// `metadata.name`.
     pub name: String,
-    /// `spec` exactly as written (`{}` when absent).
+    /// `spec` as written (`{}` when absent) after the CRD's structural defaulting and pruning,
+    /// i.e. as the API server stores it.
     pub spec_json: Value,
     /// [`Policy::spec_json`] as JSON text, serialized once by [`Policy::from_object`]: what
     /// plugins receive. Build a changed policy through `from_object` so the two agree.
     pub spec_text: String,
     /// The typed spec.
     pub spec: ClusterPolicySpec,
+    /// Spec fields the CRD does not know (likely typos), as paths below `spec`: removed, as the
+    /// API server prunes them (see [`kiln_core::spec::schema::default_spec`]).
+    pub pruned: Vec<String>,
     /// Site plugins and pins from the `kiln.dev/plugins` annotation.
     pub plugins: PluginConfig,
 }
@@ -78,11 +83,13 @@ impl Policy {
             return Err(PolicyError::Kind(shown(kind)));
         }
         check_metadata(obj.get("metadata"))?;
-        let spec_json = match obj.get("spec") {
+        let mut spec_json = match obj.get("spec") {
             None | Some(Value::Null) => Value::Object(Default::default()),
             Some(v) => v.clone(),
         };
         check_object_names(&spec_json, "spec", None)?;
+        // What the API server does on create/update, so an offline policy equals the stored one.
+        let pruned = kiln_core::spec::schema::default_spec(&mut spec_json);
         let spec = ClusterPolicySpec::from_json(&spec_json)?;
         spec.validate()?;
         let meta = obj.get("metadata");
@@ -107,6 +114,7 @@ impl Policy {
             spec_text: spec_json.to_string(),
             spec_json,
             spec,
+            pruned,
             plugins,
         })
     }

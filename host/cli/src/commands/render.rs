@@ -175,9 +175,9 @@ impl RenderArgs {
         // keys refused; errors name the file and the field.
         let doc: serde_json::Value = kiln_input::load_file(&self.policy)?;
         let policy = Policy::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
-        for key in kiln_render::policy::unknown_spec_keys(&policy.spec_json) {
+        for key in &policy.pruned {
             eprintln!(
-                "warning: {file}: spec.{key} is not a ClusterPolicy field kiln knows; it is passed to plugins unread"
+                "warning: {file}: spec.{key} is not a ClusterPolicy field; it is ignored (the API server prunes it)"
             );
         }
         let ctx = self.context()?;
