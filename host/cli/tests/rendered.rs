@@ -81,6 +81,21 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
         "WITH_WORKLOAD",
         "workload pods upstream; kiln's cuda/plugin steps check in-process",
     ),
+    (
+        "validator",
+        "WITH_WAIT",
+        "NVIDIA's validator image reads it (pod templates equal NVIDIA's); kiln's steps wait by subcommand",
+    ),
+    (
+        "validator",
+        "COMPONENT",
+        "NVIDIA's validator image reads it (pod templates equal NVIDIA's); kiln names the step as a subcommand",
+    ),
+    (
+        "gfd",
+        "POD_NAME",
+        "NVIDIA's GFD reads it (pod templates equal NVIDIA's); kiln gfd does not need it",
+    ),
 ];
 
 /// Env vars whose value is a file or directory the agent opens in its own container.

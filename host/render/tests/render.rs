@@ -3,7 +3,11 @@
 //! - the `State` enum, the assets folders, the plugin crates and the bundled plugins agree;
 //! - every transform case file (`plugins/*/cases/*.yaml`) passes through the compiled Wasm
 //!   plugin, not only natively;
-//! - golden renders of the upstream sample policy and of the Helm-defaults policy.
+//! - golden renders of the upstream sample policy and of the Helm-defaults policy;
+//! - [`fidelity`]: field by field against what NVIDIA GPU Operator v26.7.0 applies.
+
+#[path = "fidelity/mod.rs"]
+mod fidelity;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -31,6 +35,12 @@ fn host() -> Arc<PluginHost> {
         Arc::new(PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED).expect("plugin host"))
     })
     .clone()
+}
+
+/// NVIDIA GPU Operator v26.7.0's sample ClusterPolicy (the repository's copy of upstream's
+/// `clusterpolicy-sample.yaml`, also the `sample` variant of the fidelity data).
+fn upstream_sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nvidia-v26.7.0/policies/sample.yaml")
 }
 
 fn plugin_dirs() -> Vec<String> {
@@ -173,7 +183,7 @@ fn assert_golden(name: &str, objects: &[Value]) {
 
 #[test]
 fn golden_render_of_the_upstream_sample() {
-    let objects = render_file(&repo().join("../shared/upstream/clusterpolicy-sample.yaml"));
+    let objects = render_file(&upstream_sample());
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     assert_eq!(
         kinds.iter().filter(|k| **k == "DaemonSet").count(),
@@ -225,7 +235,7 @@ fn the_deploy_sample_renders_every_default_state() {
 
 #[test]
 fn render_returns_each_enabled_state_once_in_apply_order() {
-    let path = repo().join("../shared/upstream/clusterpolicy-sample.yaml");
+    let path = upstream_sample();
     let doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let policy = Policy::from_object(&doc).unwrap();
     let renderer = Renderer::new(host());

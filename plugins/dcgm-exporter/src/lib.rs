@@ -6,7 +6,8 @@ mod objects;
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, KeyToPath, VolumeMount,
+    ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
+    VolumeMount,
 };
 use kiln_plugin_sdk::kiln_core::spec::{DcgmExporterSpec, EnvVarSpec};
 use kiln_plugin_sdk::pod::{
@@ -99,6 +100,23 @@ pub fn fit_env_to_kiln_exporter(ctr: &mut Container) {
             e.name = (*kiln).to_owned();
         }
     }
+    // What NVIDIA's image has built in or does not need: kiln's exporter reads its Hostname
+    // label from KILN_EXPORTER_NODE_NAME and sees the GPUs through the NVIDIA runtime.
+    if !present.iter().any(|p| p == "KILN_EXPORTER_NODE_NAME") {
+        list.push(EnvVar {
+            name: "KILN_EXPORTER_NODE_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    env::set_env(ctr, "NVIDIA_VISIBLE_DEVICES", "all");
+    env::set_env(ctr, "NVIDIA_DRIVER_CAPABILITIES", "compute,utility");
 }
 
 /// The `dcgm-exporter` operand.
@@ -134,7 +152,8 @@ impl Operand for DcgmExporter {
         transform_validation_init_containers(pod, spec, ctx)?;
         let ctr = first_container(pod, &name)?;
         set_main_image(ctr, &img, &c.image_pull_policy);
-        fit_command_to_image(ctr, Some(vec!["dcgm-exporter".into()]));
+        // NVIDIA's asset runs the image's own entrypoint (no command).
+        fit_command_to_image(ctr, None);
         add_pull_secrets(pod, &c.image_pull_secrets);
         if !e.annotations.is_empty() {
             template_annotations(ds).extend(e.annotations.clone());

@@ -100,8 +100,14 @@ fn real_assets_default_policy() {
     let ctr = &pod["containers"][0];
     assert_eq!(ctr["command"], json!(["kiln", "exporter"]));
     let env = ctr["env"].as_array().unwrap();
-    assert_eq!(
-        env.last().unwrap(),
-        &json!({"name": REMOTE_HOSTENGINE_ENV, "value": REMOTE_HOSTENGINE})
+    assert!(
+        env.contains(&json!({"name": REMOTE_HOSTENGINE_ENV, "value": REMOTE_HOSTENGINE})),
+        "{env:?}"
+    );
+    // kiln's exporter reads its Hostname label from KILN_EXPORTER_NODE_NAME (NVIDIA's asset
+    // has NODE_NAME only).
+    assert!(
+        env.iter().any(|e| e["name"] == "KILN_EXPORTER_NODE_NAME"),
+        "{env:?}"
     );
 }

@@ -5,7 +5,7 @@ use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::Container;
 use kiln_plugin_sdk::pod::{
     apply_component_basics, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
-    fit_command_to_image, handle_device_plugin_config, pod_spec, require_container,
+    fit_command_args_to_image, handle_device_plugin_config, pod_spec, require_container,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
 use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env};
@@ -13,10 +13,14 @@ use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformErr
 /// The main container of the device plugin DaemonSet.
 pub const MAIN: &str = "nvidia-device-plugin";
 
-/// Entrypoint of the main container on a non-kiln image: the asset's
+/// Entrypoint of the main container on a non-kiln image (run as `/bin/sh -c`): the asset's
 /// `nvidia-device-plugin-entrypoint` ConfigMap, mounted at `/bin/entrypoint.sh`, which picks the
 /// driver root and `exec`s `nvidia-device-plugin` with the container args (upstream's entrypoint).
 pub const UPSTREAM_ENTRYPOINT: &str = "/bin/entrypoint.sh";
+
+/// Where kiln's own device plugin mounts the driver root (`DRIVER_ROOT_CTR_PATH` of the
+/// validator's driver-ready file); NVIDIA's image mounts it at `/driver-root`.
+pub const KILN_DRIVER_ROOT: &str = "/run/nvidia/driver";
 
 /// The `device-plugin` operand.
 pub struct DevicePlugin;
@@ -60,7 +64,20 @@ impl Operand for DevicePlugin {
         }
         let main = require_container(pod, &name, MAIN)?;
         env::apply_env(main, &dp.env);
-        fit_command_to_image(main, Some(vec![UPSTREAM_ENTRYPOINT.into()]));
+        fit_command_args_to_image(main, &["/bin/sh", "-c"], &[UPSTREAM_ENTRYPOINT]);
+        if main
+            .image
+            .as_deref()
+            .is_some_and(kiln_plugin_sdk::image::is_kiln_image)
+        {
+            // kiln's plugin takes the driver root from the validator's driver-ready file,
+            // which names it as operand pods see it (/run/nvidia/driver), not /driver-root.
+            for m in main.volume_mounts.iter_mut().flatten() {
+                if m.name == "driver-install-dir" {
+                    m.mount_path = KILN_DRIVER_ROOT.into();
+                }
+            }
+        }
         apply_host_network(pod, dp.host_network);
         Ok(())
     }

@@ -7,7 +7,10 @@ use kiln_plugin_sdk::pod::{
     fit_command_to_image, handle_device_plugin_config, pod_spec, set_nri_annotation,
     set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_sdk::serde_json::Value;
+use kiln_plugin_sdk::{
+    ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
+};
 
 /// Entrypoint of NVIDIA's GFD image, used when `gfd.*` does not resolve to kiln's image.
 pub const UPSTREAM_ENTRYPOINT: &str = "gpu-feature-discovery";
@@ -17,6 +20,32 @@ pub struct GpuFeatureDiscovery;
 
 impl Operand for GpuFeatureDiscovery {
     const NAME: &'static str = "gpu-feature-discovery";
+    const OBJECT_KINDS: &'static [&'static str] = &["ClusterRole"];
+
+    /// The `nvidia-gpu-feature-discovery` ClusterRole reads nodes (NVIDIA's GFD labels nodes
+    /// through NodeFeature objects); on kiln's image its `nodes` rule also gets `patch`, since
+    /// kiln gfd merge-patches the labels onto the Node.
+    fn object(
+        obj: &mut Value,
+        spec: &ClusterPolicySpec,
+        ctx: &TransformContext,
+    ) -> Result<Decision, TransformError> {
+        if obj["metadata"]["name"] != "nvidia-gpu-feature-discovery" {
+            return Ok(Decision::Keep);
+        }
+        let img = image::resolve_image("spec.gfd", (&spec.gfd).into(), "GFD_IMAGE", ctx)?;
+        if image::is_kiln_image(&img) {
+            let rules = obj["rules"].as_array_mut().into_iter().flatten();
+            for rule in rules.filter(|r| r["resources"] == Value::from(vec!["nodes"])) {
+                if let Some(verbs) = rule["verbs"].as_array_mut() {
+                    if !verbs.iter().any(|v| v == "patch") {
+                        verbs.push("patch".into());
+                    }
+                }
+            }
+        }
+        Ok(Decision::Keep)
+    }
 
     /// Upstream order, on container[0]: validation init containers; image (`gfd.*`, fallback
     /// `GFD_IMAGE`), pull policy, secrets, resources, `gfd.args`; `USE_NODE_FEATURE_API=false`
@@ -45,7 +74,13 @@ impl Operand for GpuFeatureDiscovery {
         set_runtime_class(pod, spec, ctx);
         set_nri_annotation(ds, spec, &main_name);
         let pod = pod_spec(ds);
-        apply_mig_env(first_container(pod, &name)?, spec);
+        let main = first_container(pod, &name)?;
+        apply_mig_env(main, spec);
+        if image::is_kiln_image(&img) {
+            // NVIDIA's image carries these in its own environment; kiln's does not.
+            env::set_env(main, "NVIDIA_VISIBLE_DEVICES", "all");
+            env::set_env(main, "NVIDIA_DRIVER_CAPABILITIES", "compute,utility");
+        }
         apply_host_network(pod, gfd.host_network);
         Ok(())
     }
@@ -61,7 +96,7 @@ mod tests {
     fn cases() {
         kiln_plugin_sdk::testing::assert_cases::<GpuFeatureDiscovery>(
             env!("CARGO_MANIFEST_DIR"),
-            6,
+            9,
         );
     }
 }

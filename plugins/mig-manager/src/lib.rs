@@ -19,6 +19,9 @@ pub const DEFAULT_MIG_PARTED_CONFIG: &str = "default-mig-parted-config";
 /// The GPU clients ConfigMap shipped with the state (upstream `MigDefaultGPUClientsConfigMapName`).
 pub const DEFAULT_GPU_CLIENTS: &str = "default-gpu-clients";
 
+/// `toolkit-validation`'s wait loop on a non-kiln validator image (NVIDIA's asset text).
+pub const TOOLKIT_WAIT: &str = "until [ -f /run/nvidia/validations/toolkit-ready ]; do echo waiting for nvidia container toolkit to be setup; sleep 5; done";
+
 /// The `mig-manager` operand.
 pub struct MigManager;
 
@@ -40,6 +43,13 @@ impl Operand for MigManager {
         let mm = &spec.mig_manager;
         let pod = pod_spec(ds);
         transform_validation_init_containers(pod, spec, ctx)?;
+        // NVIDIA's MIG manager asset words its toolkit wait differently from the others.
+        for c in pod.init_containers.iter_mut().flatten() {
+            if c.name == "toolkit-validation" && c.command.as_deref().is_some_and(|c| c[0] == "sh")
+            {
+                c.args = Some(vec![TOOLKIT_WAIT.into()]);
+            }
+        }
         let img = image::resolve_image(
             "spec.migManager",
             (&mm.common).into(),

@@ -209,6 +209,22 @@ pub fn fit_command_to_image(ctr: &mut Container, fallback: Option<Vec<String>>) 
     }
 }
 
+/// Like [`fit_command_to_image`], for NVIDIA assets that split the entrypoint into `command`
+/// and `args` (`sh -c` with the script as the argument): on an image other than kiln's, a
+/// `kiln …` command becomes `command` + `args`.
+pub fn fit_command_args_to_image(ctr: &mut Container, command: &[&str], args: &[&str]) {
+    let image = ctr.image.as_deref().unwrap_or_default();
+    let runs_kiln = ctr
+        .command
+        .as_ref()
+        .and_then(|c| c.first())
+        .is_some_and(|c| c == "kiln");
+    if runs_kiln && !is_kiln_image(image) {
+        ctr.command = Some(command.iter().map(|s| s.to_string()).collect());
+        ctr.args = Some(args.iter().map(|s| s.to_string()).collect());
+    }
+}
+
 /// The validator image (`validator.*`, fallback `VALIDATOR_IMAGE`).
 pub fn validator_image(
     spec: &ClusterPolicySpec,
@@ -254,8 +270,18 @@ pub fn transform_validation_init_containers(
         set_side_image(ctr, &image, &v.common.image_pull_policy);
         set_resources(ctr, v.common.resources.as_ref());
         run_as_root(ctr);
-        let wait_for = wait_target(ctr);
-        fit_command_to_image(ctr, wait_for.map(|f| shell_wait(&f)));
+        match wait_target(ctr).as_deref() {
+            // NVIDIA's validator image waits for the driver itself (`WITH_WAIT=true`,
+            // `COMPONENT=driver`, set by the asset).
+            Some("driver-ready") => {
+                fit_command_args_to_image(ctr, &["sh", "-c"], &["nvidia-validator"])
+            }
+            Some(file) => {
+                let script = shell_wait(file);
+                fit_command_args_to_image(ctr, &["sh", "-c"], &[script.as_str()]);
+            }
+            None => fit_command_to_image(ctr, None),
+        }
     }
     add_pull_secrets(pod, &v.common.image_pull_secrets);
     Ok(())
@@ -270,14 +296,15 @@ fn wait_target(ctr: &Container) -> Option<String> {
         .flatten()
 }
 
-fn shell_wait(file: &str) -> Vec<String> {
-    vec![
-        "sh".into(),
-        "-c".into(),
-        format!(
-            "until [ -f /run/nvidia/validations/{file} ]; do echo waiting for {file}; sleep 5; done"
-        ),
-    ]
+/// NVIDIA's wait loop for a status file (its assets' text, so pod templates match).
+fn shell_wait(file: &str) -> String {
+    let what = match file {
+        "toolkit-ready" => "nvidia container stack to be setup",
+        other => other,
+    };
+    format!(
+        "until [ -f /run/nvidia/validations/{file} ]; do echo waiting for {what}; sleep 5; done"
+    )
 }
 
 /// Upstream `handleDevicePluginConfig` (device plugin, MPS, GFD). With no

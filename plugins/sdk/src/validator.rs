@@ -9,7 +9,7 @@ use kiln_core::spec::ClusterPolicySpec;
 use crate::TransformError;
 use crate::env::{apply_env, set_env};
 use crate::pod::{
-    add_pull_secrets, first_container, fit_command_to_image, run_as_root, set_main_image,
+    add_pull_secrets, first_container, fit_command_args_to_image, run_as_root, set_main_image,
     set_resources, set_resources_all, set_side_image, validator_image,
 };
 
@@ -30,14 +30,10 @@ pub const SANDBOX_COMPONENTS: [&str; 4] =
 /// Entrypoint of NVIDIA's validator image for a component init container (it reads `COMPONENT`).
 pub const UPSTREAM_VALIDATOR: &str = "nvidia-validator";
 
-/// Upstream's main validator container command: hold after every init container succeeded.
-pub fn upstream_hold_command() -> Vec<String> {
-    vec![
-        "sh".into(),
-        "-c".into(),
-        "echo all validations are successful; while true; do sleep 86400; done".into(),
-    ]
-}
+/// Upstream's main validator container script (run as `sh -c <script>`): hold after every init
+/// container succeeded.
+pub const UPSTREAM_HOLD_SCRIPT: &str =
+    "echo all validations are successful; while true; do sleep 86400; done";
 
 /// Upstream `TransformValidatorShared`, on container[0]: validator image (`validator.*`,
 /// fallback `VALIDATOR_IMAGE`; an error naming `spec.validator` when nothing resolves), pull
@@ -62,7 +58,7 @@ pub fn apply_validator_shared(
     }
     apply_env(main, &v.env);
     run_as_root(main);
-    fit_command_to_image(main, Some(upstream_hold_command()));
+    fit_command_args_to_image(main, &["sh", "-c"], &[UPSTREAM_HOLD_SCRIPT]);
     Ok(image)
 }
 
@@ -156,7 +152,7 @@ pub fn transform_validator_component(
     if runs_kiln(ctr) && !crate::image::is_kiln_image(&image) {
         set_env(ctr, "COMPONENT", component);
     }
-    fit_command_to_image(ctr, Some(vec![UPSTREAM_VALIDATOR.into()]));
+    fit_command_args_to_image(ctr, &["sh", "-c"], &[UPSTREAM_VALIDATOR]);
     Ok(())
 }
 
@@ -260,7 +256,8 @@ mod tests {
         )
         .unwrap();
         let c = &p.init_containers.unwrap()[0];
-        assert_eq!(c.command, Some(vec![UPSTREAM_VALIDATOR.to_string()]));
+        assert_eq!(c.command, Some(vec!["sh".to_string(), "-c".to_string()]));
+        assert_eq!(c.args, Some(vec![UPSTREAM_VALIDATOR.to_string()]));
         assert_eq!(crate::env::get_env(c, "COMPONENT"), Some("driver"));
         assert_eq!(c.security_context.as_ref().unwrap().run_as_user, Some(0));
     }
