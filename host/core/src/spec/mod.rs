@@ -133,7 +133,17 @@ pub struct SpecError {
 impl ClusterPolicySpec {
     /// Parse a spec from JSON, naming the offending field on error
     /// (e.g. `spec.mig.strategy: unknown variant "double", expected one of none, single, mixed`).
+    ///
+    /// With the `kube` feature, values are also checked against the CRD's enums, minimums and
+    /// maximums ([`schema::check_spec`]), as the API server checks them.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, SpecError> {
+        let spec = Self::parse_json(value)?;
+        #[cfg(feature = "kube")]
+        schema::check_spec(value)?;
+        Ok(spec)
+    }
+
+    fn parse_json(value: &serde_json::Value) -> Result<Self, SpecError> {
         // The plain deserializer is several times faster than the path-tracking one; the
         // latter runs only to explain a failure.
         Self::deserialize(value).or_else(|_| {

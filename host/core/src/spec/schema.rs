@@ -21,7 +21,7 @@ use schemars::transform::AddNullable;
 use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value};
 
-use super::ClusterPolicy;
+use super::{ClusterPolicy, SpecError};
 
 /// Where [`crd_default`] parks a field's CRD default until [`make_structural`] restores it
 /// (all other `default`s are dropped there).
@@ -182,6 +182,67 @@ pub fn default_spec(spec: &mut Value) -> Vec<String> {
     pruned
 }
 
+/// Check `spec` against the schema's `enum`, `minimum` and `maximum` keywords, which the API
+/// server enforces on create/update (`driver.startupProbe.periodSeconds: 0`,
+/// `ccManager.defaultMode: maybe` are refused). Type errors are left to the typed parse
+/// ([`super::ClusterPolicySpec::from_json`], which calls this); `pattern`s are not checked.
+///
+/// # Errors
+/// The first offending field, e.g. `spec.driver.startupProbe.periodSeconds: 0 is less than
+/// the minimum 1`.
+pub fn check_spec(spec: &Value) -> Result<(), SpecError> {
+    check(spec_schema(), spec, "spec")
+}
+
+fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+    let fail = |message: String| SpecError {
+        path: path.to_string(),
+        message,
+    };
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !value.is_null()
+        && !allowed.contains(value)
+    {
+        let names: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        return Err(fail(format!(
+            "unsupported value {value}, expected one of {}",
+            names.join(", ")
+        )));
+    }
+    if let Some(n) = value.as_f64() {
+        if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+            && n < min
+        {
+            return Err(fail(format!("{value} is less than the minimum {min}")));
+        }
+        if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+            && n > max
+        {
+            return Err(fail(format!("{value} is more than the maximum {max}")));
+        }
+    }
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (key, v) in map {
+                if let Some(child) = props.and_then(|p| p.get(key)).or(additional) {
+                    check(child, v, &format!("{path}.{key}"))?;
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item) = schema.get("items") {
+                for (i, v) in items.iter().enumerate() {
+                    check(item, v, &format!("{path}[{i}]"))?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
@@ -315,6 +376,30 @@ mod tests {
         let r = &spec["dcgmExporter"]["serviceMonitor"]["relabelings"];
         assert_eq!(r[0]["action"], "replace");
         assert_eq!(r[1]["action"], "drop");
+    }
+
+    #[test]
+    fn enums_and_minimums_are_checked() {
+        let err = |v: Value| check_spec(&v).unwrap_err().to_string();
+        assert_eq!(
+            err(json!({"driver": {"startupProbe": {"periodSeconds": 0}}})),
+            "spec.driver.startupProbe.periodSeconds: 0 is less than the minimum 1"
+        );
+        assert_eq!(
+            err(json!({"ccManager": {"defaultMode": "maybe"}})),
+            "spec.ccManager.defaultMode: unsupported value \"maybe\", expected one of \"on\", \"off\", \"devtools\""
+        );
+        assert!(
+            err(json!({"dcgmExporter": {"serviceMonitor": {"relabelings": [{"action": "x"}]}}}))
+                .starts_with(
+                    "spec.dcgmExporter.serviceMonitor.relabelings[0].action: unsupported value"
+                )
+        );
+        assert!(
+            check_spec(&json!({"driver": {"startupProbe": {"periodSeconds": 1}},
+            "migManager": {"config": {"default": ""}}}))
+            .is_ok()
+        );
     }
 
     #[test]
