@@ -37,10 +37,10 @@ impl Operand for GpuFeatureDiscovery {
         if image::is_kiln_image(&img) {
             let rules = obj["rules"].as_array_mut().into_iter().flatten();
             for rule in rules.filter(|r| r["resources"] == Value::from(vec!["nodes"])) {
-                if let Some(verbs) = rule["verbs"].as_array_mut() {
-                    if !verbs.iter().any(|v| v == "patch") {
-                        verbs.push("patch".into());
-                    }
+                if let Some(verbs) = rule["verbs"].as_array_mut()
+                    && !verbs.iter().any(|v| v == "patch")
+                {
+                    verbs.push("patch".into());
                 }
             }
         }
