@@ -18,6 +18,8 @@ pub struct Config {
     pub plugins_dir: Option<std::path::PathBuf>,
     /// Address of the `/metrics`, `/healthz`, `/readyz` server (e.g. `0.0.0.0:8080`).
     pub metrics_addr: String,
+    /// Who may read `/metrics` (default: callers the API server authorizes).
+    pub metrics_auth: crate::metrics::MetricsAuth,
     /// Take part in leader election on the Lease `kiln-operator` in [`Config::namespace`].
     pub leader_election: bool,
     /// This replica's identity in the Lease (default: hostname or a random id).
@@ -32,6 +34,7 @@ impl Default for Config {
             namespace: "gpu-operator".into(),
             plugins_dir: None,
             metrics_addr: "0.0.0.0:8080".into(),
+            metrics_auth: crate::metrics::MetricsAuth::default(),
             leader_election: false,
             identity: default_identity(),
             images: Vec::new(),

@@ -22,7 +22,7 @@ use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 
 use crate::context::{Config, Context};
 use crate::leader::{self, LeaseConfig};
-use crate::metrics::{Metrics, router};
+use crate::metrics::{Metrics, MetricsAuth, MetricsAuthorizer, router};
 use crate::reconcile::{error_policy, reconcile};
 use crate::{Error, Result};
 
@@ -82,8 +82,12 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
             addr: config.metrics_addr.clone(),
             source,
         })?;
-    tracing::info!(addr = %config.metrics_addr, "serving /metrics /healthz /readyz");
-    let app = router(metrics.clone());
+    tracing::info!(addr = %config.metrics_addr, auth = ?config.metrics_auth, "serving /metrics /healthz /readyz");
+    let auth = match config.metrics_auth {
+        MetricsAuth::Kubernetes => Some(MetricsAuthorizer::new(client.clone())),
+        MetricsAuth::None => None,
+    };
+    let app = router(metrics.clone(), auth);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");

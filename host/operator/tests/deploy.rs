@@ -1,11 +1,22 @@
-//! deploy/: RBAC without wildcards, the Helm chart's copies in sync, and the chart's
+//! deploy/: the operator's RBAC (least privilege, and enough for every operand role in
+//! `assets/`), the Helm chart's copies in sync, locked-down operator pods, and the chart's
 //! ClusterPolicy accepted by kiln (`helm template`, when `testcluster/bin/helm` is built).
+//!
+//! The chart is the source: `deploy/helm/kiln/files/{rules,namespace-rules,events-rules}.yaml`
+//! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
+//! `gpu-operator` and these tests keep the copies equal.
 
+#[path = "support/rbac.rs"]
+mod rbac;
+
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
 use serde::Deserialize as _;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -21,31 +32,112 @@ fn docs(text: &str) -> Vec<Value> {
         .collect()
 }
 
-fn rules(docs: &[Value]) -> Value {
-    docs.iter()
-        .find(|d| d["kind"] == "ClusterRole")
-        .map(|d| d["rules"].clone())
-        .unwrap()
+fn yaml(path: &str) -> Value {
+    serde_yaml_ng::from_str(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The chart's rule files: (ClusterRole `kiln-operator`, Role `kiln-operator` in the operator
+/// namespace, Role `kiln-operator-events` in `default`).
+fn chart_rules() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let list = |p: &str| yaml(p).as_array().unwrap().clone();
+    (
+        list("deploy/helm/kiln/files/rules.yaml"),
+        list("deploy/helm/kiln/files/namespace-rules.yaml"),
+        list("deploy/helm/kiln/files/events-rules.yaml"),
+    )
+}
+
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 #[test]
-fn rbac_has_no_wildcards_and_the_chart_matches() {
-    let rbac = docs(&read("deploy/rbac/kiln-operator.yaml"));
-    let r = rules(&rbac);
-    let rule_list = r.as_array().unwrap();
-    assert!(rule_list.len() >= 10);
-    for rule in rule_list {
-        for key in ["verbs", "resources", "apiGroups"] {
-            let items = rule[key].as_array().unwrap();
-            assert!(!items.iter().any(|v| v == "*"), "wildcard in {key}: {rule}");
+fn rbac_is_the_charts_and_holds_no_wildcard_escalation_or_foreign_secret() {
+    let objects = docs(&read("deploy/rbac/kiln-operator.yaml"));
+    let (cluster, namespaced, events) = chart_rules();
+    let role = |kind, name| find(&objects, kind, name)["rules"].clone();
+    assert_eq!(role("ClusterRole", "kiln-operator"), json!(cluster));
+    assert_eq!(role("Role", "kiln-operator"), json!(namespaced));
+    assert_eq!(role("Role", "kiln-operator-events"), json!(events));
+    assert_eq!(
+        find(&objects, "Role", "kiln-operator")["metadata"]["namespace"],
+        NS
+    );
+    assert_eq!(
+        find(&objects, "Role", "kiln-operator-events")["metadata"]["namespace"],
+        "default"
+    );
+    for (kind, name, role_kind) in [
+        ("ClusterRoleBinding", "kiln-operator", "ClusterRole"),
+        ("RoleBinding", "kiln-operator", "Role"),
+        ("RoleBinding", "kiln-operator-events", "Role"),
+    ] {
+        let b = find(&objects, kind, name);
+        assert_eq!(
+            b["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name})
+        );
+        assert_eq!(
+            b["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "kiln-operator", "namespace": NS}])
+        );
+    }
+    assert_eq!(
+        role("ClusterRole", "kiln-metrics-reader"),
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+
+    for rule in cluster.iter().chain(&namespaced).chain(&events) {
+        for key in ["verbs", "resources", "apiGroups", "resourceNames"] {
+            assert!(
+                !strs(&rule[key]).contains(&"*"),
+                "wildcard in {key}: {rule}"
+            );
+        }
+        let verbs = strs(&rule["verbs"]);
+        for verb in ["escalate", "impersonate", "deletecollection"] {
+            assert!(!verbs.contains(&verb), "{verb}: {rule}");
+        }
+        let resources = strs(&rule["resources"]);
+        if rule["apiGroups"] == json!(["rbac.authorization.k8s.io"])
+            && rule.get("resourceNames").is_none()
+        {
+            assert_eq!(
+                verbs,
+                ["create"],
+                "RBAC writes must be limited by name: {rule}"
+            );
+        }
+        if resources.contains(&"nodes") {
+            assert!(!verbs.contains(&"delete"), "{rule}");
+        }
+        if resources.contains(&"secrets") {
+            assert_eq!(verbs, ["get"], "{rule}");
         }
     }
-    let chart_rules: Value =
-        serde_yaml_ng::from_str(&read("deploy/helm/kiln/files/rules.yaml")).unwrap();
-    assert_eq!(
-        chart_rules, r,
-        "deploy/helm/kiln/files/rules.yaml differs from deploy/rbac"
+    let secrets_anywhere = |rules: &[Value]| {
+        rules
+            .iter()
+            .any(|r| strs(&r["resources"]).contains(&"secrets"))
+    };
+    assert!(
+        !secrets_anywhere(&cluster),
+        "Secrets only in the operator namespace"
     );
+    assert!(secrets_anywhere(&namespaced));
+}
+
+#[test]
+fn the_charts_crd_is_the_generated_one() {
     assert_eq!(
         read("deploy/helm/kiln/crds/clusterpolicies.nvidia.com.yaml"),
         kiln_operator::crd::crd_yaml(),
@@ -53,21 +145,145 @@ fn rbac_has_no_wildcards_and_the_chart_matches() {
     );
 }
 
+/// The names in the rules that limit RBAC writes by name, per resource.
+fn rbac_names(rules: &[Value], resource: &str) -> BTreeSet<String> {
+    rules
+        .iter()
+        .filter(|r| r["apiGroups"] == json!(["rbac.authorization.k8s.io"]))
+        .filter(|r| strs(&r["resources"]).contains(&resource))
+        .flat_map(|r| strs(&r["resourceNames"]))
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
-fn helm_template_renders_a_valid_policy() {
+fn operator_rbac_covers_every_operand_role_and_binding_in_the_assets() {
+    let (cluster, namespaced, _) = chart_rules();
+    // In its namespace the operator holds the Role and the ClusterRole.
+    let in_ns: Vec<Value> = namespaced.iter().chain(&cluster).cloned().collect();
+    let operands = rbac::operand_rbac(NS);
+    assert!(operands.len() >= 70, "{} RBAC objects", operands.len());
+    let mut names: [BTreeSet<String>; 4] = Default::default();
+    // Every gap at once, so one run says everything the rule files lack.
+    let mut missing = Vec::new();
+    for obj in &operands {
+        let kind = obj["kind"].as_str().unwrap();
+        let name = obj["metadata"]["name"].as_str().unwrap();
+        let (held, resource, idx) = match kind {
+            "ClusterRole" => (&cluster, "clusterroles", 0),
+            "ClusterRoleBinding" => (&cluster, "clusterrolebindings", 1),
+            "Role" => (&in_ns, "roles", 2),
+            _ => (&in_ns, "rolebindings", 3),
+        };
+        names[idx].insert(name.to_string());
+        // Server-side apply: GET, then PATCH by name (which creates when absent), and delete.
+        let write = json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": [resource],
+            "verbs": ["get", "create", "patch", "delete"], "resourceNames": [name]}]);
+        let mut gaps = rbac::uncovered(held, &write);
+        if kind.ends_with("Role") {
+            // Without `escalate` a role may only hold rules its writer holds.
+            gaps.extend(rbac::uncovered(held, &obj["rules"]));
+        } else {
+            let role_kind = obj["roleRef"]["kind"].as_str().unwrap();
+            let role = obj["roleRef"]["name"].as_str().unwrap();
+            let bind = json!([{"apiGroups": ["rbac.authorization.k8s.io"],
+                "resources": [if role_kind == "Role" { "roles" } else { "clusterroles" }],
+                "verbs": ["bind"], "resourceNames": [role]}]);
+            gaps.extend(rbac::uncovered(held, &bind));
+        }
+        missing.extend(gaps.into_iter().map(|a| format!("{kind} {name}: {a:?}")));
+    }
+    assert!(
+        missing.is_empty(),
+        "the operator's rules (deploy/helm/kiln/files) lack:\n{}",
+        missing.join("\n")
+    );
+    // The name lists hold exactly the assets' names: none stale, none missing.
+    let [cr, crb, r, rb] = names;
+    assert_eq!(rbac_names(&cluster, "clusterroles"), cr);
+    assert_eq!(rbac_names(&cluster, "clusterrolebindings"), crb);
+    assert_eq!(rbac_names(&namespaced, "roles"), r);
+    assert_eq!(rbac_names(&namespaced, "rolebindings"), rb);
+    let scc_names = |rules: &mut dyn Iterator<Item = &Value>| -> BTreeSet<String> {
+        rules
+            .filter(|r| strs(&r["resources"]).contains(&"securitycontextconstraints"))
+            .flat_map(|r| strs(&r["resourceNames"]))
+            .map(str::to_string)
+            .collect()
+    };
+    let operand_rules = operands
+        .iter()
+        .filter(|o| o["kind"] == "Role")
+        .flat_map(|o| o["rules"].as_array().unwrap());
+    assert_eq!(
+        scc_names(&mut namespaced.iter()),
+        scc_names(&mut operand_rules.into_iter()),
+        "SCC names to `use`"
+    );
+
+    // The check itself refuses what the operator must not be able to grant.
+    let all = json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]);
+    assert!(!rbac::uncovered(&cluster, &all).is_empty());
+    let node_delete = json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]}]);
+    assert_eq!(rbac::uncovered(&cluster, &node_delete).len(), 1);
+    let secrets = json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]);
+    assert_eq!(rbac::uncovered(&cluster, &secrets).len(), 1);
+    let bind_admin = json!([{"apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["cluster-admin"]}]);
+    assert_eq!(rbac::uncovered(&cluster, &bind_admin).len(), 1);
+}
+
+/// The operator pod: non-root, RuntimeDefault seccomp, and each container without privilege
+/// escalation, capabilities or a writable root filesystem.
+fn assert_locked_down(deployment: &Value) {
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{pod}");
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"],
+        json!({"type": "RuntimeDefault"})
+    );
+    let containers: Vec<&Value> = pod["initContainers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["containers"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(containers.len(), 2);
+    for c in containers {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{c}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{c}");
+        assert_eq!(sc["runAsNonRoot"], true, "{c}");
+        assert_eq!(sc["capabilities"], json!({"drop": ["ALL"]}), "{c}");
+        assert_eq!(
+            sc["seccompProfile"],
+            json!({"type": "RuntimeDefault"}),
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn the_operator_deployment_is_locked_down() {
+    let objects = docs(&read("deploy/operator/deployment.yaml"));
+    let dep = find(&objects, "Deployment", "kiln-operator");
+    assert_locked_down(dep);
+    assert_eq!(
+        dep.pointer("/spec/template/spec/containers/0/args")
+            .unwrap(),
+        &json!(["operator", "--leader-elect", "--metrics-auth", "kubernetes"])
+    );
+}
+
+fn helm_template(extra: &[&str]) -> Option<Vec<Value>> {
     let helm = repo().join("testcluster/bin/helm");
     if !helm.exists() {
         eprintln!("testcluster/bin/helm not built; skipping");
-        return;
+        return None;
     }
     let out = Command::new(&helm)
-        .args([
-            "template",
-            "kiln",
-            "deploy/helm/kiln",
-            "--namespace",
-            "gpu-operator",
-        ])
+        .args(["template", "kiln", "deploy/helm/kiln", "--namespace", NS])
+        .args(extra)
         .current_dir(repo())
         .output()
         .unwrap();
@@ -76,25 +292,37 @@ fn helm_template_renders_a_valid_policy() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let objects = docs(&String::from_utf8(out.stdout).unwrap());
-    let kinds: Vec<&str> = objects
+    Some(docs(&String::from_utf8(out.stdout).unwrap()))
+}
+
+#[test]
+fn helm_template_renders_a_valid_policy() {
+    let Some(objects) = helm_template(&[]) else {
+        return;
+    };
+    let mut kinds: Vec<&str> = objects
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
+    kinds.sort_unstable();
     assert_eq!(
         kinds,
         [
-            "ServiceAccount",
+            "ClusterPolicy",
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
-            "ClusterPolicy"
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     );
-    let cp = objects
-        .iter()
-        .find(|o| o["kind"] == "ClusterPolicy")
-        .unwrap();
+    let cp = find(&objects, "ClusterPolicy", "cluster-policy");
     let policy = kiln_render::Policy::from_object(cp).unwrap();
     assert_eq!(policy.name, "cluster-policy");
     assert_eq!(
@@ -102,14 +330,41 @@ fn helm_template_renders_a_valid_policy() {
         Some("Single".into())
     );
     assert_eq!(policy.spec.dcgm.common.enabled, Some(false));
+    // deploy/rbac and deploy/rbac/node-patch-policy.yaml are the chart's objects, verbatim.
+    let copies: Vec<Value> = docs(&read("deploy/rbac/kiln-operator.yaml"))
+        .into_iter()
+        .chain(docs(&read("deploy/rbac/node-patch-policy.yaml")))
+        .collect();
+    for copy in &copies {
+        let kind = copy["kind"].as_str().unwrap();
+        let name = copy["metadata"]["name"].as_str().unwrap();
+        assert_eq!(find(&objects, kind, name), copy, "{kind} {name}");
+    }
     assert_eq!(
-        rules(&objects),
-        rules(&docs(&read("deploy/rbac/kiln-operator.yaml")))
+        copies.len(),
+        objects.len() - 2,
+        "every object but Deployment and policy"
     );
-    let dep = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let dep = find(&objects, "Deployment", "kiln-operator");
+    assert_locked_down(dep);
     assert_eq!(
         dep.pointer("/spec/template/spec/containers/0/args")
             .unwrap(),
-        &serde_json::json!(["operator", "--leader-elect"])
+        &json!(["operator", "--leader-elect", "--metrics-auth", "kubernetes"])
+    );
+
+    let off = helm_template(&[
+        "--set",
+        "operator.nodePatchPolicy.enabled=false",
+        "--set",
+        "operator.metricsAuth=none",
+    ])
+    .unwrap();
+    assert!(!off.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
+    assert_eq!(
+        find(&off, "Deployment", "kiln-operator")
+            .pointer("/spec/template/spec/containers/0/args")
+            .unwrap(),
+        &json!(["operator", "--leader-elect", "--metrics-auth", "none"])
     );
 }

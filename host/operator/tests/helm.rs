@@ -16,8 +16,20 @@
 //!    chart grants (listing Secrets is forbidden), so every write the operator needs — node
 //!    labels, server-side apply of every operand kind, status, Events, the Lease — succeeding
 //!    proves the chart's RBAC sufficient. The chart's ClusterPolicy reaches `ready`.
+//!    Before it starts, the same token is checked against least privilege (server-side dry
+//!    runs where a real write would matter): it cannot create a ClusterRole broader than its
+//!    own (`*/*/*`), widen an operand role, bind `cluster-admin` or another role it does not
+//!    hold, write RBAC objects outside the operand names, read Secrets in `kube-system`,
+//!    delete nodes or change a node's other labels or spec (the chart's admission policy);
+//!    it can write every operand Role, ClusterRole and binding of `assets/`, patch
+//!    `nvidia.com/*` node labels and read a Secret's metadata in its namespace. `/metrics`
+//!    served with the operator's TokenReview/SubjectAccessReview check answers 401 without a
+//!    token, 403 to the operator's own token and 200 to one bound to `kiln-metrics-reader`.
 //! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
 //!    (their owner references point at the chart's ClusterPolicy).
+
+#[path = "support/rbac.rs"]
+mod rbac;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,15 +37,18 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_testcluster::{TestCluster, shared, shared_access};
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 const NS: &str = "gpu-operator";
@@ -147,6 +162,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         matches!(&forbidden, Err(kube::Error::Api(s)) if s.code == 403),
         "the ServiceAccount token must not list Secrets: {forbidden:?}"
     );
+    check_least_privilege(cluster, &admin, &sa).await?;
     let operator = start_operator(sa)?;
 
     let policies: Api<ClusterPolicy> = Api::all(admin.clone());
@@ -195,6 +211,311 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The HTTP status of a request's outcome: 200 for success, the API's code for a refusal.
+fn code<T: std::fmt::Debug>(what: &str, res: kube::Result<T>) -> anyhow::Result<u16> {
+    match res {
+        Ok(_) => Ok(200),
+        Err(kube::Error::Api(s)) => Ok(s.code),
+        Err(e) => Err(anyhow::anyhow!("{what}: {e}")),
+    }
+}
+
+/// `obj` server-side applied (dry run) through `client` as field manager `kiln`.
+async fn dry_apply(client: &Client, obj: &Value) -> kube::Result<DynamicObject> {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let ar = match kind {
+        "ClusterRole" => ApiResource::erase::<ClusterRole>(&()),
+        "ClusterRoleBinding" => ApiResource::erase::<ClusterRoleBinding>(&()),
+        "Role" => ApiResource::erase::<Role>(&()),
+        "RoleBinding" => ApiResource::erase::<RoleBinding>(&()),
+        _ => panic!("not an RBAC kind: {kind}"),
+    };
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let params = PatchParams::apply("kiln").force().dry_run();
+    api.patch(name, &params, &Patch::Apply(obj)).await
+}
+
+async fn token_of(admin: &Client, name: &str) -> anyhow::Result<String> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(admin.clone(), NS)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest returned no token")
+}
+
+/// Least privilege of the chart's ServiceAccount (`sa`), each refusal with its exact status.
+async fn check_least_privilege(
+    cluster: &TestCluster,
+    admin: &Client,
+    sa: &Client,
+) -> anyhow::Result<()> {
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let everything = json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]);
+    let authenticated = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+        "name": "system:authenticated"}]);
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-everything"}, "rules": everything}))?;
+    let bind = |name: &str, role: &str| -> anyhow::Result<ClusterRoleBinding> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": authenticated}))?)
+    };
+    let roles = Api::<ClusterRole>::all(sa.clone());
+    let bindings = Api::<ClusterRoleBinding>::all(sa.clone());
+    let ns_binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-edit", "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": authenticated}))?;
+    let nodes = Api::<Node>::all(sa.clone());
+    let node = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find_map(|n| n.metadata.name)
+        .context("no node")?;
+    let label = |key: &str| Patch::Merge(json!({"metadata": {"labels": {key: "kiln-test"}}}));
+    let dry_patch = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let refused = [
+        (
+            "create a */*/* ClusterRole",
+            code("", roles.create(&dry, &role).await)?,
+        ),
+        (
+            "widen the operand ClusterRole nvidia-driver to */*/*",
+            code(
+                "",
+                dry_apply(
+                    sa,
+                    &json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole", "metadata": {"name": "nvidia-driver"},
+                "rules": everything}),
+                )
+                .await,
+            )?,
+        ),
+        (
+            "bind cluster-admin to system:authenticated",
+            code(
+                "",
+                bindings
+                    .create(&dry, &bind("kiln-test-admin", "cluster-admin")?)
+                    .await,
+            )?,
+        ),
+        (
+            "bind admin to system:authenticated",
+            code(
+                "",
+                bindings
+                    .create(&dry, &bind("kiln-test-admin", "admin")?)
+                    .await,
+            )?,
+        ),
+        (
+            "bind cluster-admin under an operand binding's name",
+            code(
+                "",
+                dry_apply(
+                    sa,
+                    &json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding", "metadata": {"name": "nvidia-driver"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cluster-admin"},
+                "subjects": authenticated}),
+                )
+                .await,
+            )?,
+        ),
+        (
+            "bind edit in its own namespace",
+            code(
+                "",
+                Api::<RoleBinding>::namespaced(sa.clone(), NS)
+                    .create(&dry, &ns_binding)
+                    .await,
+            )?,
+        ),
+        (
+            "apply a ClusterRole outside the operand names",
+            code(
+                "",
+                dry_apply(
+                    sa,
+                    &json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole", "metadata": {"name": "kiln-test-other"},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}),
+                )
+                .await,
+            )?,
+        ),
+        (
+            "read a Secret in kube-system",
+            code(
+                "",
+                Api::<Secret>::namespaced(sa.clone(), "kube-system")
+                    .get_metadata("kiln-test")
+                    .await,
+            )?,
+        ),
+        (
+            "delete a node",
+            code(
+                "",
+                nodes
+                    .delete(
+                        &node,
+                        &DeleteParams {
+                            dry_run: true,
+                            ..DeleteParams::default()
+                        },
+                    )
+                    .await,
+            )?,
+        ),
+    ];
+    for (what, status) in &refused {
+        assert_eq!(*status, 403, "the operator's token must not {what}");
+    }
+
+    // The admission policy: only nvidia.com/* labels, never the spec (it may take a moment
+    // after install to be enforced).
+    cluster
+        .wait_for("the node patch policy enforced", TIMEOUT, || async {
+            let other = code(
+                "",
+                nodes
+                    .patch(&node, &dry_patch, &label("example.com/kiln-test"))
+                    .await,
+            )?;
+            Ok(if other == 403 {
+                Ok(())
+            } else {
+                Err(format!("{other}"))
+            })
+        })
+        .await?;
+    let spec = Patch::Merge(json!({"spec": {"unschedulable": true}}));
+    assert_eq!(
+        code("", nodes.patch(&node, &dry_patch, &spec).await)?,
+        403,
+        "node spec"
+    );
+    assert_eq!(
+        code(
+            "",
+            nodes
+                .patch(&node, &dry_patch, &label("nvidia.com/kiln-test"))
+                .await
+        )?,
+        200,
+        "nvidia.com/* node label"
+    );
+
+    // Every operand RBAC object of every state: its rules held, its role bindable by name.
+    let operands = rbac::operand_rbac(NS);
+    assert!(operands.len() >= 70);
+    for obj in &operands {
+        let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
+        assert_eq!(code(&what, dry_apply(sa, obj).await)?, 200, "{what}");
+    }
+
+    // A Secret's metadata in its own namespace.
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NS);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-driver-env"}, "stringData": {"K": "v"}}))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let read = Api::<Secret>::namespaced(sa.clone(), NS)
+        .get_metadata("kiln-test-driver-env")
+        .await;
+    secrets
+        .delete("kiln-test-driver-env", &DeleteParams::default())
+        .await?;
+    assert_eq!(code("", read)?, 200, "Secret metadata in its namespace");
+
+    check_metrics_auth(admin, sa).await
+}
+
+/// `/metrics` behind the operator's TokenReview/SubjectAccessReview check, asked with the
+/// chart's ServiceAccount (its rights to create the reviews are part of what is proven).
+async fn check_metrics_auth(admin: &Client, sa: &Client) -> anyhow::Result<()> {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt as _;
+
+    let scraper: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "kiln-test-scraper"}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &scraper)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-scraper"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": "kiln-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "kiln-test-scraper", "namespace": NS}]}))?;
+    let crbs = Api::<ClusterRoleBinding>::all(admin.clone());
+    crbs.create(&PostParams::default(), &binding).await?;
+    let scraper_token = token_of(admin, "kiln-test-scraper").await?;
+    let operator_token = token_of(admin, "kiln-operator").await?;
+
+    let router = kiln_operator::metrics::router(
+        Arc::new(kiln_operator::metrics::Metrics::new()),
+        Some(kiln_operator::metrics::MetricsAuthorizer::new(sa.clone())),
+    );
+    let mut seen = Vec::new();
+    for auth in [
+        None,
+        Some("Bearer not-a-token".to_string()),
+        Some(format!("Bearer {operator_token}")),
+        Some(format!("Bearer {scraper_token}")),
+    ] {
+        let mut req = Request::get("/metrics");
+        if let Some(a) = &auth {
+            req = req.header("authorization", a);
+        }
+        let resp = router.clone().oneshot(req.body(Body::empty())?).await?;
+        seen.push(resp.status());
+    }
+    let health = router
+        .oneshot(Request::get("/healthz").body(Body::empty())?)
+        .await?
+        .status();
+    crbs.delete("kiln-test-scraper", &DeleteParams::default())
+        .await?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), NS)
+        .delete("kiln-test-scraper", &DeleteParams::default())
+        .await?;
+    assert_eq!(
+        seen,
+        [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
+            StatusCode::OK
+        ]
+    );
+    assert_eq!(health, StatusCode::OK);
+    Ok(())
+}
+
 /// Everything the chart installs, as rendered from the default values.
 async fn check_chart_objects(admin: &Client) -> anyhow::Result<()> {
     let crd = Api::<CustomResourceDefinition>::all(admin.clone())
@@ -229,6 +550,13 @@ async fn check_chart_objects(admin: &Client) -> anyhow::Result<()> {
         repo().join("deploy/helm/kiln/files/rules.yaml"),
     )?)?;
     assert_eq!(serde_json::to_value(&role.rules)?, want);
+    let ns_role = Api::<Role>::namespaced(admin.clone(), NS)
+        .get("kiln-operator")
+        .await?;
+    let want: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo().join("deploy/helm/kiln/files/namespace-rules.yaml"),
+    )?)?;
+    assert_eq!(serde_json::to_value(&ns_role.rules)?, want);
     let binding = Api::<ClusterRoleBinding>::all(admin.clone())
         .get("kiln-operator")
         .await?;
@@ -260,7 +588,14 @@ async fn check_chart_objects(admin: &Client) -> anyhow::Result<()> {
     assert_eq!(c.image.as_deref(), Some("ghcr.io/kiln-dev/kiln:0.1.0"));
     assert_eq!(
         c.args.as_deref(),
-        Some(&["operator".to_string(), "--leader-elect".to_string()][..])
+        Some(
+            &[
+                "operator".to_string(),
+                "--leader-elect".to_string(),
+                "--metrics-auth".to_string(),
+                "kubernetes".to_string()
+            ][..]
+        )
     );
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert!(env.contains(&"OPERATOR_NAMESPACE"), "{env:?}");

@@ -23,6 +23,12 @@ pub struct OperatorArgs {
     /// Listen address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// Who may read `/metrics`: `kubernetes` (a bearer token the API server authenticates and
+    /// authorizes for `get` on the non-resource URL `/metrics`; bind the ClusterRole
+    /// `kiln-metrics-reader`) or `none` (anyone reaching the address: use a loopback address).
+    /// `/healthz` and `/readyz` are always open.
+    #[arg(long, default_value = "kubernetes")]
+    metrics_auth: kiln_operator::metrics::MetricsAuth,
     /// Take part in leader election on the Lease `kiln-operator` (for more than one replica).
     #[arg(long)]
     leader_elect: bool,
@@ -66,6 +72,7 @@ impl OperatorArgs {
             namespace: self.namespace,
             plugins_dir: self.plugins_dir,
             metrics_addr: self.metrics_addr,
+            metrics_auth: self.metrics_auth,
             leader_election: self.leader_elect,
             images: self.images,
             ..kiln_operator::Config::default()

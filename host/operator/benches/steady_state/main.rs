@@ -40,7 +40,7 @@ use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_testcluster::{Options, TestCluster};
@@ -424,6 +424,19 @@ async fn setup(admin: &kube::Client) -> anyhow::Result<()> {
             }
             Some("ClusterRoleBinding") => {
                 Api::<ClusterRoleBinding>::all(admin.clone())
+                    .patch(&name, &ssa, &Patch::Apply(&v))
+                    .await?;
+            }
+            // The Role in the operator namespace and the Events Role in `default`.
+            Some("Role") => {
+                let ns = v["metadata"]["namespace"].as_str().unwrap_or(NS);
+                Api::<Role>::namespaced(admin.clone(), ns)
+                    .patch(&name, &ssa, &Patch::Apply(&v))
+                    .await?;
+            }
+            Some("RoleBinding") => {
+                let ns = v["metadata"]["namespace"].as_str().unwrap_or(NS);
+                Api::<RoleBinding>::namespaced(admin.clone(), ns)
                     .patch(&name, &ssa, &Patch::Apply(&v))
                     .await?;
             }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Regenerates deploy/rbac/*.yaml from the chart (deploy/helm/kiln), the source of the operator's
+# RBAC, for namespace gpu-operator: `helm template` of templates/operator.yaml without the
+# Deployment, and of templates/node-patch-policy.yaml. host/operator/tests/deploy.rs fails when
+# the copies drift. Needs testcluster/bin/helm (`testcluster/build.sh`) or HELM=path.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+helm="${HELM:-testcluster/bin/helm}"
+render() {
+  "$helm" template kiln deploy/helm/kiln --namespace gpu-operator --show-only "$1" \
+    | grep -v '^# Source:' \
+    | awk -v drop="$2" 'BEGIN { RS = "\n---\n"; ORS = "" }
+        drop != "" && $0 ~ ("\nkind: " drop "\n") { next }
+        { sub(/^---\n/, ""); if (n++) printf "---\n"; print $0 "\n" }'
+}
+{
+  cat <<'HEAD'
+# RBAC of the kiln operator: the chart's objects (deploy/helm/kiln/templates/operator.yaml, rules
+# in files/*rules.yaml) for namespace gpu-operator, written by deploy/rbac/regenerate.sh; do not
+# edit (host/operator/tests/deploy.rs keeps them equal). Least privilege: no wildcards, no
+# `escalate`, `bind`/`patch`/`delete` on RBAC objects only for the operand roles named in
+# assets/, namespaced rights in a Role in the operator namespace (Secrets included), Events in
+# `default`. See deploy/operator/README.md.
+HEAD
+  render templates/operator.yaml Deployment
+} > deploy/rbac/kiln-operator.yaml
+{
+  cat <<'HEAD'
+# The chart's ValidatingAdmissionPolicy (deploy/helm/kiln/templates/node-patch-policy.yaml) for
+# namespace gpu-operator, written by deploy/rbac/regenerate.sh; do not edit. RBAC cannot limit
+# a node `patch` to some label keys, so this policy does: an update of a Node by the operator's
+# ServiceAccount may change only `nvidia.com/*` labels and annotations. Kubernetes >= 1.30.
+HEAD
+  render templates/node-patch-policy.yaml ""
+} > deploy/rbac/node-patch-policy.yaml
