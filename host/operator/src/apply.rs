@@ -3,14 +3,14 @@
 //! Writes only when something changed: [`Applier`] remembers, per object, a hash of what it
 //! last applied and the live object's marker (`metadata.generation` when the kind has one,
 //! else `resourceVersion`). An object whose desired form and live marker are both unchanged is
-//! not applied again, so a reconcile at steady state sends no PATCH. Objects seen absent are
-//! remembered too, so deletions of disabled states do not GET every object on every pass.
+//! not applied again, so a reconcile at steady state sends no PATCH. What to delete is decided
+//! from the cluster ([`crate::live`], [`kiln_core::plan::plan`]); [`Applier::delete`] only sends
+//! the request.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -22,53 +22,23 @@ use crate::{Error, Result, is_not_found};
 /// Field manager of every kiln write.
 pub const FIELD_MANAGER: &str = "kiln";
 
-/// Identity of one object: `apiVersion`, `kind`, namespace (`None` for cluster-scoped) and name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjKey {
-    /// `apiVersion`, e.g. `apps/v1`.
-    pub api_version: String,
-    /// `kind`, e.g. `DaemonSet`.
-    pub kind: String,
-    /// `metadata.namespace` as rendered.
-    pub namespace: Option<String>,
-    /// `metadata.name`.
-    pub name: String,
+/// Identity of one object (kiln-core's [`kiln_core::plan::ObjectKey`]).
+pub type ObjKey = kiln_core::plan::ObjectKey;
+
+/// The key of a rendered object.
+///
+/// # Errors
+/// [`Error::BadObject`] when `apiVersion`, `kind` or `metadata.name` is missing.
+pub fn key_of(obj: &Value) -> Result<ObjKey> {
+    ObjKey::of(obj).ok_or_else(|| Error::BadObject(truncate(&obj.to_string(), 200)))
 }
 
-impl ObjKey {
-    /// The key of a rendered object.
-    ///
-    /// # Errors
-    /// [`Error::BadObject`] when `apiVersion`, `kind` or `metadata.name` is missing.
-    pub fn of(obj: &Value) -> Result<Self> {
-        let s = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
-        match (s("/apiVersion"), s("/kind"), s("/metadata/name")) {
-            (Some(api_version), Some(kind), Some(name)) => Ok(ObjKey {
-                api_version,
-                kind,
-                namespace: s("/metadata/namespace"),
-                name,
-            }),
-            _ => Err(Error::BadObject(truncate(&obj.to_string(), 200))),
-        }
-    }
-
-    fn gvk(&self) -> GroupVersionKind {
-        let (group, version) = match self.api_version.split_once('/') {
-            Some((g, v)) => (g, v),
-            None => ("", self.api_version.as_str()),
-        };
-        GroupVersionKind::gvk(group, version, &self.kind)
-    }
-}
-
-impl std::fmt::Display for ObjKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
-    }
+fn gvk(key: &ObjKey) -> GroupVersionKind {
+    let (group, version) = match key.api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", key.api_version.as_str()),
+    };
+    GroupVersionKind::gvk(group, version, &key.kind)
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -100,7 +70,6 @@ pub struct Applier {
     client: Client,
     kinds: Mutex<HashMap<(String, String), Resolved>>,
     seen: Mutex<HashMap<ObjKey, Seen>>,
-    absent: Mutex<HashSet<ObjKey>>,
 }
 
 fn marker(obj: &DynamicObject) -> String {
@@ -126,7 +95,6 @@ impl Applier {
             client,
             kinds: Mutex::default(),
             seen: Mutex::default(),
-            absent: Mutex::default(),
         }
     }
 
@@ -144,12 +112,31 @@ impl Applier {
         Ok(self.resource(&key).await?.is_some())
     }
 
+    /// The API resource of `apiVersion`/`kind` and whether it is namespaced; `None` when the
+    /// cluster does not serve it (cached after the first lookup).
+    ///
+    /// # Errors
+    /// [`Error::Kube`] on discovery failures other than "not served".
+    pub async fn resolve(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<Option<(ApiResource, bool)>> {
+        self.resource(&ObjKey {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: None,
+            name: String::new(),
+        })
+        .await
+    }
+
     async fn resource(&self, key: &ObjKey) -> Result<Resolved> {
         let ck = (key.api_version.clone(), key.kind.clone());
         if let Some(hit) = self.kinds.lock().expect("kinds lock").get(&ck) {
             return Ok(hit.clone());
         }
-        let found = match kube::discovery::pinned_kind(&self.client, &key.gvk()).await {
+        let found = match kube::discovery::pinned_kind(&self.client, &gvk(key)).await {
             Ok((ar, caps)) => Some((ar, namespaced(&caps))),
             Err(kube::Error::Discovery(_)) => None,
             Err(e) if is_not_found(&e) => None,
@@ -172,24 +159,18 @@ impl Applier {
             }))
     }
 
-    /// Apply `obj` with server-side apply (field manager `kiln`, forced), adding `owner` as its
-    /// controller owner reference. Returns the live object (`None` when the kind is not served)
-    /// and what happened.
+    /// Apply `desired` (as [`kiln_core::plan::desired_object`] made it: labelled and owned) with
+    /// server-side apply (field manager `kiln`, forced). Returns the live object (`None` when
+    /// the kind is not served) and what happened.
     ///
     /// # Errors
     /// [`Error::Kube`] naming the object when a request fails.
-    pub async fn apply(
-        &self,
-        obj: &Value,
-        owner: &OwnerReference,
-    ) -> Result<(Outcome, Option<DynamicObject>)> {
-        let key = ObjKey::of(obj)?;
+    pub async fn apply(&self, desired: &Value) -> Result<(Outcome, Option<DynamicObject>)> {
+        let key = key_of(desired)?;
         let Some(api) = self.api(&key).await? else {
             return Ok((Outcome::KindNotServed, None));
         };
-        let mut desired = obj.clone();
-        desired["metadata"]["ownerReferences"] = serde_json::json!([owner]);
-        let hash = hash_of(&desired);
+        let hash = hash_of(desired);
         let live = api
             .get_opt(&key.name)
             .await
@@ -202,7 +183,7 @@ impl Applier {
         }
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let applied = api
-            .patch(&key.name, &params, &Patch::Apply(&desired))
+            .patch(&key.name, &params, &Patch::Apply(desired))
             .await
             .map_err(|e| Error::kube(format!("apply {key}"), e))?;
         let m = marker(&applied);
@@ -211,56 +192,29 @@ impl Applier {
             .lock()
             .expect("seen lock")
             .insert(key.clone(), Seen { hash, marker: m });
-        self.absent.lock().expect("absent lock").remove(&key);
         Ok((Outcome::Applied, Some(applied)))
     }
 
-    /// Delete the object `key` if it exists and a ClusterPolicy owns it (background
-    /// propagation). Returns whether a delete was sent. Objects known to be absent are skipped
-    /// without a request.
+    /// Delete the object `key` (background propagation): the caller has seen it, labelled and
+    /// owned by a ClusterPolicy, in the cluster's cache, so no GET precedes the request.
+    /// Returns whether it was deleted by this request (`false`: already gone, or its kind is
+    /// no longer served).
     ///
     /// # Errors
-    /// [`Error::Kube`] naming the object when a request fails (NotFound is not an error).
-    pub async fn delete_owned(&self, key: &ObjKey) -> Result<bool> {
-        if self.absent.lock().expect("absent lock").contains(key) {
-            return Ok(false);
-        }
+    /// [`Error::Kube`] naming the object when the request fails (NotFound is not an error).
+    pub async fn delete(&self, key: &ObjKey) -> Result<bool> {
+        self.seen.lock().expect("seen lock").remove(key);
         let Some(api) = self.api(key).await? else {
-            self.absent.lock().expect("absent lock").insert(key.clone());
             return Ok(false);
         };
-        let live = api
-            .get_opt(&key.name)
-            .await
-            .map_err(|e| Error::kube(format!("get {key}"), e))?;
-        let owned = live.as_ref().is_some_and(|o| {
-            o.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.kind == "ClusterPolicy" && r.api_version == "nvidia.com/v1")
-        });
-        if !owned {
-            if live.is_none() {
-                self.absent.lock().expect("absent lock").insert(key.clone());
-            }
-            return Ok(false);
-        }
         match api.delete(&key.name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(Error::kube(format!("delete {key}"), e)),
+            Ok(_) => {
+                tracing::info!(object = %key, "deleted");
+                Ok(true)
+            }
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(Error::kube(format!("delete {key}"), e)),
         }
-        tracing::info!(object = %key, "deleted");
-        self.seen.lock().expect("seen lock").remove(key);
-        self.absent.lock().expect("absent lock").insert(key.clone());
-        Ok(true)
-    }
-
-    /// Forget everything cached about `key` (e.g. after a watch saw it deleted).
-    pub fn forget(&self, key: &ObjKey) {
-        self.seen.lock().expect("seen lock").remove(key);
-        self.absent.lock().expect("absent lock").remove(key);
     }
 }
 
@@ -275,17 +229,17 @@ mod tests {
 
     #[test]
     fn keys_of_rendered_objects() {
-        let k = ObjKey::of(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        let k = key_of(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": "nvidia-dcgm-exporter", "namespace": "gpu-operator"}}))
         .unwrap();
         assert_eq!(k.to_string(), "DaemonSet gpu-operator/nvidia-dcgm-exporter");
-        assert_eq!(k.gvk(), GroupVersionKind::gvk("apps", "v1", "DaemonSet"));
-        let rc = ObjKey::of(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        assert_eq!(gvk(&k), GroupVersionKind::gvk("apps", "v1", "DaemonSet"));
+        let rc = key_of(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": "sa"}}))
         .unwrap();
-        assert_eq!(rc.gvk(), GroupVersionKind::gvk("", "v1", "ServiceAccount"));
+        assert_eq!(gvk(&rc), GroupVersionKind::gvk("", "v1", "ServiceAccount"));
         assert!(matches!(
-            ObjKey::of(&json!({"kind": "X"})),
+            key_of(&json!({"kind": "X"})),
             Err(Error::BadObject(_))
         ));
     }

@@ -65,8 +65,9 @@ pub struct Context {
     pub config: Config,
     /// The API server's version (`v1.36.3`), read once at start.
     pub kubernetes_version: String,
-    /// Objects applied per state by this process.
-    pub applied: crate::reconcile::Applied,
+    /// The labelled objects in the cluster (what kiln applied, found again after a restart);
+    /// started by the first reconcile ([`Context::live`]) unless set before.
+    live: tokio::sync::OnceCell<crate::live::LiveCache>,
     /// Each state's last render and its inputs (unchanged inputs call no plugin).
     pub renders: crate::memory::RenderCache,
 }
@@ -92,8 +93,27 @@ impl Context {
             metrics,
             config,
             kubernetes_version,
-            applied: Default::default(),
+            live: tokio::sync::OnceCell::new(),
             renders: Default::default(),
         }
+    }
+
+    /// Use `live` as the cache of labelled objects instead of starting reflectors (tests);
+    /// `false` when one is set already.
+    pub fn set_live(&self, live: crate::live::LiveCache) -> bool {
+        self.live.set(live).is_ok()
+    }
+
+    /// The cache of labelled objects, starting its reflectors on first use
+    /// ([`crate::live::LiveCache::start`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Kube`] when discovering the watched kinds fails.
+    pub async fn live(&self) -> crate::Result<&crate::live::LiveCache> {
+        self.live
+            .get_or_try_init(|| {
+                crate::live::LiveCache::start(&self.client, &self.applier, &self.config.namespace)
+            })
+            .await
     }
 }

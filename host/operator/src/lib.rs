@@ -11,8 +11,10 @@
 //! Pure decisions (labels, readiness, singleton, status) live in `kiln-core`; this crate does
 //! the IO. Guarantees:
 //! - a failing state (plugin fault) never blocks later states and keeps its last applied objects;
-//! - a disabled state's objects, and objects a plugin omitted, are deleted (only when they exist
-//!   and are owned by a ClusterPolicy);
+//! - every applied object carries `kiln.dev/state=<state>` ([`kiln_core::plan::STATE_LABEL`]);
+//!   a disabled state's objects, and objects a render no longer produces, are found by that
+//!   label in the cluster ([`live`]) and deleted (only when a ClusterPolicy owns them), also
+//!   after a restart;
 //! - an invalid policy gets `Error` naming the field and deletes nothing;
 //! - at steady state a reconcile reads but writes nothing (applies are skipped when the desired
 //!   object and the live generation/resourceVersion are unchanged; label and status writes are
@@ -23,6 +25,7 @@ pub mod context;
 pub mod crd;
 pub mod facts;
 pub mod leader;
+pub mod live;
 pub mod memory;
 pub mod metrics;
 pub mod nodes;

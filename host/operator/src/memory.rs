@@ -128,7 +128,6 @@ mod tests {
         RenderedState {
             state,
             objects: vec![json!({"kind": "ConfigMap", "metadata": {"name": marker}})],
-            omitted: vec![],
         }
     }
 

@@ -7,7 +7,9 @@
 use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kiln_core::labels::{
-    LabelPatch, LabelPolicy, apply_patch, has_nfd_labels, is_gpu_node, plan_node_labels,
+    DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelPatch, LabelPolicy, MIG_CAPABLE, MIG_CONFIG,
+    NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, has_nfd_labels,
+    is_gpu_node, plan_node_labels,
 };
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -121,9 +123,93 @@ pub async fn label_nodes(
     Ok(summary)
 }
 
+/// Whether the operator reads node label `key`: NFD labels (GPU PCI presence, OS and kernel
+/// facts), `nvidia.com/gpu.present`, the deploy/opt-out labels, the workload config, MIG
+/// capability and config, the GPU product and the vGPU host driver version. Everything else —
+/// GFD's `nvidia.com/gfd.timestamp` (rewritten every minute), its counts, memory and CUDA
+/// labels — changes nothing the operator decides.
+pub fn reads_label(key: &str) -> bool {
+    key.starts_with(NFD_PREFIX)
+        || key.starts_with(DEPLOY_PREFIX)
+        || [
+            GPU_PRESENT,
+            WORKLOAD_CONFIG,
+            MIG_CAPABLE,
+            MIG_CONFIG,
+            GPU_PRODUCT,
+            VGPU_HOST_DRIVER_VERSION,
+        ]
+        .contains(&key)
+}
+
+/// The node-watch predicate: a hash of the labels [`reads_label`] keeps, so a node event
+/// wakes the reconciler only when one of them changed (used with kube-runtime's
+/// `WatchStreamExt::predicate_filter`).
+pub fn relevant_labels_hash<K: kube::Resource>(node: &K) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    node.meta()
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| reads_label(k))
+        .for_each(|kv| kv.hash(&mut h));
+    Some(h.finish())
+}
+
+/// The node events that should wake the reconciler: applied nodes whose
+/// [`relevant_labels_hash`] changed (a new node counts as changed).
+pub fn node_triggers<K, S>(events: S) -> impl futures::Stream<Item = ()>
+where
+    K: kube::Resource + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
+    S: futures::Stream<
+            Item = Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
+        > + Send,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    events
+        .applied_objects()
+        .predicate_filter(relevant_labels_hash, Default::default())
+        .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn meta_node(labels: serde_json::Value) -> kube::core::PartialObjectMeta<Node> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "gpu-node-1", "uid": "u1", "labels": labels}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn gfd_churn_wakes_nothing_deploy_labels_do() {
+        use futures::StreamExt;
+        use kube::runtime::watcher::Event;
+        let base = serde_json::json!({"nvidia.com/gpu.present": "true",
+            "nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.count": "1"});
+        let mut churned = base.clone();
+        churned["nvidia.com/gfd.timestamp"] = "2".into();
+        churned["nvidia.com/gpu.memory"] = "81920".into();
+        let mut opted_out = churned.clone();
+        opted_out["nvidia.com/gpu.deploy.operands"] = "false".into();
+        let events = [base.clone(), churned.clone(), churned, opted_out]
+            .into_iter()
+            .map(|l| Ok(Event::Apply(meta_node(l))));
+        let woke = node_triggers(futures::stream::iter(events)).count().await;
+        assert_eq!(woke, 2, "the first sight of the node, then the opt-out");
+        assert!(reads_label(
+            "feature.node.kubernetes.io/kernel-version.full"
+        ));
+        assert!(reads_label("nvidia.com/mig.capable"));
+        assert!(!reads_label("nvidia.com/gfd.timestamp"));
+        assert!(!reads_label("nvidia.com/cuda.driver.major"));
+    }
 
     #[test]
     fn slim_keeps_name_labels_and_runtime_only() {

@@ -1,9 +1,14 @@
 //! DaemonSet readiness with IO: fetch what [`kiln_core::readiness::daemonset_readiness`] needs
-//! (pods and ControllerRevisions only for `OnDelete` DaemonSets) and judge.
+//! (pods and ControllerRevisions only for `OnDelete` DaemonSets) and judge; a DaemonSet ready by
+//! upstream's rules is still not ready while it covers fewer nodes than its selector matches
+//! ([`kiln_core::plan::uncovered_nodes`]).
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+
+use kiln_core::plan::uncovered_nodes;
 use kiln_core::readiness::{Readiness, daemonset_readiness, is_on_delete};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -35,8 +40,10 @@ pub fn slim_pod(pod: Pod) -> Pod {
     }
 }
 
-/// Judge the live DaemonSet `live` (as returned by apply; `None` when missing). Returns `None`
-/// when ready, else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`).
+/// Judge the live DaemonSet `live` (as returned by apply; `None` when missing) against the
+/// labels of every node (`nodes`). Returns `None` when ready, else the reason text
+/// (`nvidia-driver-daemonset: 2 pod(s) unavailable`, `…: scheduled on 461 of 500 matching
+/// nodes`).
 ///
 /// # Errors
 /// [`Error::Json`] when the object is not a DaemonSet; [`Error::Kube`] when listing pods or
@@ -45,6 +52,7 @@ pub async fn daemonset_not_ready(
     client: &Client,
     name: &str,
     live: Option<&DynamicObject>,
+    nodes: &[BTreeMap<String, String>],
 ) -> Result<Option<String>> {
     let ds: Option<DaemonSet> = live
         .map(|o| {
@@ -91,7 +99,13 @@ pub async fn daemonset_not_ready(
             .items;
     }
     Ok(match daemonset_readiness(ds.as_ref(), &pods, &revisions) {
-        Readiness::Ready => None,
         Readiness::NotReady(why) => Some(format!("{name}: {why}")),
+        Readiness::Ready => {
+            ds.as_ref()
+                .and_then(|d| uncovered_nodes(d, nodes))
+                .map(|(matching, desired)| {
+                    format!("{name}: scheduled on {desired} of {matching} matching nodes")
+                })
+        }
     })
 }

@@ -5,20 +5,22 @@
 //! 2. Parse the policy ([`Policy::from_object`]); an invalid one gets `Error`/`ReconcileFailed`
 //!    naming the field and nothing is deleted or applied.
 //! 3. Label the nodes ([`crate::nodes`]).
-//! 4. For each state in order: enabled → render through the plugin chain, apply each object
-//!    (DaemonSets only when GPU nodes exist, as upstream), judge DaemonSet readiness, delete
-//!    objects the chain left out; a failing chain keeps the last applied objects and marks only
-//!    that state. Disabled → delete its objects.
-//! 5. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
+//! 4. Render every enabled state through its plugin chain.
+//! 5. Plan ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
+//!    ([`crate::live`]): per state the objects to apply (labelled `kiln.dev/state`, owned by the
+//!    policy; DaemonSets only when GPU nodes exist, as upstream) and the objects to delete
+//!    (disabled states', and those a render no longer produces). A failing chain keeps its
+//!    last applied objects and marks only that state.
+//! 6. For each state in order: apply, judge DaemonSet readiness, delete.
+//! 7. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::labels::LabelPolicy;
+use kiln_core::plan::{Render, StatePlan, plan};
 use kiln_core::singleton::active_policy;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::status::{Observation, StateResult, Verdict, judge, requeue_after};
@@ -27,16 +29,22 @@ use kube::Resource;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::controller::Action;
 
-use crate::apply::{ObjKey, Outcome};
+use crate::apply::{ObjKey, Outcome, key_of};
 use crate::context::Context;
-use crate::nodes::{NodeSummary, label_nodes, list_nodes};
+use crate::nodes::{label_nodes, list_nodes};
 use crate::status::write_status;
 use crate::{Error, Result, facts, readiness};
 
-/// Objects applied per state by this process (so objects a site plugin stops producing are
-/// deleted too, not only the ones named in `assets/`).
-#[derive(Default)]
-pub struct Applied(Mutex<HashMap<State, BTreeSet<ObjKey>>>);
+/// How long a reconcile waits for the caches of labelled objects to list once; past it, the
+/// reconcile goes on with what they hold (deleting less, never more).
+pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
+
+/// One state's render: disabled, failed (with the error text) or its objects.
+enum Rendered {
+    Disabled,
+    Failed(String),
+    Objects(RenderedState),
+}
 
 /// Reconcile `policy`: the controller's reconcile function. On an API failure the status gets
 /// `ReconcileFailed` (best effort) and the error goes to the controller's error policy.
@@ -107,22 +115,62 @@ async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Actio
     let owner = policy
         .controller_owner_ref(&())
         .expect("ClusterPolicy has a name");
-    let mut results = Vec::with_capacity(State::ALL.len());
+    let owner = serde_json::to_value(&owner).expect("an OwnerReference serializes");
+    let mut renders = Vec::with_capacity(State::ALL.len());
     for state in State::ALL {
         let t0 = Instant::now();
-        let (result, plugin_time) = if state.enabled(&parsed.spec) {
-            run_state(ctx, state, &parsed, &tctx, &owner, &summary).await
+        let rendered = if state.enabled(&parsed.spec) {
+            match render(ctx, state, &parsed, &tctx).await {
+                Ok(r) => Rendered::Objects(r),
+                Err(e) => Rendered::Failed(e),
+            }
         } else {
-            (delete_state(ctx, state, &parsed).await, Duration::ZERO)
+            ctx.renders.forget(state);
+            Rendered::Disabled
+        };
+        renders.push((state, rendered, t0.elapsed()));
+    }
+    let live = ctx.live().await?;
+    if !live.ready(LIVE_READY_LIMIT).await {
+        tracing::warn!(
+            "the caches of labelled objects have not listed yet; deleting only what they hold"
+        );
+    }
+    let view: Vec<(State, Render<'_>)> = renders
+        .iter()
+        .map(|(state, r, _)| {
+            let r = match r {
+                Rendered::Disabled => Render::Disabled,
+                Rendered::Failed(_) => Render::Failed,
+                Rendered::Objects(o) => Render::Objects(&o.objects),
+            };
+            (*state, r)
+        })
+        .collect();
+    let planned = plan(&view, &live.objects(), &owner, summary.gpu_nodes);
+    let node_labels: Vec<_> = nodes.iter().map(facts::node_labels).collect();
+    let mut results = Vec::with_capacity(State::ALL.len());
+    for ((state, rendered, plugin_time), (_, sp)) in renders.into_iter().zip(planned.states) {
+        let t0 = Instant::now();
+        let result = match rendered {
+            Rendered::Failed(e) => StateResult::Failed(e),
+            Rendered::Disabled => match delete(ctx, &sp.delete).await {
+                Ok(()) => StateResult::Disabled,
+                Err(e) => StateResult::Failed(e.to_string()),
+            },
+            Rendered::Objects(_) => apply_state(ctx, &sp, &node_labels)
+                .await
+                .unwrap_or_else(|e| StateResult::Failed(e.to_string())),
         };
         if let StateResult::Failed(e) = &result {
             tracing::warn!(%state, error = %e, "state failed");
             ctx.metrics.error(state.name());
         }
         ctx.metrics
-            .state_timing(state.name(), t0.elapsed(), plugin_time);
+            .state_timing(state.name(), plugin_time + t0.elapsed(), plugin_time);
         results.push((state, result));
     }
+    delete(ctx, &planned.orphans).await?;
     let verdict = judge(Observation {
         states: &results,
         gpu_nodes: summary.gpu_nodes,
@@ -184,19 +232,6 @@ async fn read_references(
     }
 }
 
-/// The keys of a state's asset objects after placeholders (what upstream deletes by name).
-fn asset_keys(state: State, policy: &Policy, ns: &str) -> BTreeSet<ObjKey> {
-    kiln_render::assets::load_state(state, false)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|a| {
-            let mut o = a.object;
-            kiln_render::placeholders::fill(&mut o, ns, policy.spec.runtime_class());
-            ObjKey::of(&o).ok()
-        })
-        .collect()
-}
-
 async fn render(
     ctx: &Context,
     state: State,
@@ -208,10 +243,13 @@ async fn render(
         return Ok(rendered);
     }
     let (renderer, policy, tctx) = (ctx.renderer.clone(), policy.clone(), tctx.clone());
-    let result = tokio::task::spawn_blocking(move || renderer.render_state(state, &policy, &tctx))
-        .await
-        .map_err(|e| format!("render task: {e}"))?
-        .map_err(|e| e.to_string());
+    let result = tokio::task::spawn_blocking(move || {
+        renderer
+            .render_state(state, &policy, &tctx)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("render task: {e}"))?;
     match &result {
         Ok(rendered) => ctx.renders.put(state, inputs, rendered.clone()),
         Err(_) => ctx.renders.forget(state),
@@ -219,66 +257,29 @@ async fn render(
     result
 }
 
-async fn run_state(
-    ctx: &Context,
-    state: State,
-    policy: &Policy,
-    tctx: &TransformContext,
-    owner: &OwnerReference,
-    nodes: &NodeSummary,
-) -> (StateResult, Duration) {
-    let t0 = Instant::now();
-    let rendered = render(ctx, state, policy, tctx).await;
-    let plugin_time = t0.elapsed();
-    let rendered = match rendered {
-        Ok(r) => r,
-        Err(e) => return (StateResult::Failed(e), plugin_time),
-    };
-    (
-        apply_state(ctx, state, policy, &rendered, owner, nodes)
-            .await
-            .unwrap_or_else(|e| StateResult::Failed(e.to_string())),
-        plugin_time,
-    )
-}
-
+/// Apply a state's objects in order, judge its DaemonSets (upstream's rules, then coverage of
+/// every node their selector matches, [`kiln_core::plan::uncovered_nodes`]), delete its stale
+/// objects.
 async fn apply_state(
     ctx: &Context,
-    state: State,
-    policy: &Policy,
-    rendered: &RenderedState,
-    owner: &OwnerReference,
-    nodes: &NodeSummary,
+    sp: &StatePlan,
+    node_labels: &[std::collections::BTreeMap<String, String>],
 ) -> Result<StateResult> {
-    let mut keys = BTreeSet::new();
     let mut not_ready = Vec::new();
-    for obj in &rendered.objects {
-        let key = ObjKey::of(obj)?;
-        keys.insert(key.clone());
-        let is_ds = key.kind == "DaemonSet";
-        if is_ds && nodes.gpu_nodes == 0 {
-            continue; // upstream: no GPU nodes → DaemonSets are not created, state ready
-        }
-        let (outcome, live) = ctx.applier.apply(obj, owner).await?;
+    for obj in &sp.apply {
+        let key = key_of(obj)?;
+        let (outcome, live) = ctx.applier.apply(obj).await?;
         ctx.metrics
             .writes("apply", u64::from(outcome == Outcome::Applied));
-        if is_ds
+        if key.kind == "DaemonSet"
             && let Some(why) =
-                readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref()).await?
+                readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), node_labels)
+                    .await?
         {
             not_ready.push(why);
         }
     }
-    let mut stale = asset_keys(state, policy, &ctx.config.namespace);
-    {
-        let mut applied = ctx.applied.0.lock().expect("applied lock");
-        let prev = applied.insert(state, keys.clone()).unwrap_or_default();
-        stale.extend(prev);
-    }
-    for key in stale.difference(&keys) {
-        let deleted = ctx.applier.delete_owned(key).await?;
-        ctx.metrics.writes("delete", u64::from(deleted));
-    }
+    delete(ctx, &sp.delete).await?;
     Ok(if not_ready.is_empty() {
         StateResult::Ready
     } else {
@@ -286,22 +287,11 @@ async fn apply_state(
     })
 }
 
-async fn delete_state(ctx: &Context, state: State, policy: &Policy) -> StateResult {
-    ctx.renders.forget(state);
-    let mut keys = asset_keys(state, policy, &ctx.config.namespace);
-    keys.extend(
-        ctx.applied
-            .0
-            .lock()
-            .expect("applied lock")
-            .remove(&state)
-            .unwrap_or_default(),
-    );
-    for key in &keys {
-        match ctx.applier.delete_owned(key).await {
-            Ok(deleted) => ctx.metrics.writes("delete", u64::from(deleted)),
-            Err(e) => return StateResult::Failed(e.to_string()),
-        }
+/// Delete `keys` (live, labelled, owned objects the plan chose).
+async fn delete(ctx: &Context, keys: &[ObjKey]) -> Result<()> {
+    for key in keys {
+        let deleted = ctx.applier.delete(key).await?;
+        ctx.metrics.writes("delete", u64::from(deleted));
     }
-    StateResult::Disabled
+    Ok(())
 }

@@ -4,7 +4,8 @@
 //! - the ClusterPolicy itself (any change);
 //! - DaemonSets in the operator namespace owned by a ClusterPolicy (status changes drive
 //!   readiness);
-//! - Node label changes (a new GPU node, an opt-out label) → every ClusterPolicy;
+//! - Node changes of a label the operator reads (a new GPU node, an opt-out label;
+//!   [`crate::nodes::reads_label`], not GFD's timestamp) → every ClusterPolicy;
 //! - a ClusterPolicy deleted → every ClusterPolicy (the next oldest becomes active).
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use kube::Client;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
+use kube::runtime::{Controller, watcher};
 
 use crate::context::{Config, Context};
 use crate::leader::{self, LeaseConfig};
@@ -117,13 +118,11 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &config.namespace);
     // Metadata only: the trigger looks at labels, and node status heartbeats then cost a small
     // PartialObjectMetadata decode instead of a full Node.
-    let node_changes = watcher(
+    // Only labels the operator reads wake it (not GFD's per-minute gfd.timestamp).
+    let node_changes = crate::nodes::node_triggers(watcher(
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .applied_objects()
-    .predicate_filter(predicates::labels, Default::default())
-    .map(|_| ());
+    ));
     let policy_deletes = watcher(policies.clone(), watcher::Config::default())
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());

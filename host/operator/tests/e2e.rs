@@ -65,6 +65,7 @@ fn write_trapping_plugin(dir: &std::path::Path) -> anyhow::Result<()> {
     let core = std::fs::read_to_string(format!("{fixtures}/trap.wat"))?;
     let shell = std::fs::read_to_string(format!("{fixtures}/shell.wat"))?;
     let text = shell
+        .replace("@OUTER@", "")
         .replace("@CORE@", &core)
         .replace("@NAMELEN@", "4")
         .replace("@NAME@", "boom");
@@ -251,8 +252,15 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         .unwrap_or("cluster-policy")
         .to_string();
     doc["metadata"] = json!({"name": name});
-    let cp: ClusterPolicy = serde_json::from_value(doc.clone())?;
-    policies.create(&PostParams::default(), &cp).await?;
+    // Created as the JSON document (a typed ClusterPolicy would serialize every defaulted
+    // field, which the CRD's patterns refuse for empty images).
+    let raw_policies = Api::<kube::api::DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
+    );
+    raw_policies
+        .create(&PostParams::default(), &serde_json::from_value(doc.clone())?)
+        .await?;
 
     // Labels: every GPU node carries gpu.present and all container deploy labels; CPU nodes none.
     let nodes: Api<Node> = Api::all(client.clone());
@@ -597,7 +605,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     // A second, newer policy is ignored and names the active one.
     let mut second = doc.clone();
     second["metadata"] = json!({"name": "second"});
-    policies
+    raw_policies
         .create(&PostParams::default(), &serde_json::from_value(second)?)
         .await?;
     let msg = wait_state(cluster, &policies, "second", "ignored").await?;

@@ -4,7 +4,7 @@
 //! ```text
 //! Policy ─► enabled states (kiln_core::plan) ─► per state: assets/state-<name> (embedded)
 //!        ─► placeholders (namespace, RBAC subjects) ─► plugin chain: standard, then site plugins
-//!        ─► RenderedState { objects, omitted }
+//!        ─► RenderedState { objects }
 //! ```
 //!
 //! A state that fails (a plugin fault, a bad field) yields its own error and does not stop the
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln_core::State;
 use kiln_core::context::TransformContext;
-use kiln_plugin_host::{ChainInput, Omitted, PluginError, PluginHost};
+use kiln_plugin_host::{ChainInput, PluginError, PluginHost};
 use serde_json::Value;
 
 pub use policy::{Policy, PolicyError};
@@ -50,10 +50,10 @@ pub enum RenderError {
 pub struct RenderedState {
     /// The state.
     pub state: State,
-    /// Objects to apply, in apply order.
+    /// Objects to apply, in apply order. An object a plugin left out is simply absent: the
+    /// operator deletes it through its state label (`kiln_core::plan`), as any object a
+    /// render no longer produces.
     pub objects: Vec<Value>,
-    /// Objects a plugin left out (the operator deletes them if they exist).
-    pub omitted: Vec<Omitted>,
 }
 
 /// What a state's input objects depend on: the state, OpenShift or not, the operator
@@ -142,7 +142,6 @@ impl Renderer {
         Ok(RenderedState {
             state,
             objects: out.objects,
-            omitted: out.omitted,
         })
     }
 

@@ -483,7 +483,9 @@ async fn watch_daemonsets(client: kube::Client, seen: Shared) {
         let ready =
             match serde_json::to_value(&ds).and_then(serde_json::from_value::<DynamicObject>) {
                 Ok(obj) => matches!(
-                    kiln_operator::readiness::daemonset_not_ready(&client, &name, Some(&obj)).await,
+                    // Upstream's rule only (no node coverage: the observer holds no nodes).
+                    kiln_operator::readiness::daemonset_not_ready(&client, &name, Some(&obj), &[])
+                        .await,
                     Ok(None)
                 ),
                 Err(_) => false,
