@@ -252,7 +252,7 @@ async fn allocate_responses_per_list_strategy() {
                 assert_eq!(r.mounts[0].host_path, "/dev/null");
             }
             "cdi-annotations" => {
-                assert!(r.envs.get("NVIDIA_VISIBLE_DEVICES").is_none());
+                assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
                 assert_eq!(r.annotations.len(), 1);
                 let (k, v) = r.annotations.iter().next().unwrap();
                 let suffix = k
@@ -267,7 +267,7 @@ async fn allocate_responses_per_list_strategy() {
                 );
             }
             "cdi-cri" => {
-                assert!(r.envs.get("NVIDIA_VISIBLE_DEVICES").is_none());
+                assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
                 let names: Vec<_> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
                 assert_eq!(names, ["k8s.device-plugin.nvidia.com/gpu=0"]);
             }

@@ -156,7 +156,7 @@ impl Config {
                         ExporterError::ReadCollectors {
                             path: path.clone(),
                             source: match e {
-                                kiln_input::InputError::Read { source, .. } => source,
+                                kiln_input::InputError::Read { error, .. } => error,
                                 other => std::io::Error::new(
                                     std::io::ErrorKind::InvalidInput,
                                     other.to_string(),

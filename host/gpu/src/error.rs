@@ -39,9 +39,9 @@ pub enum GpuError {
     FixtureRead {
         /// The fixture path.
         path: PathBuf,
-        /// What went wrong, naming the file.
+        /// What went wrong, naming the file (boxed: keeps `GpuError` small).
         #[source]
-        source: kiln_input::InputError,
+        source: Box<kiln_input::InputError>,
     },
     /// The fake backend's fixture file is not valid YAML/JSON for the fixture format, or a
     /// value is out of range.
@@ -49,9 +49,9 @@ pub enum GpuError {
     FixtureParse {
         /// The fixture path.
         path: PathBuf,
-        /// The field path and what is wrong with it.
+        /// The field path and what is wrong with it (boxed: keeps `GpuError` small).
         #[source]
-        source: kiln_input::YamlError,
+        source: Box<kiln_input::YamlError>,
     },
     /// A backend spec was neither `nvml` nor `fake:<path>`.
     #[error("unknown GPU backend {0:?}: expected `nvml` or `fake:<fixture path>`")]

@@ -155,12 +155,12 @@ impl FakeBackend {
             kiln_input::read_bounded(path, kiln_input::MAX_FILE_BYTES).map_err(|source| {
                 GpuError::FixtureRead {
                     path: path.to_owned(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
         let parse_err = |source| GpuError::FixtureParse {
             path: path.to_owned(),
-            source,
+            source: Box::new(source),
         };
         let fixture: Fixture = kiln_input::yaml::from_str(&text).map_err(parse_err)?;
         fixture.check().map_err(parse_err)?;

@@ -13,17 +13,17 @@ use crate::yaml::{self, YamlError};
 /// objects over ~1.5 MiB, and kiln's own files are a few KiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
-/// Why an input file could not be used. `Display` starts with the file.
+/// Why an input file could not be used. `Display` starts with the file and includes the
+/// cause (there is no further `source()`).
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// The file could not be opened or read (missing, no permission, not UTF-8).
-    #[error("{}: cannot read: {source}", file.display())]
+    #[error("{}: cannot read: {error}", file.display())]
     Read {
         /// The file.
         file: PathBuf,
-        /// The IO error.
-        #[source]
-        source: std::io::Error,
+        /// The IO error (part of the message, so not also a `source()`).
+        error: std::io::Error,
     },
     /// A directory, device, FIFO or socket where a regular file is needed.
     #[error("{}: not a regular file ({kind})", file.display())]
@@ -42,13 +42,12 @@ pub enum InputError {
         limit: u64,
     },
     /// The content is not an acceptable YAML/JSON document.
-    #[error("{}: {source}", file.display())]
+    #[error("{}: {error}", file.display())]
     Yaml {
         /// The file.
         file: PathBuf,
-        /// What is wrong and at which field.
-        #[source]
-        source: YamlError,
+        /// What is wrong and at which field (part of the message).
+        error: YamlError,
     },
 }
 
@@ -90,9 +89,9 @@ fn kind_of(ft: std::fs::FileType) -> &'static str {
 /// [`InputError::Read`] (missing, unreadable, not UTF-8), [`InputError::NotAFile`],
 /// [`InputError::TooLarge`].
 pub fn read_bounded(path: &Path, limit: u64) -> Result<String, InputError> {
-    let read_err = |source| InputError::Read {
+    let read_err = |error| InputError::Read {
         file: path.to_owned(),
-        source,
+        error,
     };
     // Opening a FIFO for reading blocks until a writer appears; check the type first, then
     // again on the opened file (the path may have been swapped in between).
@@ -142,9 +141,9 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<String, InputError> {
 /// As [`read_bounded`], or [`InputError::Yaml`] naming the field.
 pub fn load_file<T: DeserializeOwned>(path: &Path) -> Result<T, InputError> {
     let text = read_bounded(path, MAX_FILE_BYTES)?;
-    yaml::from_str(&text).map_err(|source| InputError::Yaml {
+    yaml::from_str(&text).map_err(|error| InputError::Yaml {
         file: path.to_owned(),
-        source,
+        error,
     })
 }
 

@@ -279,8 +279,8 @@ fn read_driver_ready(args: &mut RunArgs) -> Option<Vec<&'static str>> {
             tracing::info!(file = %file.display(), ?filled, "driver roots from driver-ready");
             Some(filled)
         }
-        Err(kiln_input::InputError::Read { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
+        Err(kiln_input::InputError::Read { error, .. })
+            if error.kind() == std::io::ErrorKind::NotFound =>
         {
             None
         }

@@ -72,8 +72,8 @@ pub enum ConfigError {
         /// Upstream's error string.
         message: String,
     },
-    /// An error in a named file.
-    #[error("config file {file}: {source}")]
+    /// An error in a named file (the source says what and where).
+    #[error("config file {}", file.display())]
     InFile {
         /// The file.
         file: PathBuf,
