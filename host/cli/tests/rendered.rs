@@ -207,6 +207,7 @@ fn env_of(c: &Value) -> Vec<(String, String)> {
                 (Value::String(v), _) => v.clone(),
                 (_, Value::String(f)) if f == "spec.nodeName" => "node-1".into(),
                 (_, Value::String(f)) if f == "metadata.namespace" => "gpu-operator".into(),
+                (_, Value::String(f)) if f == "metadata.name" => "pod-1".into(),
                 (Value::Null, Value::Null) => String::new(),
                 other => panic!("unexpected env source {other:?}"),
             };
