@@ -156,9 +156,32 @@ pub fn openapi_schema() -> &'static Value {
         if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
             props.values_mut().for_each(make_structural);
         }
+        for (component, field) in NOT_IN_UPSTREAM {
+            if let Some(props) = v
+                .pointer_mut(&format!(
+                    "/properties/spec/properties/{component}/properties"
+                ))
+                .and_then(Value::as_object_mut)
+            {
+                props.remove(field);
+            }
+        }
         v
     })
 }
+
+/// Fields kiln's shared component types carry (through the flattened
+/// [`super::ComponentSpec`] and [`super::DriverManagedSpec`]) that NVIDIA's CRD does not have:
+/// left out of the schema, so the API server and [`default_spec`] prune them as with NVIDIA's
+/// CRD; the typed spec keeps them at their defaults (nothing reads them).
+const NOT_IN_UPSTREAM: [(&str, &str); 6] = [
+    ("gds", "resources"),
+    ("gds", "hostNetwork"),
+    ("gdrcopy", "resources"),
+    ("gdrcopy", "hostNetwork"),
+    ("validator", "enabled"),
+    ("vfioManager", "kernelModuleConfig"),
+];
 
 /// The schema of `spec`.
 pub fn spec_schema() -> &'static Value {
@@ -365,6 +388,14 @@ mod tests {
         );
         assert_eq!(spec["driver"]["env"], json!([{"name": "A"}]));
         assert_eq!(spec["operator"]["initContainer"], json!({"image": "x"}));
+        // Fields only kiln's shared types have are pruned too, as NVIDIA's CRD prunes them.
+        let mut spec =
+            json!({"gds": {"enabled": true, "hostNetwork": true}, "validator": {"enabled": false}});
+        assert_eq!(
+            default_spec(&mut spec),
+            ["gds.hostNetwork", "validator.enabled"]
+        );
+        assert_eq!(spec, json!({"gds": {"enabled": true}, "validator": {}}));
     }
 
     #[test]
