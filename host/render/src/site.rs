@@ -59,7 +59,11 @@ impl PluginConfig {
     /// A message naming the annotation and the offending key (unknown state, unknown field,
     /// invalid YAML, a pin that is not 64 hex digits).
     pub fn parse(value: &str) -> Result<Self, String> {
-        let raw: BTreeMap<String, StatePlugins> = serde_yaml_ng::from_str(value)
+        if value.trim().is_empty() {
+            return Ok(PluginConfig::default());
+        }
+        // kiln's one YAML loader: size and depth bounded, duplicate keys refused.
+        let raw: BTreeMap<String, StatePlugins> = kiln_input::yaml::from_str(value)
             .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
         let mut map = BTreeMap::new();
         for (key, plugins) in raw {
@@ -145,6 +149,11 @@ mod tests {
             PluginConfig::parse("dcgm: {extra: 1}")
                 .unwrap_err()
                 .contains("unknown field `extra`")
+        );
+        let err = PluginConfig::parse("dcgm: {then: [{name: a}]}\ndcgm: {}\n").unwrap_err();
+        assert_eq!(
+            err,
+            "annotation kiln.dev/plugins: dcgm: duplicate key `dcgm` (each key may appear once per mapping)"
         );
     }
 }
