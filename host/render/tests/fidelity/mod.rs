@@ -240,10 +240,10 @@ fn normalise(o: &mut Value) {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    if CLUSTER_SCOPED.contains(&kind.as_str()) {
-        if let Some(Value::Object(meta)) = obj.get_mut("metadata") {
-            meta.remove("namespace");
-        }
+    if CLUSTER_SCOPED.contains(&kind.as_str())
+        && let Some(Value::Object(meta)) = obj.get_mut("metadata")
+    {
+        meta.remove("namespace");
     }
     if kind == "ConfigMap" || kind == "Secret" {
         for field in ["data", "binaryData", "stringData"] {
@@ -254,41 +254,40 @@ fn normalise(o: &mut Value) {
             }
         }
     }
-    if kind == "Service" {
-        if let Some(Value::Object(spec)) = obj.get_mut("spec") {
-            drop_default(spec, "type", "ClusterIP".into());
-            drop_default(spec, "sessionAffinity", "None".into());
-            drop_default(spec, "internalTrafficPolicy", "Cluster".into());
-            for k in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
-                spec.remove(k);
-            }
-            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
-                for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                    let port = p.get("port").cloned();
-                    if matches!(p.get("targetPort"), None | Some(Value::Number(_)))
-                        && p.get("targetPort").and_then(Value::as_i64).unwrap_or(0) == 0
-                    {
-                        if let Some(port) = port {
-                            p.insert("targetPort".into(), port);
-                        }
-                    }
+    if kind == "Service"
+        && let Some(Value::Object(spec)) = obj.get_mut("spec")
+    {
+        drop_default(spec, "type", "ClusterIP".into());
+        drop_default(spec, "sessionAffinity", "None".into());
+        drop_default(spec, "internalTrafficPolicy", "Cluster".into());
+        for k in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+            spec.remove(k);
+        }
+        if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+            for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                let port = p.get("port").cloned();
+                if matches!(p.get("targetPort"), None | Some(Value::Number(_)))
+                    && p.get("targetPort").and_then(Value::as_i64).unwrap_or(0) == 0
+                    && let Some(port) = port
+                {
+                    p.insert("targetPort".into(), port);
                 }
             }
         }
     }
-    if kind == "DaemonSet" {
-        if let Some(Value::Object(spec)) = obj.get_mut("spec") {
-            drop_default(spec, "revisionHistoryLimit", 10.into());
-            if let Some(Value::Object(us)) = spec.get_mut("updateStrategy") {
-                if let Some(Value::Object(ru)) = us.get_mut("rollingUpdate") {
-                    drop_default(ru, "maxUnavailable", 1.into());
-                    drop_default(ru, "maxSurge", 0.into());
-                }
-                drop_empty(us, "rollingUpdate");
-                drop_default(us, "type", "RollingUpdate".into());
+    if kind == "DaemonSet"
+        && let Some(Value::Object(spec)) = obj.get_mut("spec")
+    {
+        drop_default(spec, "revisionHistoryLimit", 10.into());
+        if let Some(Value::Object(us)) = spec.get_mut("updateStrategy") {
+            if let Some(Value::Object(ru)) = us.get_mut("rollingUpdate") {
+                drop_default(ru, "maxUnavailable", 1.into());
+                drop_default(ru, "maxSurge", 0.into());
             }
-            drop_empty(spec, "updateStrategy");
+            drop_empty(us, "rollingUpdate");
+            drop_default(us, "type", "RollingUpdate".into());
         }
+        drop_empty(spec, "updateStrategy");
     }
     if let Some(Value::Array(subjects)) = obj.get_mut("subjects") {
         for s in subjects.iter_mut().filter_map(Value::as_object_mut) {
@@ -349,10 +348,10 @@ fn normalise_pod(pod: &mut Map<String, Value>) {
             if let Some(Value::Array(env)) = c.get_mut("env") {
                 for e in env.iter_mut().filter_map(Value::as_object_mut) {
                     drop_default(e, "value", "".into());
-                    if let Some(Value::Object(from)) = e.get_mut("valueFrom") {
-                        if let Some(Value::Object(f)) = from.get_mut("fieldRef") {
-                            drop_default(f, "apiVersion", "v1".into());
-                        }
+                    if let Some(Value::Object(from)) = e.get_mut("valueFrom")
+                        && let Some(Value::Object(f)) = from.get_mut("fieldRef")
+                    {
+                        drop_default(f, "apiVersion", "v1".into());
                     }
                 }
             }
