@@ -170,7 +170,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         .wait_for("the chart's ClusterPolicy ready", TIMEOUT, || async {
             let p = policies.get(POLICY).await?;
             let s = p.status.unwrap_or_default();
-            let state = serde_json::to_value(&s.state)?;
+            let state = serde_json::to_value(s.state)?;
             Ok(if state == "ready" {
                 Ok(())
             } else {
