@@ -73,12 +73,15 @@ pub struct Applier {
 }
 
 fn marker(obj: &DynamicObject) -> String {
-    match obj.metadata.generation {
+    marker_of(&obj.metadata)
+}
+
+/// An object's change marker: `g<metadata.generation>` when the kind has one, else
+/// `rv<resourceVersion>` (what [`Applier::is_current`] compares).
+pub fn marker_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    match meta.generation {
         Some(g) => format!("g{g}"),
-        None => format!(
-            "rv{}",
-            obj.metadata.resource_version.clone().unwrap_or_default()
-        ),
+        None => format!("rv{}", meta.resource_version.clone().unwrap_or_default()),
     }
 }
 
@@ -157,6 +160,21 @@ impl Applier {
                 (Some(n), true) => Api::namespaced_with(self.client.clone(), n, &ar),
                 _ => Api::all_with(self.client.clone(), &ar),
             }))
+    }
+
+    /// Whether `desired` is what this process last applied and the live object, whose marker
+    /// ([`marker_of`]) the cache of labelled objects reports as `live_marker`, has not changed
+    /// since: then applying again would change nothing and no request (not even a GET) is needed.
+    pub fn is_current(&self, desired: &Value, live_marker: &str) -> bool {
+        let Ok(key) = key_of(desired) else {
+            return false;
+        };
+        let hash = hash_of(desired);
+        self.seen
+            .lock()
+            .expect("seen lock")
+            .get(&key)
+            .is_some_and(|c| c.hash == hash && c.marker == live_marker)
     }
 
     /// Apply `desired` (as [`kiln_core::plan::desired_object`] made it: labelled and owned) with

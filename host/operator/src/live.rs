@@ -94,6 +94,20 @@ impl LiveCache {
         }
     }
 
+    /// The change marker ([`crate::apply::marker_of`]) of the labelled object `key` as the
+    /// cache holds it; `None` when its kind is not watched or the object is not there.
+    pub fn marker(&self, key: &ObjectKey) -> Option<String> {
+        let (ar, store) = self
+            .stores
+            .iter()
+            .find(|(ar, _)| ar.api_version == key.api_version && ar.kind == key.kind)?;
+        let mut r = reflector::ObjectRef::<Meta>::new_with(&key.name, ar.clone());
+        if let Some(ns) = &key.namespace {
+            r = r.within(ns);
+        }
+        store.get(&r).map(|m| crate::apply::marker_of(&m.metadata))
+    }
+
     /// Every labelled object the stores hold now.
     pub fn objects(&self) -> Vec<LiveObject> {
         self.stores

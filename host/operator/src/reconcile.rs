@@ -266,8 +266,18 @@ async fn apply_state(
     node_labels: &[std::collections::BTreeMap<String, String>],
 ) -> Result<StateResult> {
     let mut not_ready = Vec::new();
+    let cache = ctx.live().await?;
     for obj in &sp.apply {
         let key = key_of(obj)?;
+        // Unchanged since our last apply, by the cache: no request. DaemonSets are still read,
+        // their status is what readiness judges.
+        if key.kind != "DaemonSet"
+            && cache
+                .marker(&key)
+                .is_some_and(|m| ctx.applier.is_current(obj, &m))
+        {
+            continue;
+        }
         let (outcome, live) = ctx.applier.apply(obj).await?;
         ctx.metrics
             .writes("apply", u64::from(outcome == Outcome::Applied));

@@ -409,3 +409,55 @@ async fn applied_objects_are_labelled_and_stale_disabled_and_orphaned_ones_delet
         "the disabled state is not applied"
     );
 }
+
+#[tokio::test]
+async fn objects_the_cache_shows_unchanged_are_not_read_or_applied_again() {
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", sample_spec());
+    let server = server_with(std::slice::from_ref(&p), 2);
+    let sa = ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&());
+    let mut writer = Writer::<Meta>::new(sa.clone());
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let ctx = context(
+        &server,
+        LiveCache::from_stores(vec![(sa.clone(), writer.as_reader())]),
+    );
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    let is_sa = |c: &Call| c.path.contains("/serviceaccounts/");
+    let applied = calls(&server, &Method::PATCH)
+        .iter()
+        .filter(|c| is_sa(c))
+        .count();
+    assert!(applied > 5, "{applied} ServiceAccounts applied");
+    // The watch reports what was applied (the fake server's objects, as metadata).
+    let objects: Vec<Value> = {
+        let s = server.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|(k, _)| k.contains("/serviceaccounts/"))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    for o in objects {
+        let mut m = o.clone();
+        m["apiVersion"] = json!("meta.k8s.io/v1");
+        m["kind"] = json!("PartialObjectMetadata");
+        writer.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(m).unwrap()));
+    }
+    server.lock().unwrap().calls.clear();
+    reconcile(typed(&p), ctx).await.unwrap();
+    let sa_calls: Vec<String> = server
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| is_sa(c))
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert!(sa_calls.is_empty(), "{sa_calls:?}");
+    let ds_gets = calls(&server, &Method::GET)
+        .iter()
+        .filter(|c| c.path.contains("/daemonsets/"))
+        .count();
+    assert!(ds_gets > 0, "DaemonSets are still read for their status");
+}

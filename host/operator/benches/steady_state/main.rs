@@ -344,7 +344,7 @@ async fn run_once(
             .filter(|((u, _), _)| u != USER)
             .map(|((u, a), v)| (v.values().sum::<u64>(), u, a, v))
             .collect();
-        others.sort_by(|a, b| b.0.cmp(&a.0));
+        others.sort_by_key(|o| std::cmp::Reverse(o.0));
         for (n, u, a, v) in others.iter().take(6) {
             println!("  {:.1}/min {u} [{a}]: {}", *n as f64 / minutes, per_min(v, minutes));
         }
@@ -510,7 +510,7 @@ async fn watch_policy(client: kube::Client, seen: Shared) {
         let state = p
             .status
             .as_ref()
-            .and_then(|s| serde_json::to_value(&s.state).ok())
+            .and_then(|s| serde_json::to_value(s.state).ok())
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
         let mut s = seen.lock().expect("seen");
