@@ -4,7 +4,7 @@
 //!
 //! The chart is the source: `deploy/helm/kiln/files/{rules,namespace-rules,events-rules}.yaml`
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
-//! `gpu-operator` and these tests keep the copies equal.
+//! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
 #[path = "support/rbac.rs"]
 mod rbac;
@@ -338,7 +338,11 @@ fn helm_template_renders_a_valid_policy() {
     for copy in &copies {
         let kind = copy["kind"].as_str().unwrap();
         let name = copy["metadata"]["name"].as_str().unwrap();
-        assert_eq!(find(&objects, kind, name), copy, "{kind} {name}");
+        assert_eq!(
+            find(&objects, kind, name),
+            copy,
+            "{kind} {name}: deploy/rbac drifted from the chart; run deploy/rbac/regenerate.sh"
+        );
     }
     assert_eq!(
         copies.len(),
