@@ -15,6 +15,8 @@ repository and image are empty, needs no version). Call with (list $ "<key>").
 {{- $root := index . 0 -}}
 {{- $c := index $root.Values (index . 1) | default dict -}}
 {{- $rest := omit $c "version" -}}
+{{- /* Empty strings mean "kiln's own image": leave them out (the CRD's patterns refuse ""). */ -}}
+{{- range $k := list "repository" "image" }}{{ if not (index $rest $k) }}{{ $_ := unset $rest $k }}{{ end }}{{ end -}}
 {{- if $rest }}{{ toYaml $rest }}{{ end }}
 {{- if $c.version }}
 version: {{ $c.version | quote }}
