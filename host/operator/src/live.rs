@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kiln_core::State;
 use kiln_core::plan::{LiveObject, ObjectKey, STATE_LABEL};
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -42,12 +42,16 @@ pub fn asset_kinds() -> BTreeSet<(String, String)> {
 /// as `PartialObjectMetadata`, so the kind comes from here).
 pub struct LiveCache {
     stores: Vec<(ApiResource, Store<Meta>)>,
+    waited: std::sync::atomic::AtomicBool,
 }
 
 impl LiveCache {
     /// A cache over existing stores (tests fill them through a [`reflector::store::Writer`]).
     pub fn from_stores(stores: Vec<(ApiResource, Store<Meta>)>) -> Self {
-        LiveCache { stores }
+        LiveCache {
+            stores,
+            waited: Default::default(),
+        }
     }
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
@@ -81,14 +85,21 @@ impl LiveCache {
             }));
             stores.push((ar, store));
         }
-        Ok(LiveCache { stores })
+        Ok(Self::from_stores(stores))
     }
 
-    /// Wait until every store has listed once, at most `limit` (a kind the operator may not
-    /// list would otherwise stop every reconcile); returns whether all are ready.
+    /// Wait until every store has listed once, at most `limit` and only on the first call (a
+    /// kind the operator may not list, say for want of RBAC, would otherwise hold up every
+    /// reconcile); returns whether all are ready now.
     pub async fn ready(&self, limit: std::time::Duration) -> bool {
-        let all = futures::future::join_all(self.stores.iter().map(|(_, s)| s.wait_until_ready()));
-        match tokio::time::timeout(limit, all).await {
+        let all =
+            || futures::future::join_all(self.stores.iter().map(|(_, s)| s.wait_until_ready()));
+        if self.waited.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return all()
+                .now_or_never()
+                .is_some_and(|res| res.iter().all(Result::is_ok));
+        }
+        match tokio::time::timeout(limit, all()).await {
             Ok(res) => res.iter().all(Result::is_ok),
             Err(_) => false,
         }
@@ -170,5 +181,20 @@ mod tests {
         assert_eq!(l.key.api_version, "v1");
         assert_eq!(l.state, "dcgm");
         assert!(l.owned);
+    }
+
+    #[tokio::test]
+    async fn only_the_first_reconcile_waits_for_a_store_that_cannot_list() {
+        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&());
+        let mut w = reflector::store::Writer::<Meta>::new(ar.clone());
+        let cache = LiveCache::from_stores(vec![(ar, w.as_reader())]);
+        let limit = std::time::Duration::from_millis(1);
+        assert!(!cache.ready(limit).await);
+        // Later calls never wait: the future completes on its first poll.
+        let long = std::time::Duration::from_secs(3600);
+        assert_eq!(cache.ready(long).now_or_never(), Some(false));
+        w.apply_watcher_event(&watcher::Event::Init);
+        w.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(cache.ready(long).now_or_never(), Some(true));
     }
 }
