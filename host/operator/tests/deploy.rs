@@ -111,9 +111,12 @@ fn rbac_is_the_charts_and_holds_no_wildcard_escalation_or_foreign_secret() {
         if rule["apiGroups"] == json!(["rbac.authorization.k8s.io"])
             && rule.get("resourceNames").is_none()
         {
-            assert_eq!(
-                verbs,
-                ["create"],
+            // Reads (the labelled-object cache) may be unnamed; of the writes only `create`,
+            // which Kubernetes cannot limit by name.
+            assert!(
+                verbs
+                    .iter()
+                    .all(|v| ["create", "list", "watch"].contains(v)),
                 "RBAC writes must be limited by name: {rule}"
             );
         }
@@ -231,6 +234,55 @@ fn operator_rbac_covers_every_operand_role_and_binding_in_the_assets() {
     let bind_admin = json!([{"apiGroups": ["rbac.authorization.k8s.io"],
         "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["cluster-admin"]}]);
     assert_eq!(rbac::uncovered(&cluster, &bind_admin).len(), 1);
+}
+
+/// The operator keeps a metadata cache of its labelled objects for every kind the assets use
+/// (`kiln_operator::live::asset_kinds`) and decides deletions from it, so it must be able to
+/// list and watch each kind: namespaced kinds in its namespace, cluster-scoped ones
+/// cluster-wide. Without it stale objects of that kind are never deleted.
+#[test]
+fn operator_rbac_lists_and_watches_every_asset_kind() {
+    let (cluster, namespaced, _) = chart_rules();
+    let in_ns: Vec<Value> = namespaced.iter().chain(&cluster).cloned().collect();
+    const CLUSTER_SCOPED: [&str; 4] = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+        "SecurityContextConstraints",
+    ];
+    let kinds = kiln_operator::live::asset_kinds();
+    assert!(kinds.len() >= 12, "{kinds:?}");
+    let mut missing = Vec::new();
+    for (api_version, kind) in &kinds {
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        // The asset kinds' plurals: lowercase plus "s", "es" after "ss"; a kind already
+        // plural (SecurityContextConstraints) stays as it is.
+        let lower = kind.to_lowercase();
+        let resource = if lower.ends_with("ss") {
+            format!("{lower}es")
+        } else if lower.ends_with('s') {
+            lower
+        } else {
+            format!("{lower}s")
+        };
+        let held = if CLUSTER_SCOPED.contains(&kind.as_str()) {
+            &cluster
+        } else {
+            &in_ns
+        };
+        let want =
+            json!([{"apiGroups": [group], "resources": [resource], "verbs": ["list", "watch"]}]);
+        missing.extend(
+            rbac::uncovered(held, &want)
+                .into_iter()
+                .map(|a| format!("{kind}: {a:?}")),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "the operator cannot list/watch:\n{}",
+        missing.join("\n")
+    );
 }
 
 /// The operator pod: non-root, RuntimeDefault seccomp, and each container without privilege
