@@ -259,7 +259,10 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
     );
     raw_policies
-        .create(&PostParams::default(), &serde_json::from_value(doc.clone())?)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(doc.clone())?,
+        )
         .await?;
 
     // Labels: every GPU node carries gpu.present and all container deploy labels; CPU nodes none.
