@@ -193,8 +193,20 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
         text.contains(&format!("{bundled} compiled, 0 already cached, 0 refused")),
         "{text}"
     );
-    let artifacts = std::fs::read_dir(&cache).unwrap().count();
-    assert_eq!(artifacts, bundled);
+    // One artifact per plugin, each with the record of its digest.
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let artifacts = names.iter().filter(|n| n.ends_with(".cwasm")).count();
+    let records = names
+        .iter()
+        .filter(|n| n.ends_with(".cwasm.sha256"))
+        .count();
+    assert_eq!(
+        (artifacts, records, names.len()),
+        (bundled, bundled, 2 * bundled)
+    );
 
     // Again: nothing to compile. With a drop-in that is not Wasm: named, exit 1.
     let drop_in = dir.path().join("plugins");
@@ -228,7 +240,8 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("pruned 1 stale artifacts"), "{text}");
     assert!(!stale.exists());
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), bundled);
+    // The current artifacts and their records stay.
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2 * bundled);
 
     // A cache directory that cannot exist: one error with the OS reason.
     let file = dir.path().join("a-file");
@@ -258,10 +271,16 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
         let path = dir.path().join(file);
         std::fs::write(&path, bytes).unwrap();
         let out = kiln(&["plugin", "check"]).arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
+        // Under a file name the host would look it up by, it would be refused: exit 1.
+        assert_eq!(out.status.success(), !rename, "{}", stderr(&out));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(text.contains(&format!("name:    {name}\n")), "{text}");
-        assert!(text.contains("verdict: accepted"), "{text}");
+        let verdict = if rename {
+            "verdict: refused: plugin \"kiln_plugin_dcgm\": the component calls itself \"dcgm\""
+        } else {
+            "verdict: accepted"
+        };
+        assert!(text.contains(verdict), "{text}");
         assert!(!text.contains("warning"), "{text}");
         assert!(
             text.contains(&format!("install: as {name}.wasm in the drop-in directory")),

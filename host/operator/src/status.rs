@@ -14,6 +14,9 @@ use crate::{Error, Result};
 
 /// Kubernetes caps an Event note at 1 KiB.
 const NOTE_LIMIT: usize = 1000;
+/// Cap on a status condition message (the API allows 32 KiB; 16 KiB keeps the whole status
+/// write far below the request size limit, whatever a plugin's errors say).
+const CONDITION_MESSAGE_LIMIT: usize = 16 << 10;
 
 /// Write `verdict` as `policy`'s status (when it differs from the stored one) and publish an
 /// Event on transitions. Returns whether a status write was sent.
@@ -36,6 +39,13 @@ pub async fn write_status(
         .map_err(|e| Error::kube(format!("get ClusterPolicy {name}"), e))?;
     let Some(fresh) = fresh else { return Ok(false) };
     let current = fresh.status.as_ref();
+    // Messages quote plugin errors: bounded and escaped by the plugin host's one rule.
+    let mut bounded = verdict.clone();
+    for c in &mut bounded.conditions {
+        c.message =
+            kiln_plugin_host::text::bounded(&c.message, CONDITION_MESSAGE_LIMIT).into_owned();
+    }
+    let verdict = &bounded;
     let new = make_status(
         current,
         verdict,
@@ -44,7 +54,7 @@ pub async fn write_status(
         policy.metadata.generation,
     );
     if let Some(t) = transition(current, verdict) {
-        let note: String = t.note.chars().take(NOTE_LIMIT).collect();
+        let note = kiln_plugin_host::text::bounded(&t.note, NOTE_LIMIT).into_owned();
         let ev = Event {
             type_: if t.type_ == "Warning" {
                 EventType::Warning

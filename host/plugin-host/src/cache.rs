@@ -87,8 +87,8 @@ impl ComponentCache {
     }
 
     /// The component for `bytes` (whose SHA-256 is `digest`), compiling it only if neither
-    /// cache has it; a compile runs on its own thread and is given up after `deadline`.
-    /// `bytes` is called only when the component must be compiled.
+    /// cache has it; with a `deadline`, a compile runs on its own thread and is given up after
+    /// it. `bytes` is called only when the component must be compiled.
     ///
     /// # Errors
     /// [`PluginError::LoadFailed`] when the bytes are not a valid component,
@@ -98,7 +98,7 @@ impl ComponentCache {
         plugin: &str,
         digest: &str,
         bytes: impl FnOnce() -> Result<Cow<'static, [u8]>, PluginError>,
-        deadline: Duration,
+        deadline: Option<Duration>,
     ) -> Result<(Component, CacheHit), PluginError> {
         if let Some(c) = self
             .memory
@@ -119,7 +119,10 @@ impl ComponentCache {
                     plugin,
                     "compiling plugin (no precompiled artifact; `kiln plugin precompile` fills the cache ahead of time)"
                 );
-                let c = compile_with_deadline(&self.engine, plugin, bytes()?, deadline)?;
+                let c = match deadline {
+                    Some(d) => compile_with_deadline(&self.engine, plugin, bytes()?, d)?,
+                    None => compile(&self.engine, plugin, &bytes()?)?,
+                };
                 if let Some(p) = &path {
                     store_artifact(&c, digest, p);
                 }

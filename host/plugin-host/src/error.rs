@@ -89,14 +89,15 @@ pub enum PluginError {
         /// Plugin name.
         plugin: String,
         /// What was counted: `bytes`, `bytes in one function body`, `memories`, `tables`,
-        /// `core instances` or `bytes of initial memory`.
+        /// `core instances`, `memories in one core module`, `tables in one core module` or
+        /// `bytes of initial memory`.
         what: &'static str,
         /// How many the component has.
         actual: u64,
         /// The bound ([`crate::HostConfig`] and the `MAX_*` constants of the crate root).
         limit: u64,
     },
-    /// Compiling the component took longer than [`crate::HostConfig::compile_deadline`].
+    /// Compiling a drop-in component took longer than [`crate::HostConfig::compile_deadline`].
     #[error("plugin {plugin:?}: compiling took longer than {deadline:?}")]
     CompileTimeout {
         /// Plugin name.

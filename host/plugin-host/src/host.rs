@@ -236,9 +236,13 @@ impl PluginHost {
         {
             return Ok(p);
         }
+        // Site code gets the compile deadline; bundled code is known and compiles unbounded
+        // (under load a standard plugin can take tens of seconds).
+        let deadline =
+            matches!(source, PluginSource::DropIn(_)).then_some(self.config.compile_deadline);
         let (component, cache_hit) =
             self.cache
-                .get_or_compile(name, &digest, || Ok(bytes), self.config.compile_deadline)?;
+                .get_or_compile(name, &digest, || Ok(bytes), deadline)?;
         crate::audit::check_resources(name, &component, self.config.memory_limit_bytes)?;
         let mut loaded = self.link(name, digest, source, cache_hit, &component)?;
         loaded.shadows_bundled = shadows_bundled;

@@ -99,11 +99,12 @@ impl Cli {
 
 /// A plugin host over the bundled plugins and a drop-in directory (`plugins_dir`, default
 /// `/etc/kiln/plugins`), keeping `keep_resident_bytes` of each plugin memory slot mapped
-/// between calls (see `HostConfig::keep_resident_bytes`). A directory given explicitly that
-/// does not exist is reported.
+/// between calls (see `HostConfig::keep_resident_bytes`), with the site-plugin settings of
+/// `policy`. A directory given explicitly that does not exist is reported.
 pub(crate) fn plugin_host(
     plugins_dir: Option<std::path::PathBuf>,
     keep_resident_bytes: usize,
+    policy: &plugin::HostPolicyArgs,
 ) -> anyhow::Result<std::sync::Arc<kiln_plugin_host::PluginHost>> {
     if let Some(dir) = plugins_dir.as_ref().filter(|d| !d.is_dir()) {
         eprintln!(
@@ -115,6 +116,8 @@ pub(crate) fn plugin_host(
     let cfg = kiln_plugin_host::HostConfig {
         drop_in_dir,
         keep_resident_bytes,
+        site_pod_privileges: policy.site_pod_privileges,
+        refuse_shadowing: policy.refuse_shadowing,
         ..Default::default()
     };
     let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?

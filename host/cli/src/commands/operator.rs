@@ -20,6 +20,8 @@ pub struct OperatorArgs {
     /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
     #[arg(long, env = "KILN_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
+    #[command(flatten)]
+    host_policy: super::plugin::HostPolicyArgs,
     /// Listen address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: String,
@@ -66,6 +68,7 @@ impl OperatorArgs {
         let host = super::plugin_host(
             self.plugins_dir.clone(),
             kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
+            &self.host_policy,
         )?;
         let renderer = kiln_render::Renderer::new(host);
         let config = kiln_operator::Config {

@@ -6,11 +6,33 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 
+/// What site plugins (drop-ins, not bundled with kiln) may do: the settings of
+/// `kiln_plugin_host::HostConfig` that `kiln render` and `kiln operator` take as flags and env
+/// vars, documented in `wit/README.md` ("Output policy", "Shadowing").
+#[derive(Debug, Clone, clap::Args)]
+pub struct HostPolicyArgs {
+    /// Whether site plugins may widen operand pods' privileges (hostPID/hostNetwork/hostIPC,
+    /// privileged containers, added capabilities, hostPath volumes) beyond what the object had:
+    /// `deny` (default) or `allow`. Standard plugins are not restricted.
+    #[arg(
+        long,
+        env = kiln_plugin_host::SITE_POD_PRIVILEGES_ENV,
+        default_value = "deny",
+        value_name = "deny|allow"
+    )]
+    pub site_pod_privileges: kiln_plugin_host::PodPrivileges,
+    /// Refuse a drop-in plugin named like a bundled one (by default it replaces the bundled
+    /// plugin, with a warning, and the `# Source` line says so).
+    #[arg(long, env = kiln_plugin_host::REFUSE_SHADOWING_ENV)]
+    pub refuse_shadowing: bool,
+}
+
 /// Plugin tools.
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
-    /// Report a plugin's name, sha256, exports and imports, and whether the host accepts it.
-    /// Exits 1 when it would be refused.
+    /// Report a plugin's name, sha256, exports and imports, and whether the host accepts it
+    /// under its file name. Exits 1 when it would be refused (also when its `name()` differs
+    /// from the file name, which the host refuses).
     Check {
         /// The component (`.wasm`).
         file: PathBuf,
@@ -179,7 +201,8 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Deletes the `*.cwasm` files in `dir` that are not in `keep`, and reports what it freed.
+/// Deletes the `*.cwasm` files in `dir` that are not in `keep`, with their digest records
+/// (`*.cwasm.sha256`), and reports what it freed.
 fn prune_artifacts(
     dir: &std::path::Path,
     keep: &std::collections::BTreeSet<PathBuf>,
@@ -190,6 +213,9 @@ fn prune_artifacts(
         if path.extension().is_some_and(|e| e == "cwasm") && !keep.contains(&path) {
             let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            let mut record = path.clone().into_os_string();
+            record.push(".sha256");
+            let _ = std::fs::remove_file(record);
             files += 1;
             bytes += len;
         }

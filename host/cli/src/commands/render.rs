@@ -27,6 +27,8 @@ pub struct RenderArgs {
     /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
     #[arg(long, env = "KILN_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
+    #[command(flatten)]
+    host_policy: super::plugin::HostPolicyArgs,
     /// Container runtime of the GPU nodes: containerd, crio or docker.
     #[arg(long, default_value = "containerd", value_parser = parse_runtime)]
     runtime: ContainerRuntime,
@@ -184,8 +186,11 @@ impl RenderArgs {
         let renderer = Renderer::new(super::plugin_host(
             self.plugins_dir.clone(),
             kiln_plugin_host::DEFAULT_KEEP_RESIDENT_BYTES,
+            &self.host_policy,
         )?);
-        // Each object with the `# Source:` text of its state: `state-driver via driver, site-x`.
+        // Each object with the `# Source:` text of its state: `state-driver via driver, site-x`;
+        // a drop-in replacing a bundled plugin is named as such: `via device-plugin (drop-in
+        // /etc/kiln/plugins/device-plugin.wasm, shadows bundled)`.
         let mut objects = Vec::new();
         let mut failed = 0;
         for (state, result) in renderer.render(&policy, &ctx) {
@@ -195,7 +200,12 @@ impl RenderArgs {
                         .plugins
                         .chain(state)
                         .into_iter()
-                        .map(|p| p.name)
+                        .map(|p| {
+                            renderer
+                                .host()
+                                .loaded(&p.name)
+                                .map_or(p.name, |l| l.describe_source())
+                        })
                         .collect();
                     let source = format!("state-{state} via {}", chain.join(", "));
                     objects.extend(r.objects.into_iter().map(|o| (source.clone(), o)));

@@ -8,8 +8,10 @@ use kiln_core::context::TransformContext;
 use kiln_plugin_host::{HostConfig, PluginHost};
 use serde_json::{Value, json};
 
-fn crate_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+/// `host/plugin-host`, also when this file is included by another crate's tests (e.g.
+/// `host/cli/tests/hostile.rs`).
+fn crate_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-host")
 }
 
 /// A hostile fixture as a component: `tests/fixtures/<file>.wat` spliced into `shell.wat`
