@@ -12,6 +12,7 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
 fi
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 
 if [ -x testcluster/build.sh ]; then
   say "building testcluster (cached)"
@@ -20,6 +21,9 @@ fi
 
 say "checking formatting"
 cargo fmt --all -- --check
+
+say "linting (clippy, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "running the tests"
 cargo test --workspace --locked "$@"

@@ -209,7 +209,7 @@ impl Collector for OpenMetricsFamilies {
 fn as_integer(v: f64) -> Option<u64> {
     const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    (v.fract() == 0.0 && (0.0..EXACT).contains(&v)).then(|| v as u64)
+    (v.fract() == 0.0 && (0.0..EXACT).contains(&v)).then_some(v as u64)
 }
 
 #[cfg(test)]

@@ -57,10 +57,10 @@ pub fn fill(obj: &mut Value, ns: &str, runtime_class: &str) {
                 }
             }
         }
-        "RuntimeClass" => {
-            if obj.pointer("/metadata/name").and_then(Value::as_str) == Some(PLACEHOLDER) {
-                obj["metadata"]["name"] = json!(runtime_class);
-            }
+        "RuntimeClass"
+            if obj.pointer("/metadata/name").and_then(Value::as_str) == Some(PLACEHOLDER) =>
+        {
+            obj["metadata"]["name"] = json!(runtime_class);
         }
         "SecurityContextConstraints" => {
             let name = obj

@@ -107,9 +107,10 @@ pub enum ValidatorError {
         attempts: usize,
         /// Time spent sleeping between attempts.
         waited: Duration,
-        /// The last attempt's reason.
+        /// The last attempt's reason (boxed: it carries paths and texts, and every step
+        /// returns this error).
         #[source]
-        last: NotReady,
+        last: Box<NotReady>,
     },
     /// A status file could not be written.
     #[error("writing status file {}", path.display())]
@@ -183,7 +184,7 @@ mod tests {
             step: "wait",
             attempts,
             waited: Duration::from_secs(300),
-            last: NotReady::Sysfs("x".into()),
+            last: Box::new(NotReady::Sysfs("x".into())),
         };
         assert_eq!(e(1).to_string(), "wait: not ready after 1 attempt over 5m");
         assert_eq!(

@@ -45,6 +45,10 @@ pub use steps::{
     check_toolkit,
 };
 
+/// Opens the GPU backend for a step: given the driver root the driver step found (`None`: NVML
+/// as injected into this container), the inventory, or why it could not be opened.
+pub type OpenGpu = Box<dyn Fn(Option<&DriverRoot>) -> Result<Arc<dyn GpuInventory>, GpuError>>;
+
 /// The steps with what they need: where to look, how to retry, how to open the GPUs.
 pub struct Validator {
     /// Paths under the root.
@@ -55,7 +59,7 @@ pub struct Validator {
     pub retry: RetryPolicy,
     /// Opens the GPU backend; the driver step passes the driver root it found, the others
     /// `None` (NVML as injected into this container).
-    pub open_gpu: Box<dyn Fn(Option<&DriverRoot>) -> Result<Arc<dyn GpuInventory>, GpuError>>,
+    pub open_gpu: OpenGpu,
 }
 
 impl std::fmt::Debug for Validator {

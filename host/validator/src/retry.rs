@@ -89,7 +89,7 @@ impl RetryPolicy {
                 step,
                 attempts: tries.load(Ordering::Relaxed),
                 waited: Duration::from_millis(slept_ms.load(Ordering::Relaxed)),
-                last,
+                last: Box::new(last),
             })
     }
 }

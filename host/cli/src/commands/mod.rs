@@ -28,6 +28,10 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at start-up; boxing the flags buys nothing"
+)]
 enum Command {
     /// Render a ClusterPolicy into every object the operator would apply, offline.
     Render(render::RenderArgs),
