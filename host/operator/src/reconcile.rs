@@ -171,14 +171,47 @@ async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Actio
         results.push((state, result));
     }
     delete(ctx, &planned.orphans).await?;
-    let verdict = judge(Observation {
+    let mut verdict = judge(Observation {
         states: &results,
         gpu_nodes: summary.gpu_nodes,
         nfd_present: summary.nfd_present,
     });
+    note_shadowing(ctx, &parsed, &mut verdict);
     let wrote = write_status(ctx, policy, &verdict).await?;
     ctx.metrics.writes("status", u64::from(wrote));
     Ok(requeue_after(&verdict).map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Adds to the Ready condition's message which drop-in plugins of the enabled states' chains
+/// shadow a bundled standard plugin (`kiln plugin` sources; `--refuse-shadowing` makes them an
+/// error instead), so `kubectl get clusterpolicy -o yaml` shows that a standard transform was
+/// replaced.
+fn note_shadowing(ctx: &Context, policy: &Policy, verdict: &mut Verdict) {
+    let host = ctx.renderer.host();
+    let mut shadowing: Vec<String> = State::ALL
+        .into_iter()
+        .filter(|s| s.enabled(&policy.spec))
+        .flat_map(|s| policy.plugins.chain(s))
+        .filter_map(|p| {
+            host.shadowing_drop_in(&p.name)
+                .map(|path| format!("{} ({})", p.name, path.display()))
+        })
+        .collect();
+    shadowing.sort();
+    shadowing.dedup();
+    if shadowing.is_empty() {
+        return;
+    }
+    let note = format!(
+        "drop-in plugins shadow bundled standard plugins: {}",
+        shadowing.join(", ")
+    );
+    let ready = &mut verdict.conditions[0];
+    ready.message = if ready.message.is_empty() {
+        note
+    } else {
+        format!("{}; {note}", ready.message)
+    };
 }
 
 /// The transform context before node facts: namespace, server version, fallback images (with

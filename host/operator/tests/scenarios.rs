@@ -251,11 +251,16 @@ fn store(
 /// A context over the fake server with the bundled plugins and `live` as the cluster's
 /// labelled objects.
 fn context(server: &Arc<Mutex<Server>>, live: LiveCache) -> Arc<Context> {
-    let host = kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig::default(),
-        kiln_bundled_plugins::BUNDLED,
-    )
-    .unwrap();
+    context_with(server, live, kiln_plugin_host::HostConfig::default())
+}
+
+/// [`context`] with the plugin host's settings `config`.
+fn context_with(
+    server: &Arc<Mutex<Server>>,
+    live: LiveCache,
+    config: kiln_plugin_host::HostConfig,
+) -> Arc<Context> {
+    let host = kiln_plugin_host::PluginHost::new(config, kiln_bundled_plugins::BUNDLED).unwrap();
     let renderer = kiln_render::Renderer::new(Arc::new(host));
     let config = Config {
         namespace: NS.into(),
@@ -460,4 +465,41 @@ async fn objects_the_cache_shows_unchanged_are_not_read_or_applied_again() {
         .filter(|c| c.path.contains("/daemonsets/"))
         .count();
     assert!(ds_gets > 0, "DaemonSets are still read for their status");
+}
+
+#[tokio::test]
+async fn a_drop_in_shadowing_a_standard_plugin_is_named_in_the_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("device-plugin.wasm");
+    std::fs::write(&path, kiln_bundled_plugins::get("device-plugin").unwrap()).unwrap();
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", sample_spec());
+    let server = server_with(std::slice::from_ref(&p), 1);
+    let ctx = context_with(
+        &server,
+        LiveCache::from_stores(vec![]),
+        kiln_plugin_host::HostConfig {
+            drop_in_dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        },
+    );
+    reconcile(typed(&p), ctx).await.unwrap();
+    let status = calls(&server, &Method::PATCH)
+        .into_iter()
+        .rfind(|c| c.path.ends_with("/clusterpolicies/cluster-policy/status"))
+        .expect("a status write");
+    let ready = status.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.ends_with(&format!(
+            "drop-in plugins shadow bundled standard plugins: device-plugin ({})",
+            path.display()
+        )),
+        "{message}"
+    );
 }

@@ -252,6 +252,22 @@ impl PluginHost {
         Ok(loaded)
     }
 
+    /// The drop-in file that shadows the bundled plugin `name`, if both exist: what
+    /// [`PluginHost::load`] would warn about (or refuse with `refuse_shadowing`), found with one
+    /// `stat` and no load, so a caller can report it whether or not the plugin is loaded now
+    /// (e.g. the operator's status).
+    pub fn shadowing_drop_in(&self, name: &str) -> Option<PathBuf> {
+        if !self.bundled.contains_key(name) {
+            return None;
+        }
+        let path = self
+            .config
+            .drop_in_dir
+            .as_ref()?
+            .join(format!("{name}.wasm"));
+        path.is_file().then_some(path)
+    }
+
     /// The plugin loaded now under `name`, if any (e.g. to say where it came from, see
     /// [`LoadedPlugin::describe_source`]).
     pub fn loaded(&self, name: &str) -> Option<Arc<LoadedPlugin>> {

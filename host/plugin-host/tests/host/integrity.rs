@@ -116,6 +116,9 @@ fn a_drop_in_shadowing_a_bundled_plugin_is_flagged_and_refusable() {
         )
     );
     assert!(host.loaded("device-plugin").unwrap().shadows_bundled());
+    // The same answer without a load (what the operator's status reports).
+    assert_eq!(host.shadowing_drop_in("device-plugin"), Some(path.clone()));
+    assert_eq!(host.shadowing_drop_in("good"), None);
 
     let host = PluginHost::new(
         HostConfig {
@@ -135,6 +138,7 @@ fn a_drop_in_shadowing_a_bundled_plugin_is_flagged_and_refusable() {
     let p = host.load("device-plugin", None).unwrap();
     assert!(p.is_standard() && !p.shadows_bundled());
     assert_eq!(p.describe_source(), "device-plugin");
+    assert_eq!(host.shadowing_drop_in("device-plugin"), None);
 }
 
 #[test]
