@@ -87,9 +87,9 @@ impl Policy {
             None | Some(Value::Null) => Value::Object(Default::default()),
             Some(v) => v.clone(),
         };
-        check_object_names(&spec_json, "spec", None)?;
         // What the API server does on create/update, so an offline policy equals the stored one.
         let pruned = kiln_core::spec::schema::default_spec(&mut spec_json);
+        check_object_names(&spec_json, "spec", None)?;
         let spec = ClusterPolicySpec::from_json(&spec_json)?;
         spec.validate()?;
         let meta = obj.get("metadata");
