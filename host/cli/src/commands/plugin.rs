@@ -23,7 +23,10 @@ pub struct HostPolicyArgs {
     pub site_pod_privileges: kiln_plugin_host::PodPrivileges,
     /// Refuse a drop-in plugin named like a bundled one (by default it replaces the bundled
     /// plugin, with a warning, and the `# Source` line says so).
-    #[arg(long, env = kiln_plugin_host::REFUSE_SHADOWING_ENV)]
+    /// The env var takes true/false, yes/no, on/off or 1/0.
+    #[arg(long, env = kiln_plugin_host::REFUSE_SHADOWING_ENV,
+          value_parser = clap::builder::BoolishValueParser::new(),
+          action = clap::ArgAction::SetTrue)]
     pub refuse_shadowing: bool,
 }
 
@@ -188,6 +191,13 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
                 "install: as {name}.wasm in the drop-in directory (the host looks a plugin up by file name; this file would be looked up as {stem:?})"
             );
         }
+    }
+    if let Some(name) = report.name.as_deref()
+        && kiln_bundled_plugins::get(name).is_some()
+    {
+        println!(
+            "note:    installed as a drop-in, it shadows the bundled standard plugin {name:?} (logged when loaded; refused under --refuse-shadowing)"
+        );
     }
     match &report.refusal {
         None => {

@@ -311,7 +311,7 @@ impl<'de> Deserialize<'de> for SleepInterval {
                     )
                     .map_err(|e| format!("invalid sleepInterval: {e}"))
                 })
-                .map(Self::Every)
+                .and_then(Self::every)
                 .map_err(D::Error::custom),
             serde_yaml_ng::Value::String(s) => s.parse().map_err(D::Error::custom),
             other => Err(D::Error::custom(format!(
@@ -332,7 +332,23 @@ impl FromStr for SleepInterval {
             return Ok(Self::Infinite);
         }
         kiln_input::parse_go_duration(s, kiln_input::MAX_DURATION)
-            .map(Self::Every)
             .map_err(|e| format!("invalid sleepInterval: {e}"))
+            .and_then(Self::every)
+    }
+}
+
+impl SleepInterval {
+    /// The shortest interval between two label passes: 1 s (a shorter one, `0s` say, would
+    /// rewrite the labels in a busy loop).
+    pub const MIN: Duration = Duration::from_secs(1);
+
+    /// `Every(d)` when `d` is at least [`SleepInterval::MIN`].
+    fn every(d: Duration) -> Result<Self, String> {
+        if d < Self::MIN {
+            return Err(format!(
+                "invalid sleepInterval: {d:?} is shorter than the minimum 1s"
+            ));
+        }
+        Ok(Self::Every(d))
     }
 }

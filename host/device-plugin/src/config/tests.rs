@@ -230,6 +230,16 @@ fn gfd_sleep_interval_accepts_go_durations_numbers_and_infinite() {
     );
     assert_eq!(parse("infinite").unwrap(), SleepInterval::Infinite);
     assert!(parse("soon").is_err());
+    // No busy loop: below 1 s is refused, as text and as nanoseconds.
+    assert_eq!(
+        parse("0s").unwrap_err().to_string(),
+        "flags.gfd.sleepInterval: invalid sleepInterval: 0ns is shorter than the minimum 1s"
+    );
+    assert!(parse("999ms").is_err() && parse("0").is_err());
+    assert_eq!(
+        parse("1s").unwrap(),
+        SleepInterval::Every(Duration::from_secs(1))
+    );
 }
 
 #[test]
