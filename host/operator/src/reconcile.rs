@@ -225,8 +225,7 @@ async fn base_context(ctx: &Context) -> Result<TransformContext> {
         .serves("monitoring.coreos.com/v1", "ServiceMonitor")
         .await?;
     for (env, image) in &ctx.config.images {
-        base.fallback_images.retain(|(e, _)| e != env);
-        base.fallback_images.push((env.clone(), image.clone()));
+        kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
     Ok(base)
 }

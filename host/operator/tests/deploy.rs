@@ -244,12 +244,6 @@ fn operator_rbac_covers_every_operand_role_and_binding_in_the_assets() {
 fn operator_rbac_lists_and_watches_every_asset_kind() {
     let (cluster, namespaced, _) = chart_rules();
     let in_ns: Vec<Value> = namespaced.iter().chain(&cluster).cloned().collect();
-    const CLUSTER_SCOPED: [&str; 4] = [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "RuntimeClass",
-        "SecurityContextConstraints",
-    ];
     let kinds = kiln_operator::live::asset_kinds();
     assert!(kinds.len() >= 12, "{kinds:?}");
     let mut missing = Vec::new();
@@ -265,7 +259,7 @@ fn operator_rbac_lists_and_watches_every_asset_kind() {
         } else {
             format!("{lower}s")
         };
-        let held = if CLUSTER_SCOPED.contains(&kind.as_str()) {
+        let held = if !kiln_render::placeholders::is_namespaced(kind) {
             &cluster
         } else {
             &in_ns

@@ -1,7 +1,7 @@
 //! Defaults for facts `kiln render` cannot read from a cluster: fallback images and the
 //! render context.
 
-use kiln_core::context::TransformContext;
+use kiln_core::context::{ConfigMapKeys, TransformContext};
 
 /// kiln's own image: the validator, device plugin, GFD and exporter operands run its
 /// subcommands unless a policy names another image.
@@ -63,5 +63,58 @@ pub fn render_context() -> TransformContext {
         has_service_monitor_crd: true,
         fallback_images: fallback_images(),
         ..TransformContext::default()
+    }
+}
+
+/// Sets the fallback image for component env `env` (e.g. `VALIDATOR_IMAGE`) to `image`,
+/// replacing an earlier one: what `kiln render --image ENV=IMAGE` and the operator's `--image`
+/// do.
+pub fn set_fallback_image(ctx: &mut TransformContext, env: &str, image: &str) {
+    ctx.fallback_images.retain(|(k, _)| k != env);
+    ctx.fallback_images
+        .push((env.to_string(), image.to_string()));
+}
+
+/// A ConfigMap that exists, from `NAME=KEY1,KEY2` (`kiln render --config-map`): its name and
+/// its data keys, sorted; `NAME` alone is a ConfigMap without keys.
+pub fn config_map_keys(spec: &str) -> ConfigMapKeys {
+    let (name, keys) = spec.split_once('=').unwrap_or((spec, ""));
+    let mut keys: Vec<String> = keys
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    ConfigMapKeys {
+        name: name.to_string(),
+        keys,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_map_keys_sorts_and_allows_no_keys() {
+        let c = config_map_keys("plugin-config=b,a,");
+        assert_eq!(
+            (c.name.as_str(), c.keys),
+            ("plugin-config", vec!["a".to_string(), "b".to_string()])
+        );
+        assert!(config_map_keys("empty").keys.is_empty());
+    }
+
+    #[test]
+    fn a_fallback_image_replaces_the_earlier_one() {
+        let mut ctx = render_context();
+        set_fallback_image(&mut ctx, "VALIDATOR_IMAGE", "a/b:1");
+        set_fallback_image(&mut ctx, "VALIDATOR_IMAGE", "a/b:2");
+        let v: Vec<_> = ctx
+            .fallback_images
+            .iter()
+            .filter(|(k, _)| k == "VALIDATOR_IMAGE")
+            .collect();
+        assert_eq!(v, [&("VALIDATOR_IMAGE".to_string(), "a/b:2".to_string())]);
     }
 }

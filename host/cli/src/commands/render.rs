@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
-use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
+use kiln_core::context::{ContainerRuntime, NodeOs, TransformContext};
 use kiln_render::{Policy, Renderer, defaults, output};
 
 /// Output format.
@@ -150,22 +150,13 @@ impl RenderArgs {
         ctx.openshift_version = self.openshift_version.clone();
         ctx.has_service_monitor_crd = !self.no_service_monitors;
         for (env, image) in &self.images {
-            ctx.fallback_images.retain(|(k, _)| k != env);
-            ctx.fallback_images.push((env.clone(), image.clone()));
+            kiln_render::defaults::set_fallback_image(&mut ctx, env, image);
         }
-        for spec in &self.config_maps {
-            let (name, keys) = spec.split_once('=').unwrap_or((spec, ""));
-            let mut keys: Vec<String> = keys
-                .split(',')
-                .filter(|k| !k.is_empty())
-                .map(str::to_string)
-                .collect();
-            keys.sort();
-            ctx.config_maps.push(ConfigMapKeys {
-                name: name.to_string(),
-                keys,
-            });
-        }
+        ctx.config_maps.extend(
+            self.config_maps
+                .iter()
+                .map(|s| kiln_render::defaults::config_map_keys(s)),
+        );
         ctx.secrets = self.secrets.clone();
         Ok(ctx)
     }

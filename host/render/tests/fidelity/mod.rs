@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use kiln_core::context::{ConfigMapKeys, NodeOs, TransformContext};
+use kiln_core::context::{NodeOs, TransformContext};
 use kiln_render::{Policy, Renderer, defaults};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -71,22 +71,11 @@ fn context(v: &Variant) -> TransformContext {
         match flag.as_str() {
             "--image" => {
                 let (env, image) = value.split_once('=').expect("ENV=IMAGE");
-                ctx.fallback_images.retain(|(k, _)| k != env);
-                ctx.fallback_images.push((env.into(), image.into()));
+                kiln_render::defaults::set_fallback_image(&mut ctx, env, image);
             }
-            "--config-map" => {
-                let (name, keys) = value.split_once('=').unwrap_or((value, ""));
-                let mut keys: Vec<String> = keys
-                    .split(',')
-                    .filter(|k| !k.is_empty())
-                    .map(str::to_string)
-                    .collect();
-                keys.sort();
-                ctx.config_maps.push(ConfigMapKeys {
-                    name: name.into(),
-                    keys,
-                });
-            }
+            "--config-map" => ctx
+                .config_maps
+                .push(kiln_render::defaults::config_map_keys(value)),
             other => panic!("variants.json: flag {other} not mapped by this test"),
         }
     }
@@ -211,7 +200,7 @@ fn default_pull_policy(image: &str) -> &'static str {
 ///   `terminationGracePeriodSeconds: 30`, DaemonSet `revisionHistoryLimit: 10` and
 ///   `updateStrategy` `RollingUpdate` with `maxUnavailable: 1`/`maxSurge: 0` (so `{}`, absent
 ///   and the explicit default compare equal), and RBAC subject `apiGroup: ""`;
-/// - `metadata.namespace` on cluster-scoped kinds ([`CLUSTER_SCOPED`]), which the API server
+/// - `metadata.namespace` on cluster-scoped kinds (`kiln_render::placeholders::is_namespaced`), which the API server
 ///   drops.
 fn normalise(o: &mut Value) {
     let Some(obj) = o.as_object_mut() else {
@@ -240,7 +229,7 @@ fn normalise(o: &mut Value) {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    if CLUSTER_SCOPED.contains(&kind.as_str())
+    if !kiln_render::placeholders::is_namespaced(kind.as_str())
         && let Some(Value::Object(meta)) = obj.get_mut("metadata")
     {
         meta.remove("namespace");
@@ -311,15 +300,6 @@ fn normalise(o: &mut Value) {
         meta.remove("creationTimestamp");
     }
 }
-
-/// Kinds without a namespace: the API server ignores a `metadata.namespace` sent with them.
-const CLUSTER_SCOPED: [&str; 5] = [
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "RuntimeClass",
-    "SecurityContextConstraints",
-    "Namespace",
-];
 
 /// The pod-spec part of [`normalise`].
 fn normalise_pod(pod: &mut Map<String, Value>) {
