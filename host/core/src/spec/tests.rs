@@ -5,7 +5,7 @@ use serde_json::json;
 fn upstream_sample_parses_with_null_validator_plugin() {
     // NVIDIA's sample, as the fidelity test's data holds it (one copy in the repository).
     let yaml = include_str!("../../../render/tests/data/nvidia-v26.7.0/policies/sample.yaml");
-    let doc: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let doc: serde_json::Value = serde_yaml_ng::from_str(yaml).unwrap();
     let spec = ClusterPolicySpec::from_json(&doc["spec"]).unwrap();
     assert_eq!(spec.mig.strategy, Some(MigStrategy::Single));
     assert_eq!(spec.validator.common.env[0].name, "WITH_WORKLOAD");
