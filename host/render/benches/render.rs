@@ -23,9 +23,11 @@ use serde_json::Value;
 
 fn sample_policy() -> Policy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/upstream/clusterpolicy-sample.yaml");
-    let doc: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(path).expect("shared/ sample")).unwrap();
+        .join("tests/data/nvidia-v26.7.0/policies/sample.yaml");
+    let doc: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(path).expect("the in-repo upstream sample"),
+    )
+    .unwrap();
     Policy::from_object(&doc).unwrap()
 }
 

@@ -30,12 +30,19 @@ impl Operand for GpuFeatureDiscovery {
         spec: &ClusterPolicySpec,
         ctx: &TransformContext,
     ) -> Result<Decision, TransformError> {
-        if obj["metadata"]["name"] != "nvidia-gpu-feature-discovery" {
+        // Only the ClusterRole (the ServiceAccount and binding share its name); reading
+        // `obj["rules"]` of another kind would insert a null `rules`.
+        if obj["kind"] != "ClusterRole" || obj["metadata"]["name"] != "nvidia-gpu-feature-discovery"
+        {
             return Ok(Decision::Keep);
         }
         let img = image::resolve_image("spec.gfd", (&spec.gfd).into(), "GFD_IMAGE", ctx)?;
         if image::is_kiln_image(&img) {
-            let rules = obj["rules"].as_array_mut().into_iter().flatten();
+            let rules = obj
+                .get_mut("rules")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten();
             for rule in rules.filter(|r| r["resources"] == Value::from(vec!["nodes"])) {
                 if let Some(verbs) = rule["verbs"].as_array_mut()
                     && !verbs.iter().any(|v| v == "patch")
