@@ -198,28 +198,27 @@ pub fn set_side_image(ctr: &mut Container, image: &str, raw_policy: &str) {
 /// the container's image is not kiln's. kiln-provided operands (validator, device plugin, GFD,
 /// exporter) default to kiln's image; a policy may point them at NVIDIA's images instead.
 pub fn fit_command_to_image(ctr: &mut Container, fallback: Option<Vec<String>>) {
-    let image = ctr.image.as_deref().unwrap_or_default();
+    if runs_kiln_on_another_image(ctr) {
+        ctr.command = fallback;
+    }
+}
+
+/// Whether `ctr`'s command is `kiln …` while its image is not kiln's (the case both
+/// `fit_command*` helpers replace).
+fn runs_kiln_on_another_image(ctr: &Container) -> bool {
     let runs_kiln = ctr
         .command
         .as_ref()
         .and_then(|c| c.first())
         .is_some_and(|c| c == "kiln");
-    if runs_kiln && !is_kiln_image(image) {
-        ctr.command = fallback;
-    }
+    runs_kiln && !is_kiln_image(ctr.image.as_deref().unwrap_or_default())
 }
 
 /// Like [`fit_command_to_image`], for NVIDIA assets that split the entrypoint into `command`
 /// and `args` (`sh -c` with the script as the argument): on an image other than kiln's, a
 /// `kiln …` command becomes `command` + `args`.
 pub fn fit_command_args_to_image(ctr: &mut Container, command: &[&str], args: &[&str]) {
-    let image = ctr.image.as_deref().unwrap_or_default();
-    let runs_kiln = ctr
-        .command
-        .as_ref()
-        .and_then(|c| c.first())
-        .is_some_and(|c| c == "kiln");
-    if runs_kiln && !is_kiln_image(image) {
+    if runs_kiln_on_another_image(ctr) {
         ctr.command = Some(command.iter().map(|s| s.to_string()).collect());
         ctr.args = Some(args.iter().map(|s| s.to_string()).collect());
     }
