@@ -36,7 +36,7 @@ pub mod status;
 
 pub use context::{Config, Context};
 pub use memory::PLUGIN_KEEP_RESIDENT_BYTES;
-pub use run::{run, runtime};
+pub use run::{run, run_until, runtime};
 
 /// What can go wrong talking to the API server or serving.
 #[derive(Debug, thiserror::Error)]

@@ -166,7 +166,8 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
-    /// Mark the operator ready (`/readyz` answers 200 from now on).
+    /// Mark the replica ready, i.e. serving (`/readyz` answers 200 from now on), whether or not
+    /// it leads.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::SeqCst);
     }
@@ -338,7 +339,8 @@ async fn require_metrics_access(
 }
 
 /// The router serving `/metrics`, `/healthz` (always 200) and `/readyz` (200 once the
-/// controller runs, else 503). With `auth`, `/metrics` answers only callers it allows
+/// replica serves — leader or standby alike, so `helm install --wait` of 2 replicas finishes —
+/// else 503; who leads is the `kiln_leader` gauge). With `auth`, `/metrics` answers only callers it allows
 /// ([`MetricsAuthorizer::check`]: else 401, 403 or 500); the health endpoints stay open.
 pub fn router(metrics: Arc<Metrics>, auth: Option<MetricsAuthorizer>) -> Router {
     let mut scrape = Router::new().route(

@@ -22,7 +22,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 
 use crate::context::{Config, Context};
-use crate::leader::{self, LeaseConfig};
+use crate::leader::{self, Elector, LeaseConfig};
 use crate::metrics::{Metrics, MetricsAuth, MetricsAuthorizer, router};
 use crate::reconcile::{error_policy, reconcile};
 use crate::{Error, Result};
@@ -62,13 +62,53 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// Run the operator until a shutdown signal (or, with leader election, until leadership is
+/// Run the operator until SIGTERM or Ctrl-C (or, with leader election, until leadership is
 /// lost, which returns [`Error::LeadershipLost`] so the process exits and restarts).
+///
+/// # Errors
+/// As [`run_until`].
+pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<()> {
+    run_until(client, renderer, config, shutdown_signal()).await
+}
+
+/// SIGTERM (what the kubelet sends) or Ctrl-C.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Run the operator until `shutdown` completes: a standby stops waiting for the Lease; the
+/// leader lets running reconciles finish, then releases the Lease so a standby takes over at
+/// its next poll ([`leader::release`]). `/readyz` answers 200 as soon as the health server
+/// listens, on the leader and on a standby alike (readiness is "serving", not "leading";
+/// `kiln_leader` tells which replica leads).
 ///
 /// # Errors
 /// [`Error::Serve`] when the metrics address cannot be bound; [`Error::Kube`] when the server
 /// version cannot be read; [`Error::LeadershipLost`].
-pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<()> {
+pub async fn run_until(
+    client: Client,
+    renderer: Renderer,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    use futures::FutureExt as _;
+    let shutdown = shutdown.boxed().shared();
     if !renderer.host().has_disk_cache() {
         tracing::warn!(
             "no usable precompiled-plugin cache directory (set {}): compiled plugins stay in \
@@ -95,9 +135,16 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
         }
     });
 
+    // Serving: a standby is Ready too (a Deployment of 2 replicas becomes Available).
+    metrics.set_ready();
+
     let lease = LeaseConfig::new(&config.namespace, &config.identity);
+    let mut elector = Elector::new(lease.clone());
     if config.leader_election {
-        leader::acquire(&client, &lease).await?;
+        tokio::select! {
+            () = elector.acquire(&client) => {}
+            () = shutdown.clone() => return Ok(()),
+        }
     }
     // Without leader election this replica is the one doing the work.
     metrics.set_leader(true);
@@ -129,7 +176,7 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
     let controller = Controller::new(policies, watcher::Config::default())
         .watches(daemonsets, watcher::Config::default(), owning_policies)
         .reconcile_all_on(futures::stream::select(node_changes, policy_deletes))
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
             match res {
@@ -138,12 +185,17 @@ pub async fn run(client: Client, renderer: Renderer, config: Config) -> Result<(
             }
             future::ready(())
         });
-    metrics.set_ready();
     tracing::info!(namespace = %config.namespace, "controller running");
     if config.leader_election {
         tokio::select! {
-            () = controller => Ok(()),
-            () = leader::hold(&client, &lease) => {
+            () = controller => {
+                metrics.set_leader(false);
+                if let Err(e) = leader::release(&client, &lease).await {
+                    tracing::warn!(error = %e, "lease not released (it expires on its own)");
+                }
+                Ok(())
+            }
+            () = elector.hold(&client) => {
                 metrics.set_leader(false);
                 Err(Error::LeadershipLost)
             }
