@@ -18,6 +18,7 @@ pub mod spec;
 pub mod state;
 pub mod status;
 pub mod testcase;
+pub mod upgrade;
 
 pub use context::{ContainerRuntime, NodeOs, TransformContext};
 pub use spec::{ClusterPolicySpec, SpecError};
