@@ -9,7 +9,7 @@ package main
 //	args/NAME.json      the arguments each component was started with
 //	logs/NAME.log       stdout+stderr of each component
 //	pki/, etcd/         certificates and etcd data
-//	kwok.yaml           kwok stages (node initialize + heartbeat, pod ready/complete/delete)
+//	kwok.yaml           kwok stages (node initialize + heartbeat, pod ready/running-unready/complete/delete)
 
 import (
 	"bufio"
@@ -298,11 +298,73 @@ func apiserverArgs(dir string, p ports, f pkiFiles) []string {
 	}
 }
 
+// ExternalReadinessAnnotation on a pod (any value) means: kwok starts the pod (Running,
+// containers running) but leaves it NotReady; whoever stands in for the kubelet's prober
+// (a test running the pod's process locally) sets its Ready condition through the pod status.
+const ExternalReadinessAnnotation = "kiln.dev/testcluster-readiness"
+
+// podRunningUnready is kwok's pod-ready stage for pods with ExternalReadinessAnnotation:
+// Running, containers started, Ready and ContainersReady False.
+const podRunningUnready = `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-running-unready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.metadata.annotations["` + ExternalReadinessAnnotation + `"]'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Pending'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: ContainersReady
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        started: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+`
+
 func kwokStages() string {
+	// kwok's own pod-ready stage, except for pods whose readiness is set from outside.
+	marker := "    matchExpressions:\n"
+	if !strings.Contains(kwokpodfast.DefaultPodReady, marker) {
+		panic("kwok's pod-ready stage changed shape: no matchExpressions")
+	}
+	podReady := strings.Replace(kwokpodfast.DefaultPodReady, marker, marker+
+		"    - key: '.metadata.annotations[\""+ExternalReadinessAnnotation+"\"]'\n"+
+		"      operator: 'DoesNotExist'\n", 1)
 	return strings.Join([]string{
 		kwoknodefast.DefaultNodeInit,
 		kwoklease.DefaultNodeHeartbeatWithLease,
-		kwokpodfast.DefaultPodReady,
+		podReady,
+		podRunningUnready,
 		kwokpodfast.DefaultPodComplete,
 		kwokpodfast.DefaultPodDelete,
 	}, "\n---\n")

@@ -25,14 +25,19 @@ pub mod context;
 pub mod crd;
 pub mod facts;
 pub mod leader;
+pub mod lifecycle;
 pub mod live;
 pub mod memory;
 pub mod metrics;
 pub mod nodes;
+pub mod nvidiadriver;
+pub mod psa;
 pub mod readiness;
 pub mod reconcile;
 pub mod run;
 pub mod status;
+pub mod timeline;
+pub mod upgrade;
 
 pub use context::{Config, Context};
 pub use memory::PLUGIN_KEEP_RESIDENT_BYTES;
@@ -80,6 +85,9 @@ pub enum Error {
     /// The kubeconfig could not be read.
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
+    /// Something waited for did not happen in time (what is still there).
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 impl Error {
@@ -100,6 +108,7 @@ impl Error {
             Error::Serve { .. } => "serve",
             Error::Client(_) | Error::Kubeconfig(_) => "client",
             Error::LeadershipLost => "leadership",
+            Error::Timeout(_) => "timeout",
         }
     }
 }
