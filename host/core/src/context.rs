@@ -46,7 +46,7 @@ impl std::str::FromStr for ContainerRuntime {
 }
 
 /// OS facts of the GPU nodes, from NFD's `system-os_release` labels.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeOs {
     /// `ID`, e.g. `ubuntu`.
     pub id: String,
@@ -54,7 +54,23 @@ pub struct NodeOs {
     pub version_id: String,
 }
 
+/// NFD label with the OS id (`ubuntu`, `rhel`, …).
+pub const OS_ID_LABEL: &str = "feature.node.kubernetes.io/system-os_release.ID";
+/// NFD label with the OS version (`22.04`, `9.4`, …).
+pub const OS_VERSION_LABEL: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+
 impl NodeOs {
+    /// A node's OS from its NFD labels ([`OS_ID_LABEL`], [`OS_VERSION_LABEL`]); `rhel`, `rocky`
+    /// and `ol` keep only the major version (upstream rule). `None` without both labels.
+    pub fn from_labels(labels: &std::collections::BTreeMap<String, String>) -> Option<NodeOs> {
+        let id = labels.get(OS_ID_LABEL)?.clone();
+        let mut version_id = labels.get(OS_VERSION_LABEL)?.clone();
+        if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
+            version_id = version_id.split('.').next().unwrap_or_default().to_string();
+        }
+        Some(NodeOs { id, version_id })
+    }
+
     /// The upstream OS tag appended to driver images: ID + VERSION_ID, e.g. `ubuntu22.04`.
     pub fn tag(&self) -> String {
         format!("{}{}", self.id, self.version_id)

@@ -77,6 +77,11 @@ pub struct LiveObject {
 pub enum Render<'a> {
     /// The state is disabled: its objects are deleted.
     Disabled,
+    /// The state is off because NVIDIADriver CRs run it now ([`hands_off`]): its DaemonSets
+    /// are deleted with `propagationPolicy: Orphan` ([`StatePlan::orphan`]), so the driver pods
+    /// keep running until the NVIDIADriver DaemonSets replace them; its other objects (service
+    /// account, RBAC, the startup-probe ConfigMap, which those DaemonSets use) stay.
+    HandedOff,
     /// The chain failed: nothing of the state is applied or deleted (its last objects stay).
     Failed,
     /// The chain's output, in apply order.
@@ -92,6 +97,18 @@ pub struct StatePlan {
     /// Live objects of the state to delete: the state is disabled, or its render no longer
     /// produces them (and no other state does).
     pub delete: Vec<ObjectKey>,
+    /// Live DaemonSets of a [`Render::HandedOff`] state: deleted with
+    /// `propagationPolicy: Orphan` (their pods are not deleted).
+    pub orphan: Vec<ObjectKey>,
+}
+
+/// Whether `state` is handed to NVIDIADriver CRs under `spec` (upstream: with
+/// `driver.useNvidiaDriverCRD` the `state-driver` and `state-vgpu-manager` are not run and their
+/// DaemonSets are deleted with Orphan propagation). Such a state renders as
+/// [`Render::HandedOff`].
+pub fn hands_off(state: State, spec: &ClusterPolicySpec) -> bool {
+    matches!(state, State::Driver | State::VgpuManager)
+        && spec.driver.use_nvidia_driver_crd.unwrap_or(false)
 }
 
 /// What one reconcile applies and deletes.
@@ -162,9 +179,20 @@ pub fn plan(
                 .collect();
         }
         let stale = by_state.remove(state.name()).unwrap_or_default();
-        if !matches!(render, Render::Failed) {
-            sp.delete = stale.into_iter().map(|l| l.key.clone()).collect();
-            sp.delete.sort();
+        match render {
+            Render::Failed => {}
+            Render::HandedOff => {
+                sp.orphan = stale
+                    .into_iter()
+                    .filter(|l| l.key.kind == "DaemonSet")
+                    .map(|l| l.key.clone())
+                    .collect();
+                sp.orphan.sort();
+            }
+            Render::Disabled | Render::Objects(_) => {
+                sp.delete = stale.into_iter().map(|l| l.key.clone()).collect();
+                sp.delete.sort();
+            }
         }
         out.states.push((*state, sp));
     }
@@ -355,6 +383,30 @@ mod tests {
         );
         assert_eq!(names(&p.orphans), ["ConfigMap gpu-operator/gone-state"]);
         assert_eq!(plan(&renders, &live, &owner, 1).states[0].1.apply.len(), 2);
+    }
+
+    #[test]
+    fn a_handed_off_state_orphans_its_daemonsets_and_keeps_the_rest() {
+        let owner = json!({});
+        let renders = [(State::Driver, Render::HandedOff)];
+        let live = [
+            live("DaemonSet", "nvidia-driver-daemonset", "driver", true),
+            live("ServiceAccount", "nvidia-driver", "driver", true),
+            live("DaemonSet", "someone-elses", "driver", false),
+        ];
+        let p = plan(&renders, &live, &owner, 3);
+        let sp = &p.states[0].1;
+        assert_eq!(
+            names(&sp.orphan),
+            ["DaemonSet gpu-operator/nvidia-driver-daemonset"]
+        );
+        assert!(sp.delete.is_empty(), "{:?}", sp.delete);
+        assert!(sp.apply.is_empty());
+        let on = spec(json!({"driver": {"useNvidiaDriverCRD": true}}));
+        assert!(hands_off(State::Driver, &on));
+        assert!(hands_off(State::VgpuManager, &on));
+        assert!(!hands_off(State::ContainerToolkit, &on));
+        assert!(!hands_off(State::Driver, &spec(json!({}))));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! the `is_*`/`*_or_default` methods (e.g. [`ComponentSpec::enabled_or`]).
 
 mod components;
+pub mod nvidiadriver;
 #[cfg(feature = "kube")]
 pub mod schema;
 mod status;

@@ -141,21 +141,7 @@ fn structural(node: &mut Value, in_combinator: bool) {
 pub fn openapi_schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        let generator = SchemaSettings::openapi3()
-            .with(|s| {
-                s.inline_subschemas = true;
-                s.meta_schema = None;
-            })
-            .with_transform(AddNullable::default())
-            .with_transform(StructuralSchemaRewriter)
-            .with_transform(OptionalEnum)
-            .with_transform(OptionalIntOrString)
-            .into_generator();
-        let mut v = serde_json::to_value(generator.into_root_schema_for::<ClusterPolicy>())
-            .expect("a schema serializes");
-        if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
-            props.values_mut().for_each(make_structural);
-        }
+        let mut v = structural_schema_for::<ClusterPolicy>();
         for (component, field) in NOT_IN_UPSTREAM {
             if let Some(props) = v
                 .pointer_mut(&format!(
@@ -168,6 +154,59 @@ pub fn openapi_schema() -> &'static Value {
         }
         v
     })
+}
+
+/// The structural, upstream-like schema of the custom resource `K` (spec and status), generated
+/// as kube's `CustomResource` derive generates it (same schemars settings and transforms) and
+/// then passed through [`make_structural`].
+pub fn structural_schema_for<K: schemars::JsonSchema>() -> Value {
+    let generator = SchemaSettings::openapi3()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .with_transform(AddNullable::default())
+        .with_transform(StructuralSchemaRewriter)
+        .with_transform(OptionalEnum)
+        .with_transform(OptionalIntOrString)
+        .into_generator();
+    let mut v =
+        serde_json::to_value(generator.into_root_schema_for::<K>()).expect("a schema serializes");
+    if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
+        props.values_mut().for_each(make_structural);
+    }
+    v
+}
+
+/// The NVIDIADriver CRD's `openAPIV3Schema` (spec and status), structural.
+pub fn nvidia_driver_openapi_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(structural_schema_for::<super::nvidiadriver::NVIDIADriver>)
+}
+
+/// [`default_spec`] for an NVIDIADriver `spec`, with its CRD's schema
+/// ([`nvidia_driver_openapi_schema`]); returns the pruned unknown fields.
+pub fn default_nvidia_driver_spec(spec: &mut Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    apply(
+        &nvidia_driver_openapi_schema()["properties"]["spec"],
+        spec,
+        "",
+        &mut pruned,
+    );
+    pruned
+}
+
+/// [`check_spec`] for an NVIDIADriver `spec` (enums, minimums, maximums).
+///
+/// # Errors
+/// The first offending field, e.g. `spec.driverType: unsupported value "cpu", …`.
+pub fn check_nvidia_driver_spec(spec: &Value) -> Result<(), SpecError> {
+    check(
+        &nvidia_driver_openapi_schema()["properties"]["spec"],
+        spec,
+        "spec",
+    )
 }
 
 /// Fields kiln's shared component types carry (through the flattened

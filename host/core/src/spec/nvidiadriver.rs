@@ -1,0 +1,656 @@
+//! `NVIDIADriver` (`nvidia.com/v1alpha1`, cluster-scoped): one driver configuration for the
+//! GPU nodes its `nodeSelector` picks (NVIDIA GPU Operator's node-pool driver CR).
+//!
+//! Field names, shapes, enums and defaults follow upstream's `NVIDIADriverSpec`
+//! (`api/nvidia/v1alpha1/nvidiadriver_types.go`). kiln renders an NVIDIADriver through the same
+//! `state-driver` assets and `driver` plugin as the ClusterPolicy: [`NvidiaDriverSpec::policy_spec`]
+//! writes the CR's fields onto a copy of the policy's spec (its `driver`, `gds`, `gdrcopy` and the
+//! pod settings of `daemonsets`), and the host then makes one DaemonSet per node pool of the
+//! CR ([`node_pools`], [`daemonset_name`], [`finish_daemonset`]).
+//!
+//! ```text
+//! NVIDIADriver ─┐
+//! nodes ────────┼─► node_pools (one per OS, or OS+kernel when precompiled)
+//! ClusterPolicy ┘      └─► per pool: policy_spec ─► state-driver + driver plugin ─► finish_daemonset
+//! ```
+//!
+//! Two NVIDIADrivers may not select the same node ([`overlaps`]): each gets an error naming the
+//! other and neither is applied on that node set.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{NodeAffinity, PodSecurityContext, Toleration};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    ComponentSpec, DriverManagerSpec, DriverSpec, EnvVarSpec, KernelModuleType,
+    LicensingConfigSpec, NameSpec, ProbeSpec, RdmaSpec, RepoConfigSpec, ResourcesSpec,
+    VirtualTopologySpec,
+};
+use crate::context::NodeOs;
+use crate::labels::{GPU_PRESENT, Labels};
+
+#[cfg(feature = "kube")]
+use super::schema::crd_default;
+#[cfg(feature = "kube")]
+use kube::CustomResource;
+#[cfg(feature = "kube")]
+use schemars::JsonSchema;
+
+/// Label on every object kiln applies for an NVIDIADriver, naming the CR
+/// (`kiln.dev/nvidiadriver=<name>`): how its stale DaemonSets (a node pool that went away) are
+/// found again.
+pub const NVIDIADRIVER_LABEL: &str = "kiln.dev/nvidiadriver";
+
+/// NFD's kernel label; precompiled drivers make one pool per kernel (upstream).
+pub const KERNEL_LABEL: &str = "feature.node.kubernetes.io/kernel-version.full";
+
+/// Most characters of a DaemonSet's `app` label value and name (a DNS-1123 label, upstream
+/// `getDriverAppName`).
+pub const APP_NAME_MAX: usize = 63;
+
+/// The NVIDIADriver spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(CustomResource, JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "nvidia.com",
+        version = "v1alpha1",
+        kind = "NVIDIADriver",
+        plural = "nvidiadrivers",
+        shortname = "nvd",
+        shortname = "nvdriver",
+        shortname = "nvdrivers",
+        status = "NvidiaDriverStatus",
+        printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
+        printcolumn = r#"{"name":"Age","type":"string","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NvidiaDriverSpec {
+    /// `gpu` | `vgpu` | `vgpu-host-manager` (default `gpu`); immutable.
+    #[serde(default = "driver_type_gpu")]
+    #[cfg_attr(
+        feature = "kube",
+        schemars(
+            transform = crd_default,
+            extend("x-kubernetes-validations" = [{"rule": "self == oldSelf",
+                "message": "driverType is immutable: create a new NVIDIADriver to change it"}])
+        )
+    )]
+    pub driver_type: DriverType,
+    /// Precompiled driver images, one DaemonSet per kernel (nil = false); immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "kube",
+        schemars(extend("x-kubernetes-validations" = [{"rule": "self == oldSelf",
+            "message": "usePrecompiled is immutable: create a new NVIDIADriver to change it"}]))
+    )]
+    pub use_precompiled: Option<bool>,
+    /// Deprecated no-op (use `kernelModuleType`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_open_kernel_modules: Option<bool>,
+    /// `auto` | `open` | `proprietary` (default `auto`).
+    #[serde(
+        default = "kernel_module_auto",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub kernel_module_type: Option<KernelModuleType>,
+    /// Driver container startup probe; nil takes upstream's default (60 s delay, 5 s when
+    /// precompiled; timeout 60 s, period 10 s, 120 failures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_probe: Option<ProbeSpec>,
+    /// Liveness probe overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<ProbeSpec>,
+    /// Readiness probe overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<ProbeSpec>,
+    /// GPUDirect RDMA (nvidia-peermem); nil takes the ClusterPolicy's `driver.rdma`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<RdmaSpec>,
+    /// GPUDirect Storage (nvidia-fs sidecar).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gds: Option<SidecarDriverSpec>,
+    /// GDRCopy sidecar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdrcopy: Option<SidecarDriverSpec>,
+    /// Image repository, e.g. `nvcr.io/nvidia`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repository: String,
+    /// Image name (default `nvcr.io/nvidia/driver`).
+    #[serde(default = "driver_image")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub image: String,
+    /// Driver version (the branch for precompiled drivers), or a `sha256:` digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Image pull policy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_pull_policy: String,
+    /// Image pull secret names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// The k8s-driver-manager init container.
+    #[serde(default)]
+    pub manager: DriverManagerSpec,
+    /// Requests/limits of the driver containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+    /// Driver container args.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Driver container env (set-or-append).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVarSpec>,
+    /// Package repository ConfigMap (`{name}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_config: Option<NameSpec>,
+    /// CA certificates ConfigMap (`{name}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_config: Option<NameSpec>,
+    /// vGPU licensing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub licensing_config: Option<NvidiaDriverLicensingSpec>,
+    /// vGPU topology daemon ConfigMap (`{name}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_topology_config: Option<NameSpec>,
+    /// Kernel module parameters ConfigMap (`{name}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_module_config: Option<NameSpec>,
+    /// Secret whose keys become the driver container's env.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret_env: String,
+    /// Nodes this driver is for; nil = every GPU node (`nvidia.com/gpu.present=true` is always
+    /// required as well).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Node affinity of the driver pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<NodeAffinity>,
+    /// Labels of the DaemonSet and its pods (`app` and `app.kubernetes.io/*` are ignored: the
+    /// pod selector is immutable).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the DaemonSet and its pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Pod tolerations (replace the asset's when non-empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Pod priority class (replaces the asset's when non-empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub priority_class_name: String,
+    /// Pod security context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
+}
+
+impl Default for NvidiaDriverSpec {
+    /// The CRD's defaults (what `spec: {}` becomes).
+    fn default() -> Self {
+        serde_json::from_value(serde_json::json!({})).expect("an empty spec parses")
+    }
+}
+
+fn driver_type_gpu() -> DriverType {
+    DriverType::Gpu
+}
+
+fn kernel_module_auto() -> Option<KernelModuleType> {
+    Some(KernelModuleType::Auto)
+}
+
+fn driver_image() -> String {
+    "nvcr.io/nvidia/driver".into()
+}
+
+/// `spec.driverType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+pub enum DriverType {
+    /// Data-center GPU driver.
+    #[serde(rename = "gpu")]
+    Gpu,
+    /// vGPU guest driver.
+    #[serde(rename = "vgpu")]
+    Vgpu,
+    /// vGPU host manager (kiln does not render it from an NVIDIADriver).
+    #[serde(rename = "vgpu-host-manager")]
+    VgpuHostManager,
+}
+
+impl DriverType {
+    /// The CRD value (`gpu`, `vgpu`, `vgpu-host-manager`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverType::Gpu => "gpu",
+            DriverType::Vgpu => "vgpu",
+            DriverType::VgpuHostManager => "vgpu-host-manager",
+        }
+    }
+}
+
+/// `spec.gds` / `spec.gdrcopy`: a driver sidecar's image and settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarDriverSpec {
+    /// Enable the sidecar (nil = false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Image repository.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repository: String,
+    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
+    pub image: String,
+    /// Tag or digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Pull policy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_pull_policy: String,
+    /// Pull secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Args.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Env.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVarSpec>,
+}
+
+impl SidecarDriverSpec {
+    /// As the ClusterPolicy's `gds`/`gdrcopy` component.
+    fn component(&self) -> ComponentSpec {
+        ComponentSpec {
+            enabled: self.enabled,
+            repository: self.repository.clone(),
+            image: self.image.clone(),
+            version: self.version.clone(),
+            image_pull_policy: self.image_pull_policy.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+            resources: None,
+            args: self.args.clone(),
+            env: self.env.clone(),
+            host_network: None,
+        }
+    }
+}
+
+/// `spec.licensingConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NvidiaDriverLicensingSpec {
+    /// Secret holding `gridd.conf` (preferred).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret_name: String,
+    /// Deprecated: ConfigMap holding `gridd.conf`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// NLS licensing: also mount the client token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nls_enabled: Option<bool>,
+}
+
+/// `status.state` (CRD enum).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+pub enum NvidiaDriverState {
+    /// Not applied (kiln does not use this value; upstream's enum has it).
+    #[serde(rename = "ignored")]
+    Ignored,
+    /// Every driver pod of the CR is ready.
+    #[serde(rename = "ready")]
+    Ready,
+    /// Some driver pod is not ready, or the CR cannot be applied.
+    #[default]
+    #[serde(rename = "notReady")]
+    NotReady,
+    /// The ClusterPolicy does not hand the driver to NVIDIADriver CRs.
+    #[serde(rename = "disabled")]
+    Disabled,
+}
+
+/// `status` of an NVIDIADriver.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NvidiaDriverStatus {
+    /// ready / notReady / disabled.
+    #[serde(default)]
+    pub state: NvidiaDriverState,
+    /// Operator namespace (where the driver DaemonSets run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `Ready` and `Error` conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+impl NvidiaDriverSpec {
+    /// The nodes this CR is for: its `nodeSelector` (nil = every GPU node) and always
+    /// `nvidia.com/gpu.present=true` (upstream `getNodePools`).
+    pub fn effective_selector(&self) -> BTreeMap<String, String> {
+        let mut s = BTreeMap::from([(GPU_PRESENT.to_string(), "true".to_string())]);
+        if let Some(own) = &self.node_selector {
+            s.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        s
+    }
+
+    /// Whether a node with `labels` is one of this CR's.
+    pub fn selects(&self, labels: &Labels) -> bool {
+        matches(&self.effective_selector(), labels)
+    }
+
+    /// Whether precompiled drivers are on (nil = false).
+    pub fn precompiled(&self) -> bool {
+        self.use_precompiled == Some(true)
+    }
+
+    /// This CR's fields as a ClusterPolicy `driver` block; what the CR does not carry (the
+    /// upgrade policy, RDMA when nil) comes from the policy's `base`.
+    pub fn driver_spec(&self, base: &DriverSpec) -> DriverSpec {
+        let name = |n: &Option<NameSpec>| n.clone().unwrap_or_default();
+        let licensing = self.licensing_config.clone().unwrap_or_default();
+        DriverSpec {
+            common: ComponentSpec {
+                enabled: Some(true),
+                repository: self.repository.clone(),
+                image: self.image.clone(),
+                version: self.version.clone(),
+                image_pull_policy: self.image_pull_policy.clone(),
+                image_pull_secrets: self.image_pull_secrets.clone(),
+                resources: self.resources.clone(),
+                args: self.args.clone(),
+                env: self.env.clone(),
+                host_network: base.common.host_network,
+            },
+            use_nvidia_driver_crd: None,
+            use_precompiled: self.use_precompiled,
+            use_open_kernel_modules: self.use_open_kernel_modules,
+            kernel_module_type: self.kernel_module_type.or(Some(KernelModuleType::Auto)),
+            startup_probe: Some(
+                self.startup_probe
+                    .clone()
+                    .unwrap_or_else(|| default_startup_probe(self.precompiled())),
+            ),
+            liveness_probe: self.liveness_probe.clone(),
+            readiness_probe: self.readiness_probe.clone(),
+            rdma: self.rdma.clone().unwrap_or_else(|| base.rdma.clone()),
+            upgrade_policy: base.upgrade_policy.clone(),
+            manager: self.manager.clone(),
+            repo_config: RepoConfigSpec {
+                config_map_name: name(&self.repo_config).name,
+            },
+            cert_config: name(&self.cert_config),
+            licensing_config: LicensingConfigSpec {
+                config_map_name: licensing.name,
+                secret_name: licensing.secret_name,
+                nls_enabled: licensing.nls_enabled,
+            },
+            virtual_topology: VirtualTopologySpec {
+                config: name(&self.virtual_topology_config).name,
+            },
+            kernel_module_config: name(&self.kernel_module_config),
+            secret_env: self.secret_env.clone(),
+        }
+    }
+
+    /// The ClusterPolicy spec (JSON, as stored) the driver state is rendered from for this CR:
+    /// `policy` with `driver` replaced by [`NvidiaDriverSpec::driver_spec`], `gds`/`gdrcopy` by
+    /// the CR's (off when the CR has none), and the pod settings of `daemonsets` (labels,
+    /// annotations, tolerations, priority class, pod security context) by the CR's; the rest of
+    /// `daemonsets` (update strategy) stays the policy's.
+    ///
+    /// # Errors
+    /// A [`super::SpecError`] naming the policy field when `policy` is not a valid spec.
+    pub fn policy_spec(&self, policy: &Value) -> Result<Value, super::SpecError> {
+        let parsed = super::ClusterPolicySpec::from_json(policy)?;
+        let mut out = policy.clone();
+        if !out.is_object() {
+            out = Value::Object(Default::default());
+        }
+        out["driver"] = to(&self.driver_spec(&parsed.driver));
+        let sidecar = |s: &Option<SidecarDriverSpec>| match s {
+            Some(s) => s.component(),
+            None => ComponentSpec {
+                enabled: Some(false),
+                ..Default::default()
+            },
+        };
+        out["gds"] = to(&sidecar(&self.gds));
+        out["gdrcopy"] = to(&sidecar(&self.gdrcopy));
+        if !out["daemonsets"].is_object() {
+            out["daemonsets"] = Value::Object(Default::default());
+        }
+        let ds = &mut out["daemonsets"];
+        ds["labels"] = to(&sanitized_labels(&self.labels));
+        ds["annotations"] = to(&self.annotations);
+        ds["tolerations"] = to(&self.tolerations);
+        ds["priorityClassName"] = Value::String(self.priority_class_name.clone());
+        match &self.pod_security_context {
+            Some(psc) => ds["podSecurityContext"] = to(psc),
+            None => {
+                if let Some(m) = ds.as_object_mut() {
+                    m.remove("podSecurityContext");
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn to<T: Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("spec types serialize")
+}
+
+/// Upstream's startup probe when the CR sets none: 60 s initial delay (5 s precompiled),
+/// timeout 60 s, period 10 s, success 1, failures 120.
+pub fn default_startup_probe(precompiled: bool) -> ProbeSpec {
+    ProbeSpec {
+        initial_delay_seconds: Some(if precompiled { 5 } else { 60 }),
+        timeout_seconds: Some(60),
+        period_seconds: Some(10),
+        success_threshold: Some(1),
+        failure_threshold: Some(120),
+    }
+}
+
+/// Labels the CR may set: not `app` nor `app.kubernetes.io/*` (the pod selector uses them and
+/// is immutable; upstream `sanitizeDriverLabels`).
+pub fn sanitized_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| *k != "app" && !k.starts_with("app.kubernetes.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn matches(selector: &BTreeMap<String, String>, labels: &Labels) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// One node pool of an NVIDIADriver: the nodes sharing an OS (and kernel, precompiled), which
+/// get one DaemonSet.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodePool {
+    /// The pool's OS as image tags use it (`rhel9` for `rhel` `9.4`, see [`NodeOs::from_labels`]).
+    pub os: NodeOs,
+    /// The pool's name part: NFD's ID and VERSION_ID as the nodes carry them (`ubuntu22.04`,
+    /// `rhel9.4`).
+    pub name: String,
+    /// The kernel, for precompiled drivers.
+    pub kernel: Option<String>,
+    /// The DaemonSet's `nodeSelector`: the CR's effective selector plus the OS labels (and the
+    /// kernel label, precompiled).
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// The node pools of `spec` among `nodes` (their labels), sorted by name: nodes the CR selects
+/// grouped by NFD OS ID and VERSION_ID (and kernel when precompiled). Nodes without the NFD
+/// labels are left out (upstream logs "Is NFD installed?" and skips them).
+pub fn node_pools<'a>(
+    spec: &NvidiaDriverSpec,
+    nodes: impl IntoIterator<Item = &'a Labels>,
+) -> Vec<NodePool> {
+    use crate::context::{OS_ID_LABEL, OS_VERSION_LABEL};
+    let selector = spec.effective_selector();
+    let mut pools = BTreeSet::new();
+    for labels in nodes.into_iter().filter(|l| matches(&selector, l)) {
+        let Some(os) = NodeOs::from_labels(labels) else {
+            continue;
+        };
+        let (id, version) = (&labels[OS_ID_LABEL], &labels[OS_VERSION_LABEL]);
+        let mut node_selector = selector.clone();
+        node_selector.insert(OS_ID_LABEL.into(), id.clone());
+        node_selector.insert(OS_VERSION_LABEL.into(), version.clone());
+        let kernel = if spec.precompiled() {
+            let Some(k) = labels.get(KERNEL_LABEL) else {
+                continue;
+            };
+            node_selector.insert(KERNEL_LABEL.into(), k.clone());
+            Some(k.clone())
+        } else {
+            None
+        };
+        pools.insert(NodePool {
+            os,
+            name: format!("{id}{version}"),
+            kernel,
+            node_selector,
+        });
+    }
+    pools.into_iter().collect()
+}
+
+/// The name (and `app` label) of an NVIDIADriver's DaemonSet for `pool`, as upstream's
+/// `getDriverAppName`: `nvidia-<driverType>-driver-<pool>-<hash>`, the hash taken over the
+/// CR's UID (plus `-<kernel>` for a precompiled pool) with FNV-1a (32 bit), its decimal text
+/// encoded with apimachinery's `rand.SafeEncodeString`; the prefix is cut so the whole stays
+/// within [`APP_NAME_MAX`].
+pub fn daemonset_name(driver_type: DriverType, pool: &NodePool, uid: &str) -> String {
+    let prefix = format!("nvidia-{}-driver-{}", driver_type.as_str(), pool.name);
+    let mut hashed = uid.to_string();
+    if let Some(k) = &pool.kernel {
+        hashed.push('-');
+        hashed.push_str(k);
+    }
+    let hash = safe_encode(&fnv1a32(hashed.as_bytes()).to_string());
+    let keep = APP_NAME_MAX
+        .saturating_sub(hash.len() + 1)
+        .min(prefix.len());
+    let prefix = prefix[..keep].trim_end_matches(['-', '.']);
+    format!("{prefix}-{hash}")
+}
+
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// apimachinery's `rand.SafeEncodeString`: each character mapped onto an alphabet without
+/// vowels or confusable characters.
+fn safe_encode(s: &str) -> String {
+    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    s.chars()
+        .map(|c| ALPHANUMS[(c as usize) % ALPHANUMS.len()] as char)
+        .collect()
+}
+
+/// Make the rendered driver DaemonSet `ds` the one of an NVIDIADriver's pool: named `name`
+/// (also its `app` label, pod selector and pod label, so pods of another driver DaemonSet —
+/// e.g. ones the ClusterPolicy's DaemonSet orphaned — are never adopted), labelled
+/// [`NVIDIADRIVER_LABEL`]`=<cr>`, the pool's `nodeSelector` added to the asset's, and the CR's
+/// node affinity set.
+pub fn finish_daemonset(
+    ds: &mut Value,
+    name: &str,
+    cr: &str,
+    pool: &NodePool,
+    node_affinity: Option<&NodeAffinity>,
+) {
+    let set = |v: &mut Value, ptr: &str, key: &str, val: &str| {
+        if let Some(m) = object_at(v, ptr) {
+            m.insert(key.into(), Value::String(val.into()));
+        }
+    };
+    ds["metadata"]["name"] = Value::String(name.into());
+    set(ds, "/metadata/labels", "app", name);
+    set(ds, "/metadata/labels", NVIDIADRIVER_LABEL, cr);
+    set(ds, "/spec/selector/matchLabels", "app", name);
+    set(ds, "/spec/template/metadata/labels", "app", name);
+    set(ds, "/spec/template/metadata/labels", NVIDIADRIVER_LABEL, cr);
+    for (k, v) in &pool.node_selector {
+        set(ds, "/spec/template/spec/nodeSelector", k, v);
+    }
+    if let Some(aff) = node_affinity
+        && let Some(m) = object_at(ds, "/spec/template/spec/affinity")
+    {
+        m.insert(
+            "nodeAffinity".into(),
+            serde_json::to_value(aff).expect("NodeAffinity serializes"),
+        );
+    }
+}
+
+/// The object at JSON pointer `ptr`, created (as empty objects) along the way.
+fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<String, Value>> {
+    let mut cur = v;
+    for key in ptr.split('/').filter(|k| !k.is_empty()) {
+        if !cur.is_object() {
+            *cur = Value::Object(Default::default());
+        }
+        cur = cur
+            .as_object_mut()?
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Object(Default::default()));
+    }
+    if !cur.is_object() {
+        *cur = Value::Object(Default::default());
+    }
+    cur.as_object_mut()
+}
+
+/// Overlapping NVIDIADrivers: for each CR (by name) that selects a node another CR selects
+/// too, the names of those others (sorted). `drivers` are `(name, spec)`; `nodes` the labels of
+/// every node. Only real nodes count: two selectors that could overlap but match no common
+/// node do not conflict (upstream checks the nodes).
+pub fn overlaps<'a>(
+    drivers: &[(String, &NvidiaDriverSpec)],
+    nodes: impl IntoIterator<Item = &'a Labels>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let selectors: Vec<(&str, BTreeMap<String, String>)> = drivers
+        .iter()
+        .map(|(n, s)| (n.as_str(), s.effective_selector()))
+        .collect();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for labels in nodes {
+        let on: Vec<&str> = selectors
+            .iter()
+            .filter(|(_, s)| matches(s, labels))
+            .map(|(n, _)| *n)
+            .collect();
+        if on.len() < 2 {
+            continue;
+        }
+        for a in &on {
+            let others = on.iter().filter(|b| *b != a).map(|b| b.to_string());
+            out.entry(a.to_string()).or_default().extend(others);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "nvidiadriver_tests.rs"]
+mod tests;

@@ -1,0 +1,291 @@
+use super::*;
+use crate::context::{OS_ID_LABEL, OS_VERSION_LABEL};
+use serde_json::json;
+
+fn nvd(v: Value) -> NvidiaDriverSpec {
+    serde_json::from_value(v).unwrap()
+}
+
+fn node(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn gpu(os: &str, version: &str, extra: &[(&str, &str)]) -> Labels {
+    let mut l = node(&[
+        (GPU_PRESENT, "true"),
+        (OS_ID_LABEL, os),
+        (OS_VERSION_LABEL, version),
+    ]);
+    l.extend(node(extra));
+    l
+}
+
+#[test]
+fn empty_spec_takes_the_crd_defaults() {
+    let d = NvidiaDriverSpec::default();
+    assert_eq!(d.driver_type, DriverType::Gpu);
+    assert_eq!(d.kernel_module_type, Some(KernelModuleType::Auto));
+    assert_eq!(d.image, "nvcr.io/nvidia/driver");
+    assert_eq!(
+        d.effective_selector(),
+        BTreeMap::from([(GPU_PRESENT.to_string(), "true".to_string())])
+    );
+    let err = serde_json::from_value::<NvidiaDriverSpec>(json!({"driverType": "cpu"}));
+    assert!(err.is_err());
+}
+
+#[test]
+fn fields_map_onto_the_policy_driver_spec() {
+    let cr = nvd(json!({
+        "repository": "nvcr.io/nvidia", "image": "driver", "version": "570.1",
+        "kernelModuleType": "open", "imagePullSecrets": ["pull"],
+        "env": [{"name": "A", "value": "1"}],
+        "repoConfig": {"name": "repo"}, "certConfig": {"name": "certs"},
+        "licensingConfig": {"secretName": "lic", "nlsEnabled": true},
+        "virtualTopologyConfig": {"name": "topo"}, "kernelModuleConfig": {"name": "kmod"},
+        "secretEnv": "senv", "manager": {"image": "k8s-driver-manager", "version": "v0.9"}
+    }));
+    let base: DriverSpec = serde_json::from_value(json!({
+        "rdma": {"enabled": true},
+        "upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 2},
+        "version": "ignored"
+    }))
+    .unwrap();
+    let d = cr.driver_spec(&base);
+    assert_eq!(d.common.enabled, Some(true));
+    assert_eq!(
+        (
+            d.common.repository.as_str(),
+            d.common.image.as_str(),
+            d.common.version.as_str()
+        ),
+        ("nvcr.io/nvidia", "driver", "570.1")
+    );
+    assert_eq!(d.kernel_module_type, Some(KernelModuleType::Open));
+    assert_eq!(d.common.image_pull_secrets, ["pull"]);
+    assert_eq!(d.common.env[0].name, "A");
+    assert_eq!(d.repo_config.config_map_name, "repo");
+    assert_eq!(d.cert_config.name, "certs");
+    assert_eq!(d.licensing_config.secret_name, "lic");
+    assert_eq!(d.licensing_config.nls_enabled, Some(true));
+    assert_eq!(d.virtual_topology.config, "topo");
+    assert_eq!(d.kernel_module_config.name, "kmod");
+    assert_eq!(d.secret_env, "senv");
+    assert_eq!(d.manager.version, "v0.9");
+    // From the policy: RDMA (the CR has none) and the upgrade policy.
+    assert_eq!(d.rdma.enabled, Some(true));
+    assert_eq!(d.upgrade_policy.as_ref().unwrap().max_parallel_upgrades, 2);
+    // Upstream's default startup probe.
+    assert_eq!(d.startup_probe, Some(default_startup_probe(false)));
+    assert_eq!(
+        nvd(json!({"usePrecompiled": true}))
+            .driver_spec(&base)
+            .startup_probe
+            .unwrap()
+            .initial_delay_seconds,
+        Some(5)
+    );
+}
+
+#[test]
+fn policy_spec_replaces_driver_sidecars_and_pod_settings_only() {
+    let cr = nvd(json!({
+        "version": "570.1",
+        "labels": {"app": "no", "app.kubernetes.io/name": "no", "team": "ml"},
+        "annotations": {"a": "b"},
+        "tolerations": [{"key": "pool", "operator": "Exists"}],
+        "priorityClassName": "high",
+        "gds": {"enabled": true, "image": "nvidia-fs", "version": "2.20"}
+    }));
+    let policy = json!({
+        "driver": {"useNvidiaDriverCRD": true, "version": "550"},
+        "toolkit": {"enabled": false},
+        "gdrcopy": {"enabled": true},
+        "daemonsets": {"labels": {"site": "x"}, "updateStrategy": "OnDelete",
+            "podSecurityContext": {"runAsUser": 0}}
+    });
+    let out = cr.policy_spec(&policy).unwrap();
+    assert_eq!(
+        out["toolkit"],
+        json!({"enabled": false}),
+        "other fields kept"
+    );
+    assert_eq!(out["driver"]["version"], "570.1");
+    assert!(out["driver"].get("useNvidiaDriverCRD").is_none());
+    assert_eq!(out["gds"]["enabled"], true);
+    assert_eq!(out["gds"]["version"], "2.20");
+    assert_eq!(out["gdrcopy"]["enabled"], false, "the CR has no gdrcopy");
+    assert_eq!(out["daemonsets"]["labels"], json!({"team": "ml"}));
+    assert_eq!(out["daemonsets"]["annotations"], json!({"a": "b"}));
+    assert_eq!(out["daemonsets"]["tolerations"][0]["key"], "pool");
+    assert_eq!(out["daemonsets"]["priorityClassName"], "high");
+    assert_eq!(out["daemonsets"]["updateStrategy"], "OnDelete");
+    assert!(out["daemonsets"].get("podSecurityContext").is_none());
+    // The result is a valid ClusterPolicy spec.
+    let spec = crate::ClusterPolicySpec::from_json(&out).unwrap();
+    assert!(crate::State::Driver.enabled(&spec));
+    // A bad policy is named.
+    let err = cr
+        .policy_spec(&json!({"mig": {"strategy": "double"}}))
+        .unwrap_err();
+    assert_eq!(err.path, "spec.mig.strategy");
+}
+
+#[test]
+fn pools_group_selected_nodes_by_os_and_kernel() {
+    let nodes = [
+        gpu("ubuntu", "22.04", &[("pool", "a"), (KERNEL_LABEL, "5.15")]),
+        gpu("ubuntu", "22.04", &[("pool", "a"), (KERNEL_LABEL, "6.8")]),
+        gpu("rhel", "9.4", &[("pool", "a"), (KERNEL_LABEL, "5.14")]),
+        gpu("ubuntu", "24.04", &[("pool", "b")]),
+        // No NFD labels: skipped.
+        node(&[(GPU_PRESENT, "true"), ("pool", "a")]),
+        // Not a GPU node.
+        node(&[
+            (GPU_PRESENT, "false"),
+            ("pool", "a"),
+            (OS_ID_LABEL, "debian"),
+            (OS_VERSION_LABEL, "12"),
+        ]),
+    ];
+    let cr = nvd(json!({"nodeSelector": {"pool": "a"}}));
+    let pools = node_pools(&cr, &nodes);
+    let names: Vec<_> = pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["rhel9.4", "ubuntu22.04"]);
+    assert_eq!(
+        pools[0].os.tag(),
+        "rhel9",
+        "image tags keep rhel's major only"
+    );
+    assert_eq!(
+        pools[1].node_selector,
+        BTreeMap::from([
+            (GPU_PRESENT.to_string(), "true".to_string()),
+            (OS_ID_LABEL.to_string(), "ubuntu".to_string()),
+            (OS_VERSION_LABEL.to_string(), "22.04".to_string()),
+            ("pool".to_string(), "a".to_string()),
+        ])
+    );
+    let pre = nvd(json!({"nodeSelector": {"pool": "a"}, "usePrecompiled": true}));
+    let kernels: Vec<_> = node_pools(&pre, &nodes)
+        .into_iter()
+        .map(|p| (p.name, p.kernel.unwrap()))
+        .collect();
+    assert_eq!(
+        kernels,
+        [
+            ("rhel9.4".to_string(), "5.14".to_string()),
+            ("ubuntu22.04".to_string(), "5.15".to_string()),
+            ("ubuntu22.04".to_string(), "6.8".to_string())
+        ]
+    );
+    // nil selector: every GPU node.
+    assert_eq!(node_pools(&NvidiaDriverSpec::default(), &nodes).len(), 3);
+}
+
+#[test]
+fn daemonset_names_follow_upstream_and_fit_a_label() {
+    let pool = |name: &str, kernel: Option<&str>| NodePool {
+        os: NodeOs {
+            id: "ubuntu".into(),
+            version_id: "22.04".into(),
+        },
+        name: name.into(),
+        kernel: kernel.map(str::to_string),
+        node_selector: BTreeMap::new(),
+    };
+    // FNV-1a("uid-1") = 0x50c45a43 = 1355045443, each digit safe-encoded.
+    assert_eq!(fnv1a32(b"uid-1"), 0x50c4_5a43);
+    assert_eq!(safe_encode("1355045443"), "5799489887");
+    let n = daemonset_name(DriverType::Gpu, &pool("ubuntu22.04", None), "uid-1");
+    assert_eq!(n, "nvidia-gpu-driver-ubuntu22.04-5799489887");
+    let k = daemonset_name(DriverType::Gpu, &pool("ubuntu22.04", Some("6.8")), "uid-1");
+    assert_ne!(k, n, "the kernel is part of the hash");
+    let long = daemonset_name(DriverType::Vgpu, &pool(&"x".repeat(80), None), "uid-1");
+    assert_eq!(long.len(), APP_NAME_MAX);
+    assert!(long.starts_with("nvidia-vgpu-driver-xxx") && long.ends_with("-5799489887"));
+}
+
+#[test]
+fn finishing_renames_reselects_and_narrows_the_daemonset() {
+    let mut ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "nvidia-driver-daemonset", "labels": {"app": "nvidia-driver-daemonset"}},
+        "spec": {"selector": {"matchLabels": {"app": "nvidia-driver-daemonset"}},
+            "template": {"metadata": {"labels": {"app": "nvidia-driver-daemonset"}},
+                "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
+                    "affinity": {"podAntiAffinity": {}}}}}});
+    let pool = NodePool {
+        os: NodeOs {
+            id: "ubuntu".into(),
+            version_id: "22.04".into(),
+        },
+        name: "ubuntu22.04".into(),
+        kernel: None,
+        node_selector: BTreeMap::from([("pool".to_string(), "a".to_string())]),
+    };
+    let aff: NodeAffinity = serde_json::from_value(json!({
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}]}
+    }))
+    .unwrap();
+    finish_daemonset(
+        &mut ds,
+        "nvidia-gpu-driver-ubuntu22.04-x",
+        "pool-a",
+        &pool,
+        Some(&aff),
+    );
+    assert_eq!(ds["metadata"]["name"], "nvidia-gpu-driver-ubuntu22.04-x");
+    assert_eq!(
+        ds["metadata"]["labels"],
+        json!({"app": "nvidia-gpu-driver-ubuntu22.04-x", NVIDIADRIVER_LABEL: "pool-a"})
+    );
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"]["app"],
+        "nvidia-gpu-driver-ubuntu22.04-x"
+    );
+    let pod = &ds["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["app"],
+        "nvidia-gpu-driver-ubuntu22.04-x"
+    );
+    assert_eq!(
+        pod["spec"]["nodeSelector"],
+        json!({"nvidia.com/gpu.deploy.driver": "true", "pool": "a"})
+    );
+    assert_eq!(
+        pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "zone"
+    );
+    assert!(pod["spec"]["affinity"]["podAntiAffinity"].is_object());
+}
+
+#[test]
+fn overlapping_selectors_name_each_other_only_on_shared_nodes() {
+    let all = nvd(json!({}));
+    let a = nvd(json!({"nodeSelector": {"pool": "a"}}));
+    let b = nvd(json!({"nodeSelector": {"pool": "b"}}));
+    let zone = nvd(json!({"nodeSelector": {"zone": "z9"}}));
+    let nodes = [
+        node(&[(GPU_PRESENT, "true"), ("pool", "a")]),
+        node(&[(GPU_PRESENT, "true"), ("pool", "b")]),
+    ];
+    let drivers = [("a".to_string(), &a), ("b".to_string(), &b)];
+    assert!(overlaps(&drivers, &nodes).is_empty(), "disjoint pools");
+    let drivers = [
+        ("a".to_string(), &a),
+        ("b".to_string(), &b),
+        ("all".to_string(), &all),
+        ("zone".to_string(), &zone),
+    ];
+    let o = overlaps(&drivers, &nodes);
+    let names = |n: &str| o[n].iter().cloned().collect::<Vec<_>>();
+    assert_eq!(names("all"), ["a", "b"]);
+    assert_eq!(names("a"), ["all"]);
+    assert_eq!(names("b"), ["all"]);
+    assert!(!o.contains_key("zone"), "matches no node, no conflict");
+}
