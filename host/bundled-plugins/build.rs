@@ -2,11 +2,20 @@
 //!
 //! The nested cargo uses its own target directory (`<workspace>/target/plugins`) so it never
 //! waits on the outer build's lock, and runs without the outer build's flags and wrappers.
+//!
+//! Progress: the nested build's lines go to this script's stderr as they come (`cargo build
+//! -vv` shows them live, prefixed `[kiln-bundled-plugins …]`), and a build that took longer
+//! than [`REPORT_AFTER`] (a first build: minutes on 2 cores) ends with a `cargo:warning` saying
+//! how many plugins were built, in how long, and when they are rebuilt.
 
+use std::io::{BufRead as _, Read as _};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 const TARGET: &str = "wasm32-wasip2";
+/// A nested build at least this long (it compiled something) is reported as a warning.
+const REPORT_AFTER: Duration = Duration::from_secs(10);
 /// Variables of the outer build that must not leak into the nested one.
 const CLEARED_ENV: &[&str] = &[
     "RUSTFLAGS",
@@ -137,13 +146,45 @@ fn build(workspace: &Path, plugins: &[String]) {
     for name in plugins {
         cmd.args(["-p", &format!("kiln-plugin-{name}")]);
     }
-    let out = cmd.output().expect("run cargo to build the plugins");
-    if !out.status.success() {
-        panic!(
-            "building the plugins for {TARGET} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+    eprintln!(
+        "building {} plugins for {TARGET} (profile `plugin`) in {}",
+        plugins.len(),
+        workspace.join("target/plugins").display()
+    );
+    let started = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cargo to build the plugins");
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    // Relayed line by line (not to stdout: cargo reads directives there).
+    let mut stderr = String::new();
+    for line in std::io::BufReader::new(child.stderr.take().expect("piped stderr"))
+        .lines()
+        .map_while(Result::ok)
+    {
+        eprintln!("{line}");
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    let status = child.wait().expect("wait for the plugin build");
+    let stdout = stdout.join().unwrap_or_default();
+    if !status.success() {
+        panic!("building the plugins for {TARGET} failed ({status}):\n{stdout}{stderr}");
+    }
+    let took = started.elapsed();
+    if took >= REPORT_AFTER {
+        println!(
+            "cargo:warning=built the {} bundled Wasm plugins ({TARGET}) in {:.0} s; they are rebuilt \
+             only when plugins/, wit/, host/core or Cargo.lock change",
+            plugins.len(),
+            took.as_secs_f64()
         );
     }
 }

@@ -3,14 +3,36 @@
 
 use kiln_core::context::{ConfigMapKeys, TransformContext};
 
-/// kiln's own image: the validator, device plugin, GFD and exporter operands run its
-/// subcommands unless a policy names another image.
-pub const KILN_IMAGE: &str = "ghcr.io/kiln-gpu/kiln:v0.1.0";
+/// The repository of kiln's image (`<registry>/<path>`, no tag): the one place it is named.
+/// The chart's `kiln.repository`/`kiln.image` and `deploy/operator/deployment.yaml` must agree
+/// (checked by `host/cli/tests/image_name.rs`); `scripts/build-image.sh` asks
+/// `kiln version --only image` for it.
+macro_rules! kiln_repository {
+    () => {
+        "ghcr.io/kiln-dev/kiln"
+    };
+}
+
+/// [`KILN_IMAGE`] without its tag.
+pub const KILN_IMAGE_REPOSITORY: &str = kiln_repository!();
+
+/// kiln's own image, `ghcr.io/kiln-dev/kiln:<workspace version>` (tag = the crate version, no
+/// `v`, as the chart's `appVersion`): the operator runs it, and the validator, device plugin,
+/// GFD and exporter operands run its subcommands unless a policy names another image.
+pub const KILN_IMAGE: &str = concat!(kiln_repository!(), ":", env!("CARGO_PKG_VERSION"));
+
+/// NVIDIA's device plugin image (GPU Operator v26.7 chart default `devicePlugin`), which the
+/// MPS control daemon falls back to when the device plugin runs kiln's image: kiln has no
+/// `mps-control-daemon`, so that DaemonSet runs NVIDIA's (see [`fallback_images`]).
+pub const NVIDIA_DEVICE_PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:v0.20.0";
 
 /// Fallback images by upstream operator env-var name: kiln's image for the operands kiln
 /// provides, NVIDIA's GPU Operator v26.7 chart defaults for the rest. A component whose
 /// repository/image/version are all empty in the policy uses these (upstream reads the same
-/// names from the operator's environment).
+/// names from the operator's environment). One name is kiln's own:
+/// `MPS_CONTROL_DAEMON_IMAGE`, the image the MPS control daemon runs when the device plugin's
+/// image is kiln's (upstream runs it on the device plugin image, which then has no
+/// `mps-control-daemon`).
 pub fn fallback_images() -> Vec<(String, String)> {
     const NV: &str = "nvcr.io/nvidia";
     const CN: &str = "nvcr.io/nvidia/cloud-native";
@@ -19,6 +41,10 @@ pub fn fallback_images() -> Vec<(String, String)> {
         ("DEVICE_PLUGIN_IMAGE", KILN_IMAGE.to_string()),
         ("GFD_IMAGE", KILN_IMAGE.to_string()),
         ("DCGM_EXPORTER_IMAGE", KILN_IMAGE.to_string()),
+        (
+            "MPS_CONTROL_DAEMON_IMAGE",
+            NVIDIA_DEVICE_PLUGIN_IMAGE.to_string(),
+        ),
         ("DRIVER_IMAGE", format!("{NV}/driver:595.91.07")),
         (
             "DRIVER_MANAGER_IMAGE",

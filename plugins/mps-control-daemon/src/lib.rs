@@ -1,9 +1,11 @@
 //! Standard plugin of the `mps-control-daemon` state: the CUDA MPS control daemon DaemonSet
 //! `nvidia-device-plugin-mps-control-daemon` (upstream `TransformMPSControlDaemon`,
-//! gpu-operator.md §3.4). It runs the device plugin's image; `devicePlugin.env` and
+//! gpu-operator.md §3.4). It runs the device plugin's image, except when that is kiln's: kiln
+//! has no `mps-control-daemon`, so the daemon then runs the operator's
+//! `MPS_CONTROL_DAEMON_IMAGE` (NVIDIA's device plugin image). `devicePlugin.env` and
 //! `devicePlugin.args` are not applied.
 
-use kiln_plugin_sdk::image::pull_policy;
+use kiln_plugin_sdk::image::{is_kiln_image, pull_policy};
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::PodSpec;
 use kiln_plugin_sdk::pod::{
@@ -20,6 +22,9 @@ pub const MAIN: &str = "mps-control-daemon-ctr";
 /// The init container that mounts the MPS shared memory.
 pub const MOUNTS_INIT: &str = "mps-control-daemon-mounts";
 
+/// The operator's fallback image for the daemon when the device plugin image is kiln's.
+pub const MPS_IMAGE_ENV: &str = "MPS_CONTROL_DAEMON_IMAGE";
+
 /// The `mps-control-daemon` operand.
 pub struct MpsControlDaemon;
 
@@ -27,7 +32,7 @@ impl Operand for MpsControlDaemon {
     const NAME: &'static str = "mps-control-daemon";
 
     /// Upstream order: validation init containers; `mps-control-daemon-mounts` gets the
-    /// device-plugin image, the resolved pull policy (always, unlike other init containers) and
+    /// device-plugin image (see [`daemon_image`]), the resolved pull policy (always, unlike other init containers) and
     /// `devicePlugin.resources`; the main container gets image and pull policy; secrets;
     /// resources on all containers; device-plugin config; runtime class; NRI annotation; MIG env;
     /// the `mps.root` volume rewrite (no `MPS_ROOT` env); hostNetwork.
@@ -41,7 +46,7 @@ impl Operand for MpsControlDaemon {
         let pod = pod_spec(ds);
         require_container(pod, &name, MAIN)?;
         transform_validation_init_containers(pod, spec, ctx)?;
-        let img = device_plugin_image(spec, ctx)?;
+        let img = daemon_image(spec, ctx)?;
         if let Some(init) = init_container(pod, MOUNTS_INIT) {
             init.image = Some(img.clone());
             init.image_pull_policy = Some(pull_policy(&dp.image_pull_policy));
@@ -65,6 +70,35 @@ impl Operand for MpsControlDaemon {
     }
 }
 
+/// The image of the daemon containers (`mps-control-daemon-mounts`, `mps-control-daemon-ctr`):
+/// the device plugin's, or [`MPS_IMAGE_ENV`] when that is kiln's image, which has no
+/// `mps-control-daemon`. The config-manager containers keep the device plugin's image (kiln's
+/// config-manager signals the daemon by its command).
+///
+/// # Errors
+/// The device plugin image does not resolve, or it is kiln's and the operator has no
+/// [`MPS_IMAGE_ENV`].
+pub fn daemon_image(
+    spec: &ClusterPolicySpec,
+    ctx: &TransformContext,
+) -> Result<String, TransformError> {
+    let img = device_plugin_image(spec, ctx)?;
+    if !is_kiln_image(&img) {
+        return Ok(img);
+    }
+    ctx.fallback_image(MPS_IMAGE_ENV)
+        .map(str::to_string)
+        .ok_or_else(|| {
+            TransformError::field(
+                "spec.devicePlugin",
+                format!(
+                    "{img} is kiln's image, which has no mps-control-daemon: set the operator's \
+                     {MPS_IMAGE_ENV} (NVIDIA's device plugin image)"
+                ),
+            )
+        })
+}
+
 /// `devicePlugin.mps.root` set and ≠ `/run/nvidia/mps`: hostPath `mps-root` → root and
 /// `mps-shm` → `<root>/shm` (no `MPS_ROOT` env here, unlike the device plugin).
 pub fn rewrite_mps_root(pod: &mut PodSpec, spec: &ClusterPolicySpec) {
@@ -81,7 +115,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<MpsControlDaemon>(env!("CARGO_MANIFEST_DIR"), 6);
+        kiln_plugin_sdk::testing::assert_cases::<MpsControlDaemon>(env!("CARGO_MANIFEST_DIR"), 8);
     }
 
     #[test]
