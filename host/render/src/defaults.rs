@@ -26,13 +26,18 @@ pub const KILN_IMAGE: &str = concat!(kiln_repository!(), ":", env!("CARGO_PKG_VE
 /// `mps-control-daemon`, so that DaemonSet runs NVIDIA's (see [`fallback_images`]).
 pub const NVIDIA_DEVICE_PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:v0.20.0";
 
+/// NVIDIA's validator image (GPU Operator v26.7 chart default `validator`), which the node
+/// status exporter falls back to when its image is kiln's: the exporter is NVIDIA's
+/// `nvidia-validator`, which kiln's image does not have.
+pub const NVIDIA_VALIDATOR_IMAGE: &str = "nvcr.io/nvidia/gpu-operator:v26.7.0";
+
 /// Fallback images by upstream operator env-var name: kiln's image for the operands kiln
 /// provides, NVIDIA's GPU Operator v26.7 chart defaults for the rest. A component whose
 /// repository/image/version are all empty in the policy uses these (upstream reads the same
-/// names from the operator's environment). One name is kiln's own:
-/// `MPS_CONTROL_DAEMON_IMAGE`, the image the MPS control daemon runs when the device plugin's
-/// image is kiln's (upstream runs it on the device plugin image, which then has no
-/// `mps-control-daemon`).
+/// names from the operator's environment). Two names are kiln's own, for operands kiln does
+/// not implement whose upstream image would otherwise be kiln's: `MPS_CONTROL_DAEMON_IMAGE`
+/// (the MPS control daemon, upstream on the device plugin image) and
+/// `NODE_STATUS_EXPORTER_IMAGE` (the node status exporter, upstream on the validator image).
 pub fn fallback_images() -> Vec<(String, String)> {
     const NV: &str = "nvcr.io/nvidia";
     const CN: &str = "nvcr.io/nvidia/cloud-native";
@@ -44,6 +49,10 @@ pub fn fallback_images() -> Vec<(String, String)> {
         (
             "MPS_CONTROL_DAEMON_IMAGE",
             NVIDIA_DEVICE_PLUGIN_IMAGE.to_string(),
+        ),
+        (
+            "NODE_STATUS_EXPORTER_IMAGE",
+            NVIDIA_VALIDATOR_IMAGE.to_string(),
         ),
         ("DRIVER_IMAGE", format!("{NV}/driver:595.91.07")),
         (

@@ -1,5 +1,7 @@
 //! Standard plugin of the `node-status-exporter` state (upstream `TransformNodeStatusExporter`,
-//! gpu-operator.md §3.10, and the §2.4 ServiceMonitor gate).
+//! gpu-operator.md §3.10, and the §2.4 ServiceMonitor gate). The exporter is NVIDIA's
+//! `nvidia-validator`, which kiln's image does not have: when the image resolves to kiln's, the
+//! operator's `NODE_STATUS_EXPORTER_IMAGE` (NVIDIA's validator image) runs it instead.
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::monitoring::{kind, service_monitor_gate};
@@ -12,6 +14,9 @@ use kiln_plugin_sdk::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
+/// The operator's fallback image for the exporter when the validator image is kiln's.
+pub const IMAGE_ENV: &str = "NODE_STATUS_EXPORTER_IMAGE";
+
 /// The `node-status-exporter` operand.
 pub struct NodeStatusExporter;
 
@@ -22,7 +27,7 @@ impl Operand for NodeStatusExporter {
     /// Image (`nodeStatusExporter.*`, fallback `VALIDATOR_IMAGE`), pull policy, secrets,
     /// resources, args, env; container[0] `runAsUser: 0`; hostNetwork. No validation init
     /// container and no runtime class. The exporter runs the validator image's
-    /// `nvidia-validator`.
+    /// `nvidia-validator`; on kiln's image, which has none, the image is [`IMAGE_ENV`]'s.
     fn daemonset(
         ds: &mut DaemonSet,
         spec: &ClusterPolicySpec,
@@ -30,8 +35,23 @@ impl Operand for NodeStatusExporter {
     ) -> Result<(), TransformError> {
         let name = ds_name(ds);
         let c = &spec.node_status_exporter;
-        let img =
+        let mut img =
             image::resolve_image("spec.nodeStatusExporter", c.into(), "VALIDATOR_IMAGE", ctx)?;
+        if image::is_kiln_image(&img) {
+            img = ctx
+                .fallback_image(IMAGE_ENV)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    TransformError::field(
+                        "spec.nodeStatusExporter",
+                        format!(
+                            "{img} is kiln's image, which has no nvidia-validator: set \
+                         nodeStatusExporter's image or the operator's {IMAGE_ENV} (NVIDIA's \
+                         validator image)"
+                        ),
+                    )
+                })?;
+        }
         let pod = pod_spec(ds);
         apply_component_basics(pod, &name, None, &img, c)?;
         let ctr = first_container(pod, &name)?;
@@ -64,6 +84,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<NodeStatusExporter>(env!("CARGO_MANIFEST_DIR"), 5);
+        kiln_plugin_sdk::testing::assert_cases::<NodeStatusExporter>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }
