@@ -17,9 +17,31 @@
 //! | `kiln_plugin_call_duration_seconds` | histogram | `state` (time of the state's plugin chain) |
 //! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `label`, `status`) |
 //! | `kiln_leader` | gauge | – (1 while this replica leads; always 1 without leader election) |
+//! | `kiln_node_ready_seconds` | histogram | `stage` ([`crate::timeline::Stage`]): seconds from a GPU node's `creationTimestamp` to the stage |
+//! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::timeline::expected_gpus`] |
+//! | `kiln_node_gpus_allocatable` | gauge | `node`: allocatable `nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*` |
+//!
+//! NVIDIA's operator metrics (`controllers/operator_metrics.go`, v26.7), same names, types and
+//! meanings, so dashboards and alerts written for NVIDIA's operator keep working:
+//!
+//! | metric | type | kiln's value |
+//! |---|---|---|
+//! | `gpu_operator_gpu_nodes_total` | gauge | nodes with `nvidia.com/gpu.present=true` after labelling |
+//! | `gpu_operator_reconciliation_status` | gauge | [`ReconcileStatus`]: 1 ready, 0 operands not ready, -1 policy invalid, -2 API error |
+//! | `gpu_operator_reconciliation_total` | counter | reconciles of the active policy |
+//! | `gpu_operator_reconciliation_failed_total` | counter | of those, the ones not ready or failed (upstream counts "not ready" as failed) |
+//! | `gpu_operator_reconciliation_last_success_ts_seconds` | gauge | Unix time of the last ready reconcile |
+//! | `gpu_operator_reconciliation_has_nfd_labels` | gauge | 1 when any node carries an NFD label |
+//! | `gpu_operator_driver_auto_upgrade_enabled` | gauge | 1 when the driver's upgrade policy enables auto upgrade |
+//! | `gpu_operator_nodes_upgrades_{in_progress,done,failed,available,pending}` | gauge | driver-upgrade census ([`UpgradeCensus`]) |
+//! | `gpu_operator_openshift_driver_toolkit_*` | gauge | kiln does not build drivers with OpenShift's Driver Toolkit: `_enabled` is -1 when requested on OpenShift ("requested but not possible"), else 0; the other four are 0 |
+//!
+//! `/metrics` writes OpenMetrics 1.0 (`# EOF`, counters as `<name>_total`) and says so:
+//! `Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8`
+//! ([`OPENMETRICS_CONTENT_TYPE`]); Prometheus offers that format in every scrape's `Accept`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +75,69 @@ fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_string(), value.to_string())]
 }
 
+/// The `Content-Type` of `/metrics`: the OpenMetrics text format `prometheus-client` writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds (seconds) of `kiln_node_ready_seconds`: from a node joining to a stage takes
+/// seconds (labels) to tens of minutes (a driver compiled on the node).
+pub const NODE_READY_BUCKETS: [f64; 14] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
+];
+
+/// `gpu_operator_reconciliation_status`, with upstream's codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileStatus {
+    /// 1: every enabled state is ready.
+    Ready,
+    /// 0: some operand is not ready (or its state failed).
+    NotReady,
+    /// -1: the ClusterPolicy cannot be used (invalid).
+    PolicyUnavailable,
+    /// -2: the operator failed (an API request of the reconcile itself).
+    OperatorError,
+}
+
+impl ReconcileStatus {
+    /// The gauge value.
+    pub const fn code(self) -> i64 {
+        match self {
+            ReconcileStatus::Ready => 1,
+            ReconcileStatus::NotReady => 0,
+            ReconcileStatus::PolicyUnavailable => -1,
+            ReconcileStatus::OperatorError => -2,
+        }
+    }
+}
+
+/// The driver-upgrade census behind `gpu_operator_nodes_upgrades_*` (node counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UpgradeCensus {
+    /// Nodes whose driver pod is being upgraded.
+    pub in_progress: i64,
+    /// Nodes upgraded successfully.
+    pub done: i64,
+    /// Nodes whose upgrade failed.
+    pub failed: i64,
+    /// Nodes on which an upgrade can start now.
+    pub available: i64,
+    /// Nodes waiting for an upgrade.
+    pub pending: i64,
+}
+
+/// NVIDIA's `gpu_operator_*` series.
+struct Nvidia {
+    gpu_nodes: Gauge,
+    status: Gauge,
+    total: Counter,
+    failed: Counter,
+    last_success: Gauge<f64, AtomicU64>,
+    has_nfd: Gauge,
+    auto_upgrade: Gauge,
+    upgrades: [Gauge; 5],
+    dtk_enabled: Gauge,
+}
+
 /// The operator's metrics plus the readiness flag behind `/readyz`.
 pub struct Metrics {
     registry: Registry,
@@ -63,6 +148,10 @@ pub struct Metrics {
     plugin_duration: HistFamily,
     writes: Family<Labels, Counter>,
     leader: Gauge,
+    node_ready: HistFamily,
+    gpus_expected: Family<Labels, Gauge>,
+    gpus_allocatable: Family<Labels, Gauge>,
+    nvidia: Nvidia,
     ready: AtomicBool,
 }
 
@@ -75,7 +164,9 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry with every kiln metric registered.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("kiln");
+        let mut root = Registry::default();
+        let nvidia = Nvidia::register(root.sub_registry_with_prefix("gpu_operator"));
+        let registry = root.sub_registry_with_prefix("kiln");
         let reconciles = Counter::default();
         let reconcile_duration = seconds_histogram();
         let errors = Family::<Labels, Counter>::default();
@@ -110,6 +201,29 @@ impl Metrics {
             "1 while this replica is the leader",
             leader.clone(),
         );
+        let node_ready: HistFamily =
+            Family::new_with_constructor(|| Histogram::new(NODE_READY_BUCKETS.iter().copied()));
+        let gpus_expected = Family::<Labels, Gauge>::default();
+        let gpus_allocatable = Family::<Labels, Gauge>::default();
+        registry.register(
+            "node_ready_seconds",
+            "Seconds from a GPU node joining the cluster to each readiness stage",
+            node_ready.clone(),
+        );
+        registry.register(
+            "node_gpus_expected",
+            "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles)",
+            gpus_expected.clone(),
+        );
+        registry.register(
+            "node_gpus_allocatable",
+            "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node",
+            gpus_allocatable.clone(),
+        );
+        // Every stage's series exists from the start (count 0).
+        for stage in crate::timeline::Stage::ALL {
+            let _ = node_ready.get_or_create(&label("stage", stage.name()));
+        }
         // Every error series exists from the start at 0, so `rate()` and alerts see them
         // before the first error.
         for state in kiln_core::State::ALL
@@ -120,7 +234,7 @@ impl Metrics {
             let _ = errors.get_or_create(&label("state", state));
         }
         Metrics {
-            registry,
+            registry: root,
             reconciles,
             reconcile_duration,
             errors,
@@ -128,8 +242,110 @@ impl Metrics {
             plugin_duration,
             writes,
             leader,
+            node_ready,
+            gpus_expected,
+            gpus_allocatable,
+            nvidia,
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// Record the outcome of one reconcile of the active policy in NVIDIA's series: the status
+    /// gauge; the reconcile and failure counters (upstream counts a not-ready pass as failed;
+    /// an invalid policy counts neither, as upstream's init failure); the last-success time.
+    pub fn reconcile_status(&self, status: ReconcileStatus) {
+        let n = &self.nvidia;
+        n.status.set(status.code());
+        if status != ReconcileStatus::PolicyUnavailable {
+            n.total.inc();
+        }
+        match status {
+            ReconcileStatus::Ready => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                n.last_success.set(now.as_secs() as f64);
+            }
+            ReconcileStatus::NotReady | ReconcileStatus::OperatorError => {
+                n.failed.inc();
+            }
+            ReconcileStatus::PolicyUnavailable => {}
+        }
+    }
+
+    /// Record a judged reconcile of the active policy: [`Metrics::reconcile_status`] from the
+    /// verdict's state (an `ignored` verdict changes nothing, as upstream) and
+    /// [`Metrics::gpu_nodes`].
+    pub fn verdict(
+        &self,
+        verdict: &kiln_core::status::Verdict,
+        gpu_nodes: usize,
+        nfd_present: bool,
+    ) {
+        use kiln_core::spec::PolicyState;
+        match verdict.state {
+            PolicyState::Ready => self.reconcile_status(ReconcileStatus::Ready),
+            PolicyState::NotReady => self.reconcile_status(ReconcileStatus::NotReady),
+            PolicyState::Ignored => return,
+        }
+        self.gpu_nodes(gpu_nodes, nfd_present);
+    }
+
+    /// What node labelling saw: GPU nodes (`gpu_operator_gpu_nodes_total`) and whether any
+    /// node has NFD labels (`gpu_operator_reconciliation_has_nfd_labels`).
+    pub fn gpu_nodes(&self, gpu_nodes: usize, nfd_present: bool) {
+        self.nvidia
+            .gpu_nodes
+            .set(i64::try_from(gpu_nodes).unwrap_or(i64::MAX));
+        self.nvidia.has_nfd.set(i64::from(nfd_present));
+    }
+
+    /// `gpu_operator_openshift_driver_toolkit_enabled`: -1 when the policy requests the Driver
+    /// Toolkit on OpenShift (kiln does not use it), else 0.
+    pub fn driver_toolkit_requested(&self, requested_on_openshift: bool) {
+        self.nvidia
+            .dtk_enabled
+            .set(if requested_on_openshift { -1 } else { 0 });
+    }
+
+    /// `gpu_operator_driver_auto_upgrade_enabled`.
+    pub fn set_driver_auto_upgrade(&self, enabled: bool) {
+        self.nvidia.auto_upgrade.set(i64::from(enabled));
+    }
+
+    /// `gpu_operator_nodes_upgrades_*`.
+    pub fn set_upgrade_census(&self, census: UpgradeCensus) {
+        let values = [
+            census.in_progress,
+            census.done,
+            census.failed,
+            census.available,
+            census.pending,
+        ];
+        for (gauge, v) in self.nvidia.upgrades.iter().zip(values) {
+            gauge.set(v);
+        }
+    }
+
+    /// Observe that a node reached `stage` `seconds` after it joined the cluster.
+    pub fn node_stage(&self, stage: &str, seconds: f64) {
+        self.node_ready
+            .get_or_create(&label("stage", stage))
+            .observe(seconds);
+    }
+
+    /// Set a node's expected and allocatable GPU gauges.
+    pub fn node_gpus(&self, node: &str, expected: i64, allocatable: i64) {
+        let l = label("node", node);
+        self.gpus_expected.get_or_create(&l).set(expected);
+        self.gpus_allocatable.get_or_create(&l).set(allocatable);
+    }
+
+    /// Drop a node's GPU gauges (the node is gone, or no longer says how many GPUs it has).
+    pub fn forget_node_gpus(&self, node: &str) {
+        let l = label("node", node);
+        self.gpus_expected.remove(&l);
+        self.gpus_allocatable.remove(&l);
     }
 
     /// Count one reconcile that took `took`.
@@ -177,6 +393,103 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+impl Nvidia {
+    /// Register NVIDIA's series in `r` (prefix `gpu_operator`); help texts in kiln's words.
+    fn register(r: &mut Registry) -> Self {
+        let n = Nvidia {
+            gpu_nodes: Gauge::default(),
+            status: Gauge::default(),
+            total: Counter::default(),
+            failed: Counter::default(),
+            last_success: Gauge::default(),
+            has_nfd: Gauge::default(),
+            auto_upgrade: Gauge::default(),
+            upgrades: Default::default(),
+            dtk_enabled: Gauge::default(),
+        };
+        r.register(
+            "gpu_nodes_total",
+            "Nodes labelled nvidia.com/gpu.present=true",
+            n.gpu_nodes.clone(),
+        );
+        r.register(
+            "reconciliation_status",
+            "1 when the last reconcile found every operand ready, 0 when some were not, -1 when the ClusterPolicy is invalid, -2 when the operator failed",
+            n.status.clone(),
+        );
+        r.register(
+            "reconciliation",
+            "Reconciles of the active ClusterPolicy",
+            n.total.clone(),
+        );
+        r.register(
+            "reconciliation_failed",
+            "Reconciles of the active ClusterPolicy that did not end ready",
+            n.failed.clone(),
+        );
+        r.register(
+            "reconciliation_last_success_ts_seconds",
+            "Unix time of the last reconcile that ended ready",
+            n.last_success.clone(),
+        );
+        r.register(
+            "reconciliation_has_nfd_labels",
+            "1 when some node carries Node Feature Discovery labels",
+            n.has_nfd.clone(),
+        );
+        r.register(
+            "driver_auto_upgrade_enabled",
+            "1 when the driver upgrade policy enables automatic upgrades",
+            n.auto_upgrade.clone(),
+        );
+        let upgrades = [
+            (
+                "nodes_upgrades_in_progress",
+                "Nodes whose driver is being upgraded",
+            ),
+            ("nodes_upgrades_done", "Nodes whose driver upgrade finished"),
+            ("nodes_upgrades_failed", "Nodes whose driver upgrade failed"),
+            (
+                "nodes_upgrades_available",
+                "Nodes on which a driver upgrade can start",
+            ),
+            (
+                "nodes_upgrades_pending",
+                "Nodes waiting for a driver upgrade",
+            ),
+        ];
+        for ((name, help), gauge) in upgrades.into_iter().zip(&n.upgrades) {
+            r.register(name, help, gauge.clone());
+        }
+        r.register(
+            "openshift_driver_toolkit_enabled",
+            "-1 when the OpenShift Driver Toolkit is requested (kiln does not use it), 0 otherwise",
+            n.dtk_enabled.clone(),
+        );
+        for (name, help) in [
+            (
+                "openshift_driver_toolkit_nfd_too_old",
+                "Always 0: kiln does not use the OpenShift Driver Toolkit",
+            ),
+            (
+                "openshift_driver_toolkit_imagestream_missing",
+                "Always 0: kiln does not use the OpenShift Driver Toolkit",
+            ),
+            (
+                "openshift_driver_toolkit_rhcos_tags_missing",
+                "Always 0: kiln does not use the OpenShift Driver Toolkit",
+            ),
+            (
+                "openshift_driver_toolkit_imagestream_broken",
+                "Always 0: kiln does not use the OpenShift Driver Toolkit",
+            ),
+        ] {
+            r.register(name, help, Gauge::<i64>::default());
+        }
+        n
     }
 }
 
@@ -345,7 +658,12 @@ async fn require_metrics_access(
 pub fn router(metrics: Arc<Metrics>, auth: Option<MetricsAuthorizer>) -> Router {
     let mut scrape = Router::new().route(
         "/metrics",
-        get(|AxumState(m): AxumState<Arc<Metrics>>| async move { m.encode() }),
+        get(|AxumState(m): AxumState<Arc<Metrics>>| async move {
+            (
+                [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                m.encode(),
+            )
+        }),
     );
     if let Some(auth) = auth {
         scrape = scrape.layer(from_fn_with_state(auth, require_metrics_access));
@@ -425,6 +743,76 @@ mod tests {
             text.contains("kiln_plugin_call_duration_seconds_count{state=\"driver\"} 1"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn nvidias_series_and_the_openmetrics_content_type() {
+        let m = Arc::new(Metrics::new());
+        let resp = router(m.clone(), None)
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        let text = m.encode();
+        assert!(text.ends_with("# EOF\n"));
+        // Every sample name of NVIDIA's controllers/operator_metrics.go (v26.7) exists from the
+        // start, so alerts on them never see "no data".
+        for name in [
+            "gpu_operator_gpu_nodes_total",
+            "gpu_operator_reconciliation_last_success_ts_seconds",
+            "gpu_operator_reconciliation_status",
+            "gpu_operator_reconciliation_total",
+            "gpu_operator_reconciliation_failed_total",
+            "gpu_operator_reconciliation_has_nfd_labels",
+            "gpu_operator_openshift_driver_toolkit_enabled",
+            "gpu_operator_openshift_driver_toolkit_nfd_too_old",
+            "gpu_operator_openshift_driver_toolkit_imagestream_missing",
+            "gpu_operator_openshift_driver_toolkit_rhcos_tags_missing",
+            "gpu_operator_openshift_driver_toolkit_imagestream_broken",
+            "gpu_operator_driver_auto_upgrade_enabled",
+            "gpu_operator_nodes_upgrades_in_progress",
+            "gpu_operator_nodes_upgrades_done",
+            "gpu_operator_nodes_upgrades_failed",
+            "gpu_operator_nodes_upgrades_available",
+            "gpu_operator_nodes_upgrades_pending",
+        ] {
+            assert!(
+                text.contains(&format!("\n{name} ")),
+                "{name} missing:\n{text}"
+            );
+        }
+        assert!(text.contains("kiln_node_ready_seconds_count{stage=\"validated\"} 0"));
+
+        m.reconcile_status(ReconcileStatus::NotReady);
+        m.reconcile_status(ReconcileStatus::PolicyUnavailable);
+        m.reconcile_status(ReconcileStatus::Ready);
+        m.gpu_nodes(5, true);
+        m.set_upgrade_census(UpgradeCensus {
+            failed: 2,
+            ..UpgradeCensus::default()
+        });
+        m.node_gpus("gpu-node-1", 8, 7);
+        m.node_stage("labelled", 4.0);
+        let text = m.encode();
+        for line in [
+            "gpu_operator_reconciliation_status 1",
+            // The invalid policy counts neither; the not-ready pass counts as failed.
+            "gpu_operator_reconciliation_total 2",
+            "gpu_operator_reconciliation_failed_total 1",
+            "gpu_operator_gpu_nodes_total 5",
+            "gpu_operator_reconciliation_has_nfd_labels 1",
+            "gpu_operator_nodes_upgrades_failed 2",
+            "kiln_node_gpus_expected{node=\"gpu-node-1\"} 8",
+            "kiln_node_gpus_allocatable{node=\"gpu-node-1\"} 7",
+            "kiln_node_ready_seconds_bucket{le=\"5.0\",stage=\"labelled\"} 1",
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line}:\n{text}");
+        }
+        m.forget_node_gpus("gpu-node-1");
+        assert!(!m.encode().contains("gpu-node-1"));
     }
 
     /// A kube client over a fake API server: the token `good` is user `scraper` (allowed

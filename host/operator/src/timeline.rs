@@ -1,0 +1,913 @@
+//! Per-node readiness timeline and allocatable-below-hardware gauges (kiln's own signals; NVIDIA's
+//! operator has neither).
+//!
+//! For each GPU node (NFD's NVIDIA PCI label or `nvidia.com/gpu.present=true`), the time from the
+//! node's `creationTimestamp` to five [`Stage`]s goes into the histogram
+//! `kiln_node_ready_seconds{stage}`, and one Event (`GPUNodeReady`, on the Node) is published
+//! when the last stage is reached:
+//!
+//! | stage | reached when | time taken from |
+//! |---|---|---|
+//! | `labelled` | the node carries `nvidia.com/gpu.present=true` | when the operator saw it |
+//! | `driver_ready` | the node's validator pod finished init container `driver-validation` (exit 0) | its `finishedAt` |
+//! | `toolkit_ready` | … `toolkit-validation` | its `finishedAt` |
+//! | `validated` | the validator pod is Ready (every check passed) | the `Ready` condition's `lastTransitionTime` |
+//! | `gpu_allocatable` | the node's allocatable GPUs ([`allocatable_gpus`]) are above 0 | when the operator saw it |
+//!
+//! A stage is measured once per node (the first time it is reached), so a validator restart or
+//! a driver upgrade does not add samples. Nodes already present when the operator starts (or
+//! becomes leader) keep the stages they have reached unmeasured — a previous replica measured
+//! them, or they predate kiln — and the stages they reach later are measured; nodes that join
+//! later are measured in full. A node fully ready at startup gets no Event.
+//!
+//! Per node with a GPU count label, `kiln_node_gpus_expected` ([`expected_gpus`]) and
+//! `kiln_node_gpus_allocatable` ([`allocatable_gpus`]) are exported; the chart's PrometheusRule
+//! alerts when the second stays below the first.
+//!
+//! IO: one watch on Nodes and one on the validator pods of the operator namespace
+//! ([`VALIDATOR_SELECTOR`]); per event only the few fields above are kept
+//! ([`NodeFacts`], [`ValidatorFacts`]). The decisions are [`Tracker`]'s, with no IO.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::Timestamp;
+use kiln_core::labels::{has_gpu_pci_labels, is_gpu_node};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use crate::metrics::Metrics;
+
+/// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
+pub const VALIDATOR_SELECTOR: &str = "app=nvidia-operator-validator";
+/// The validator's init container whose success means the driver is ready.
+pub const DRIVER_VALIDATION: &str = "driver-validation";
+/// The validator's init container whose success means the container toolkit is ready.
+pub const TOOLKIT_VALIDATION: &str = "toolkit-validation";
+/// Reason of the Event published when a node reached every stage.
+pub const READY_REASON: &str = "GPUNodeReady";
+
+/// GFD's label: physical GPUs of the node's model (MIG devices with the `single` strategy).
+pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
+/// GFD's label: replicas per GPU (1 without sharing, 0 for MIG-enabled GPUs).
+pub const GPU_REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
+
+/// One step of a GPU node's way to running GPU workloads, in the order they usually happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// `nvidia.com/gpu.present=true`.
+    Labelled,
+    /// Driver validation passed.
+    DriverReady,
+    /// Container toolkit validation passed.
+    ToolkitReady,
+    /// Every validation passed (validator pod Ready).
+    Validated,
+    /// Allocatable `nvidia.com/gpu*` above 0.
+    GpuAllocatable,
+}
+
+impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 5] = [
+        Stage::Labelled,
+        Stage::DriverReady,
+        Stage::ToolkitReady,
+        Stage::Validated,
+        Stage::GpuAllocatable,
+    ];
+
+    /// The `stage` label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::Labelled => "labelled",
+            Stage::DriverReady => "driver_ready",
+            Stage::ToolkitReady => "toolkit_ready",
+            Stage::Validated => "validated",
+            Stage::GpuAllocatable => "gpu_allocatable",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What the timeline keeps of a Node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeFacts {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid` (for the Event's reference).
+    pub uid: Option<String>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<Timestamp>,
+    /// Whether it is (or will be) a GPU node: NFD's NVIDIA PCI label or `gpu.present=true`.
+    pub gpu: bool,
+    /// Whether it carries `nvidia.com/gpu.present=true`.
+    pub labelled: bool,
+    /// [`expected_gpus`] of its labels.
+    pub expected: Option<i64>,
+    /// [`allocatable_gpus`] of its status.
+    pub allocatable: i64,
+}
+
+/// Reads [`NodeFacts`] from a Node.
+pub fn node_facts(node: &Node) -> NodeFacts {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(allocatable_gpus)
+        .unwrap_or(0);
+    NodeFacts {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        uid: node.metadata.uid.clone(),
+        created: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        gpu: has_gpu_pci_labels(&labels) || is_gpu_node(&labels),
+        labelled: is_gpu_node(&labels),
+        expected: expected_gpus(&labels),
+        allocatable,
+    }
+}
+
+/// The GPUs a node should offer by its GFD labels: `nvidia.com/gpu.count` ×
+/// `nvidia.com/gpu.replicas` (replicas default 1), plus for each MIG profile of the `mixed`
+/// strategy `nvidia.com/mig-<profile>.count` × `nvidia.com/mig-<profile>.replicas`. `None` when
+/// the node has none of these count labels (GFD has not labelled it), or a count is not a
+/// number. Time-slicing and MPS replicas multiply (each replica is one allocatable unit).
+pub fn expected_gpus(labels: &BTreeMap<String, String>) -> Option<i64> {
+    let num = |key: &str| labels.get(key).map(|v| v.trim().parse::<i64>().ok());
+    let mut total: Option<i64> = None;
+    let mut add = |count: Option<Option<i64>>, replicas: Option<Option<i64>>| -> Option<()> {
+        let Some(count) = count else { return Some(()) };
+        let replicas = replicas.unwrap_or(Some(1))?;
+        *total.get_or_insert(0) += count?.max(0) * replicas.max(0);
+        Some(())
+    };
+    add(num(GPU_COUNT_LABEL), num(GPU_REPLICAS_LABEL))?;
+    for key in labels.keys() {
+        if let Some(profile) = key
+            .strip_prefix("nvidia.com/mig-")
+            .and_then(|k| k.strip_suffix(".count"))
+        {
+            let replicas = num(&format!("nvidia.com/mig-{profile}.replicas"));
+            add(num(key), replicas)?;
+        }
+    }
+    total
+}
+
+/// Allocatable GPU units of a node: the sum of `nvidia.com/gpu`, `nvidia.com/gpu.shared` (the
+/// renamed time-sliced resource) and every `nvidia.com/mig-*` resource. Values that are not
+/// plain integers count 0.
+pub fn allocatable_gpus(allocatable: &BTreeMap<String, Quantity>) -> i64 {
+    allocatable
+        .iter()
+        .filter(|(k, _)| {
+            *k == "nvidia.com/gpu"
+                || *k == "nvidia.com/gpu.shared"
+                || k.starts_with("nvidia.com/mig-")
+        })
+        .filter_map(|(_, q)| q.0.trim().parse::<i64>().ok())
+        .sum()
+}
+
+/// What the timeline keeps of a validator pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ValidatorFacts {
+    /// `spec.nodeName` (empty while unscheduled).
+    pub node: String,
+    /// When `driver-validation` finished with exit code 0.
+    pub driver: Option<Timestamp>,
+    /// When `toolkit-validation` finished with exit code 0.
+    pub toolkit: Option<Timestamp>,
+    /// When the pod became Ready.
+    pub validated: Option<Timestamp>,
+}
+
+/// Reads [`ValidatorFacts`] from a validator pod; `now` stands in for a missing timestamp.
+pub fn validator_facts(pod: &Pod, now: Timestamp) -> ValidatorFacts {
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let status = pod.status.as_ref();
+    let finished = |name: &str| {
+        status
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+            .filter(|t| t.exit_code == 0)
+            .map(|t| t.finished_at.as_ref().map_or(now, |f| f.0))
+    };
+    let validated = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .map(|c| c.last_transition_time.as_ref().map_or(now, |t| t.0));
+    ValidatorFacts {
+        node,
+        // A Ready pod has passed every init container, even when their statuses are gone.
+        driver: finished(DRIVER_VALIDATION).or(validated),
+        toolkit: finished(TOOLKIT_VALIDATION).or(validated),
+        validated,
+    }
+}
+
+/// What the [`Tracker`] asks the IO side to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// Observe `seconds` into `kiln_node_ready_seconds{stage}`.
+    Stage {
+        /// Node name.
+        node: String,
+        /// The stage reached.
+        stage: Stage,
+        /// Seconds from the node's creation.
+        seconds: f64,
+    },
+    /// The node reached every stage: publish one Event.
+    Ready {
+        /// Node name.
+        node: String,
+        /// Node uid.
+        uid: Option<String>,
+        /// Seconds from creation to each stage, in [`Stage::ALL`] order.
+        seconds: [f64; 5],
+    },
+    /// Set the node's GPU gauges.
+    Gpus {
+        /// Node name.
+        node: String,
+        /// [`expected_gpus`].
+        expected: i64,
+        /// [`allocatable_gpus`].
+        allocatable: i64,
+    },
+    /// Remove the node's GPU gauges.
+    ForgetGpus {
+        /// Node name.
+        node: String,
+    },
+}
+
+/// One tracked GPU node.
+#[derive(Debug, Clone)]
+struct Track {
+    facts: NodeFacts,
+    /// Each stage, in [`Stage::ALL`] order.
+    reached: [Reached; 5],
+    announced: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reached {
+    No,
+    /// Reached before the tracker went live: not measured.
+    Known,
+    /// Reached and measured: seconds from the node's creation.
+    At(f64),
+}
+
+/// Which watch a relist belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The Node watch.
+    Nodes,
+    /// The validator pod watch.
+    Pods,
+}
+
+/// The timeline's state: tracked GPU nodes and validator pods, and whether both watches have
+/// listed once (before that, nothing is measured: see the module docs).
+#[derive(Debug, Default)]
+pub struct Tracker {
+    nodes: HashMap<String, Track>,
+    /// Validator pods by name.
+    pods: HashMap<String, ValidatorFacts>,
+    listed: BTreeSet<&'static str>,
+    live: bool,
+    /// Names seen in the running relist of each source.
+    relist: HashMap<&'static str, BTreeSet<String>>,
+    /// Nodes with GPU gauges set.
+    gauged: BTreeSet<String>,
+}
+
+fn source_key(s: Source) -> &'static str {
+    match s {
+        Source::Nodes => "nodes",
+        Source::Pods => "pods",
+    }
+}
+
+fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
+    let ms = to.as_millisecond() - from.as_millisecond();
+    (ms.max(0) as f64) / 1000.0
+}
+
+impl Tracker {
+    /// Whether measuring has started (both watches listed once).
+    pub fn is_live(&self) -> bool {
+        self.live
+    }
+
+    /// A watch starts a (re)list.
+    pub fn begin_list(&mut self, source: Source) {
+        self.relist.insert(source_key(source), BTreeSet::new());
+    }
+
+    /// A watch finished a (re)list: objects it did not list are gone. The first time both
+    /// watches have listed, the tracker goes live: stages reached so far stay unmeasured and
+    /// nodes fully ready by now get no Event.
+    pub fn end_list(&mut self, source: Source, now: Timestamp) -> Vec<Update> {
+        let key = source_key(source);
+        let seen = self.relist.remove(key).unwrap_or_default();
+        let mut out = Vec::new();
+        match source {
+            Source::Nodes => {
+                let gone: Vec<String> = self
+                    .nodes
+                    .keys()
+                    .chain(self.gauged.iter())
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                for name in gone {
+                    out.extend(self.node_deleted(&name));
+                }
+            }
+            Source::Pods => {
+                self.pods.retain(|name, _| seen.contains(name));
+            }
+        }
+        self.listed.insert(key);
+        if !self.live && self.listed.len() == 2 {
+            // Still not live: whatever is reached now becomes Known, not measured.
+            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            for name in names {
+                self.evaluate(&name, now, &mut Vec::new());
+            }
+            for t in self.nodes.values_mut() {
+                t.announced = t.reached.iter().all(|r| *r != Reached::No);
+            }
+            self.live = true;
+        }
+        out
+    }
+
+    /// A Node was listed or changed.
+    pub fn node(&mut self, facts: NodeFacts, now: Timestamp) -> Vec<Update> {
+        let name = facts.name.clone();
+        if let Some(seen) = self.relist.get_mut(source_key(Source::Nodes)) {
+            seen.insert(name.clone());
+        }
+        let mut out = Vec::new();
+        match facts.expected {
+            Some(expected) => {
+                self.gauged.insert(name.clone());
+                out.push(Update::Gpus {
+                    node: name.clone(),
+                    expected,
+                    allocatable: facts.allocatable,
+                });
+            }
+            None => {
+                if self.gauged.remove(&name) {
+                    out.push(Update::ForgetGpus { node: name.clone() });
+                }
+            }
+        }
+        if !facts.gpu || facts.created.is_none() {
+            self.nodes.remove(&name);
+            return out;
+        }
+        match self.nodes.get_mut(&name) {
+            Some(t) => t.facts = facts,
+            None => {
+                self.nodes.insert(
+                    name.clone(),
+                    Track {
+                        facts,
+                        reached: [Reached::No; 5],
+                        announced: false,
+                    },
+                );
+            }
+        }
+        self.evaluate(&name, now, &mut out);
+        out
+    }
+
+    /// A Node was deleted.
+    pub fn node_deleted(&mut self, name: &str) -> Vec<Update> {
+        self.nodes.remove(name);
+        if self.gauged.remove(name) {
+            vec![Update::ForgetGpus { node: name.into() }]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A validator pod was listed or changed.
+    pub fn pod(&mut self, name: &str, facts: ValidatorFacts, now: Timestamp) -> Vec<Update> {
+        if let Some(seen) = self.relist.get_mut(source_key(Source::Pods)) {
+            seen.insert(name.to_string());
+        }
+        let node = facts.node.clone();
+        self.pods.insert(name.to_string(), facts);
+        let mut out = Vec::new();
+        self.evaluate(&node, now, &mut out);
+        out
+    }
+
+    /// A validator pod was deleted (stages it showed stay reached).
+    pub fn pod_deleted(&mut self, name: &str) {
+        self.pods.remove(name);
+    }
+
+    /// When each stage is reached for `node` by what is known now (`None`: not reached).
+    fn stage_times(&self, track: &Track, now: Timestamp) -> [Option<Timestamp>; 5] {
+        let pods: Vec<&ValidatorFacts> = self
+            .pods
+            .values()
+            .filter(|p| p.node == track.facts.name)
+            .collect();
+        let earliest =
+            |f: fn(&ValidatorFacts) -> Option<Timestamp>| pods.iter().filter_map(|p| f(p)).min();
+        [
+            track.facts.labelled.then_some(now),
+            earliest(|p| p.driver),
+            earliest(|p| p.toolkit),
+            earliest(|p| p.validated),
+            (track.facts.allocatable > 0).then_some(now),
+        ]
+    }
+
+    fn evaluate(&mut self, node: &str, now: Timestamp, out: &mut Vec<Update>) {
+        let Some(track) = self.nodes.get(node) else {
+            return;
+        };
+        let Some(created) = track.facts.created else {
+            return;
+        };
+        let times = self.stage_times(track, now);
+        let live = self.live;
+        let track = self.nodes.get_mut(node).expect("looked up above");
+        for stage in Stage::ALL {
+            let i = stage.index();
+            if track.reached[i] != Reached::No {
+                continue;
+            }
+            let Some(at) = times[i] else { continue };
+            if live {
+                let seconds = seconds_between(created, at);
+                track.reached[i] = Reached::At(seconds);
+                out.push(Update::Stage {
+                    node: node.to_string(),
+                    stage,
+                    seconds,
+                });
+            } else {
+                track.reached[i] = Reached::Known;
+            }
+        }
+        if live && !track.announced && track.reached.iter().all(|r| *r != Reached::No) {
+            track.announced = true;
+            // Only a node measured in full is announced with its timeline; one that reached
+            // some stages before the operator started is announced without the unknown ones.
+            let seconds = track.reached.map(|r| match r {
+                Reached::At(s) => s,
+                _ => f64::NAN,
+            });
+            out.push(Update::Ready {
+                node: node.to_string(),
+                uid: track.facts.uid.clone(),
+                seconds,
+            });
+        }
+    }
+}
+
+/// The note of the `GPUNodeReady` Event: total time and each measured stage.
+pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
+    let known: Vec<String> = Stage::ALL
+        .iter()
+        .zip(seconds)
+        .filter(|(_, s)| s.is_finite())
+        .map(|(stage, s)| format!("{} {s:.0}s", stage.name()))
+        .collect();
+    let total = seconds
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(f64::NAN, f64::max);
+    if total.is_finite() {
+        format!(
+            "node {node} is ready for GPU workloads {total:.0}s after joining the cluster ({})",
+            known.join(", ")
+        )
+    } else {
+        format!("node {node} is ready for GPU workloads")
+    }
+}
+
+enum Input {
+    Node(Result<watcher::Event<Node>, watcher::Error>),
+    Pod(Result<watcher::Event<Pod>, watcher::Error>),
+}
+
+/// Watch Nodes and the validator pods of `namespace` and keep the timeline metrics and Events
+/// (see the module docs). Runs until the watches end (never, in practice: they retry with
+/// kube-runtime's default backoff); run it as a task while this replica leads.
+pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>, recorder: Recorder) {
+    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .map(Input::Node);
+    let pods = watcher(
+        Api::<Pod>::namespaced(client, &namespace),
+        watcher::Config::default().labels(VALIDATOR_SELECTOR),
+    )
+    .default_backoff()
+    .map(Input::Pod);
+    let mut inputs = std::pin::pin!(futures::stream::select(nodes, pods));
+    let mut tracker = Tracker::default();
+    while let Some(input) = inputs.next().await {
+        let now = Timestamp::now();
+        let updates = match input {
+            Input::Node(Ok(ev)) => match ev {
+                watcher::Event::Init => {
+                    tracker.begin_list(Source::Nodes);
+                    Vec::new()
+                }
+                watcher::Event::InitApply(n) | watcher::Event::Apply(n) => {
+                    tracker.node(node_facts(&n), now)
+                }
+                watcher::Event::InitDone => tracker.end_list(Source::Nodes, now),
+                watcher::Event::Delete(n) => {
+                    tracker.node_deleted(n.metadata.name.as_deref().unwrap_or_default())
+                }
+            },
+            Input::Pod(Ok(ev)) => match ev {
+                watcher::Event::Init => {
+                    tracker.begin_list(Source::Pods);
+                    Vec::new()
+                }
+                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    tracker.pod(&name, validator_facts(&p, now), now)
+                }
+                watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
+                watcher::Event::Delete(p) => {
+                    tracker.pod_deleted(p.metadata.name.as_deref().unwrap_or_default());
+                    Vec::new()
+                }
+            },
+            Input::Node(Err(e)) | Input::Pod(Err(e)) => {
+                tracing::debug!(error = %e, "timeline watch");
+                Vec::new()
+            }
+        };
+        for update in updates {
+            apply(&metrics, &recorder, update).await;
+        }
+    }
+}
+
+async fn apply(metrics: &Metrics, recorder: &Recorder, update: Update) {
+    match update {
+        Update::Stage {
+            node,
+            stage,
+            seconds,
+        } => {
+            tracing::debug!(%node, stage = stage.name(), seconds, "node readiness stage");
+            metrics.node_stage(stage.name(), seconds);
+        }
+        Update::Gpus {
+            node,
+            expected,
+            allocatable,
+        } => metrics.node_gpus(&node, expected, allocatable),
+        Update::ForgetGpus { node } => metrics.forget_node_gpus(&node),
+        Update::Ready { node, uid, seconds } => {
+            let note = ready_note(&node, &seconds);
+            tracing::info!(%node, "{note}");
+            let reference = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.clone()),
+                uid,
+                ..ObjectReference::default()
+            };
+            let ev = KubeEvent {
+                type_: EventType::Normal,
+                reason: READY_REASON.into(),
+                note: Some(note),
+                action: "Observe".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(%node, error = %e, "could not publish the node-ready event");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn facts(name: &str, labelled: bool, allocatable: i64) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            uid: Some(format!("uid-{name}")),
+            created: Some(ts(0)),
+            gpu: true,
+            labelled,
+            expected: None,
+            allocatable,
+        }
+    }
+
+    fn pod(
+        node: &str,
+        driver: Option<i64>,
+        toolkit: Option<i64>,
+        ready: Option<i64>,
+    ) -> ValidatorFacts {
+        ValidatorFacts {
+            node: node.into(),
+            driver: driver.map(ts),
+            toolkit: toolkit.map(ts),
+            validated: ready.map(ts),
+        }
+    }
+
+    fn stages(updates: &[Update]) -> Vec<(Stage, f64)> {
+        updates
+            .iter()
+            .filter_map(|u| match u {
+                Update::Stage { stage, seconds, .. } => Some((*stage, *seconds)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn expected_gpus_from_gfd_labels() {
+        assert_eq!(expected_gpus(&labels(&[])), None);
+        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "8")])), Some(8));
+        // Time-slicing: 4 GPUs × 10 replicas = 40 allocatable units.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "4"),
+                (GPU_REPLICAS_LABEL, "10")
+            ])),
+            Some(40)
+        );
+        // MIG-enabled GPUs in the full-GPU labeler: replicas 0.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "2"),
+                (GPU_REPLICAS_LABEL, "0")
+            ])),
+            Some(0)
+        );
+        // mixed: full GPUs plus each profile's devices.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "1"),
+                ("nvidia.com/mig-1g.10gb.count", "7"),
+                ("nvidia.com/mig-3g.40gb.count", "2"),
+                ("nvidia.com/mig-3g.40gb.replicas", "2"),
+                ("nvidia.com/mig-1g.10gb.memory", "9856"),
+            ])),
+            Some(1 + 7 + 4)
+        );
+        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "many")])), None);
+    }
+
+    #[test]
+    fn allocatable_sums_gpu_shared_and_mig() {
+        let q = |v: &str| Quantity(v.into());
+        let a: BTreeMap<String, Quantity> = [
+            ("cpu", q("32")),
+            ("nvidia.com/gpu", q("2")),
+            ("nvidia.com/gpu.shared", q("8")),
+            ("nvidia.com/mig-1g.10gb", q("7")),
+            ("nvidia.com/gpu.memory", q("100")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(allocatable_gpus(&a), 17);
+        assert_eq!(allocatable_gpus(&BTreeMap::new()), 0);
+    }
+
+    #[test]
+    fn node_facts_read_labels_status_and_creation() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu-node-1", "uid": "u1",
+                "creationTimestamp": "2027-01-15T08:00:00Z",
+                "labels": {"feature.node.kubernetes.io/pci-10de.present": "true",
+                    "nvidia.com/gpu.count": "2"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "1", "cpu": "4"}}
+        }))
+        .unwrap();
+        let f = node_facts(&node);
+        assert_eq!(f.name, "gpu-node-1");
+        assert!(f.gpu && !f.labelled);
+        assert_eq!((f.expected, f.allocatable), (Some(2), 1));
+        assert_eq!(f.created, Some("2027-01-15T08:00:00Z".parse().unwrap()));
+        let cpu: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cpu-node-1", "labels": {"kubernetes.io/os": "linux"}}
+        }))
+        .unwrap();
+        assert!(!node_facts(&cpu).gpu);
+    }
+
+    #[test]
+    fn validator_facts_read_init_containers_and_ready() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nvidia-operator-validator-x"},
+            "spec": {"nodeName": "gpu-node-1", "containers": []},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "False",
+                    "lastTransitionTime": "2027-01-15T08:00:05Z"}],
+                "initContainerStatuses": [
+                    {"name": "driver-validation", "ready": true, "restartCount": 0, "image": "", "imageID": "",
+                     "state": {"terminated": {"exitCode": 0, "finishedAt": "2027-01-15T08:00:40Z"}}},
+                    {"name": "toolkit-validation", "ready": false, "restartCount": 1, "image": "", "imageID": "",
+                     "state": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:45Z"}}}
+                ]}
+        }))
+        .unwrap();
+        let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
+        let f = validator_facts(&pod, now);
+        assert_eq!(f.node, "gpu-node-1");
+        assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
+        assert_eq!(f.toolkit, None, "a failed validation is not ready");
+        assert_eq!(f.validated, None);
+        // A Ready pod has passed every validation.
+        let mut ready = pod.clone();
+        ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+        ready.status.as_mut().unwrap().init_container_statuses = None;
+        let f = validator_facts(&ready, now);
+        let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
+        assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
+    }
+
+    #[test]
+    fn a_node_joining_later_is_measured_in_full_and_announced_once() {
+        let mut t = Tracker::default();
+        t.begin_list(Source::Nodes);
+        t.begin_list(Source::Pods);
+        assert!(t.end_list(Source::Nodes, ts(1)).is_empty());
+        assert!(!t.is_live());
+        t.end_list(Source::Pods, ts(1));
+        assert!(t.is_live());
+
+        // Joins at 0, seen at 3 with allocatable GPUs but not yet labelled.
+        let u = t.node(facts("n1", false, 1), ts(3));
+        assert_eq!(stages(&u), [(Stage::GpuAllocatable, 3.0)]);
+        let u = t.node(facts("n1", true, 1), ts(5));
+        assert_eq!(stages(&u), [(Stage::Labelled, 5.0)]);
+        // The validator reports its own timestamps.
+        let u = t.pod("v1", pod("n1", Some(40), None, None), ts(41));
+        assert_eq!(stages(&u), [(Stage::DriverReady, 40.0)]);
+        let u = t.pod("v1", pod("n1", Some(40), Some(45), Some(70)), ts(71));
+        assert_eq!(
+            stages(&u),
+            [(Stage::ToolkitReady, 45.0), (Stage::Validated, 70.0)]
+        );
+        let ready: Vec<_> = u
+            .iter()
+            .filter(|u| matches!(u, Update::Ready { .. }))
+            .collect();
+        assert_eq!(
+            ready,
+            [&Update::Ready {
+                node: "n1".into(),
+                uid: Some("uid-n1".into()),
+                seconds: [5.0, 40.0, 45.0, 70.0, 3.0]
+            }]
+        );
+        // A validator restart (new pod, later times) measures nothing again.
+        t.pod_deleted("v1");
+        let u = t.pod("v2", pod("n1", Some(500), Some(510), Some(520)), ts(521));
+        assert!(u.is_empty(), "{u:?}");
+        assert_eq!(
+            ready_note("n1", &[5.0, 40.0, 45.0, 70.0, 3.0]),
+            "node n1 is ready for GPU workloads 70s after joining the cluster (labelled 5s, \
+             driver_ready 40s, toolkit_ready 45s, validated 70s, gpu_allocatable 3s)"
+        );
+    }
+
+    #[test]
+    fn stages_reached_before_the_first_list_are_not_measured() {
+        let mut t = Tracker::default();
+        t.begin_list(Source::Nodes);
+        t.begin_list(Source::Pods);
+        // n1 is fully ready at startup; n2 is labelled with allocatable GPUs, not validated.
+        assert!(stages(&t.node(facts("n1", true, 1), ts(100))).is_empty());
+        assert!(stages(&t.node(facts("n2", true, 1), ts(100))).is_empty());
+        t.end_list(Source::Nodes, ts(100));
+        assert!(stages(&t.pod("v1", pod("n1", Some(10), Some(11), Some(12)), ts(100))).is_empty());
+        t.end_list(Source::Pods, ts(100));
+        // Later changes of n1 measure and announce nothing.
+        assert!(t.node(facts("n1", true, 1), ts(200)).is_empty());
+        // n2's validation finishes after startup: measured, and n2 is announced without the
+        // stages it had reached before.
+        let u = t.pod("v2", pod("n2", Some(150), Some(160), Some(170)), ts(171));
+        assert_eq!(
+            stages(&u),
+            [
+                (Stage::DriverReady, 150.0),
+                (Stage::ToolkitReady, 160.0),
+                (Stage::Validated, 170.0)
+            ]
+        );
+        let Some(Update::Ready { seconds, .. }) = u.last() else {
+            panic!("{u:?}")
+        };
+        assert_eq!(
+            ready_note("n2", seconds),
+            "node n2 is ready for GPU workloads 170s after joining the cluster (driver_ready \
+             150s, toolkit_ready 160s, validated 170s)"
+        );
+    }
+
+    #[test]
+    fn gpu_gauges_follow_the_count_label_and_the_node() {
+        let mut t = Tracker::default();
+        let mut f = facts("n1", true, 1);
+        f.expected = Some(2);
+        let u = t.node(f.clone(), ts(1));
+        assert!(u.contains(&Update::Gpus {
+            node: "n1".into(),
+            expected: 2,
+            allocatable: 1
+        }));
+        f.expected = None;
+        assert!(
+            t.node(f.clone(), ts(2))
+                .contains(&Update::ForgetGpus { node: "n1".into() })
+        );
+        f.expected = Some(1);
+        t.node(f, ts(3));
+        // A relist that no longer has n1: its gauges go.
+        t.begin_list(Source::Nodes);
+        assert_eq!(
+            t.end_list(Source::Nodes, ts(4)),
+            [Update::ForgetGpus { node: "n1".into() }]
+        );
+        // A CPU node is neither tracked nor gauged.
+        let mut cpu = facts("cpu", false, 0);
+        cpu.gpu = false;
+        assert!(t.node(cpu, ts(5)).is_empty());
+    }
+
+    #[test]
+    fn selector_and_container_names_match_the_validator_asset() {
+        let objects = kiln_render::assets::load_state(kiln_core::State::OperatorValidation, false)
+            .expect("assets load");
+        let ds = objects
+            .iter()
+            .map(|a| &a.object)
+            .find(|o| o["kind"] == "DaemonSet")
+            .expect("a DaemonSet");
+        let (key, value) = VALIDATOR_SELECTOR.split_once('=').unwrap();
+        assert_eq!(ds["spec"]["template"]["metadata"]["labels"][key], value);
+        let inits: Vec<&str> = ds["spec"]["template"]["spec"]["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert!(inits.contains(&DRIVER_VALIDATION) && inits.contains(&TOOLKIT_VALIDATION));
+    }
+}
