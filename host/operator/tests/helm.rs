@@ -28,14 +28,16 @@
 //! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
 //!    (their owner references point at the chart's ClusterPolicy).
 
+#[path = "support/helm.rs"]
+mod helm_support;
 #[path = "support/rbac.rs"]
 mod rbac;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::Context as _;
+use helm_support::{helm, repo};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -55,46 +57,6 @@ const NS: &str = "gpu-operator";
 const RELEASE: &str = "kiln";
 const POLICY: &str = "cluster-policy";
 const TIMEOUT: Duration = Duration::from_secs(150);
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `testcluster/bin/helm ARGS --kubeconfig K` with helm's cache/config/data under
-/// `home`, returning stdout; fails with helm's stderr.
-async fn helm(cluster: &TestCluster, home: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let bin = repo().join("testcluster/bin/helm");
-    if !bin.is_file() {
-        bail!(
-            "{} not found: `testcluster/build.sh` builds it",
-            bin.display()
-        );
-    }
-    let mut cmd = std::process::Command::new(&bin);
-    cmd.args(args)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .current_dir(repo());
-    for (var, sub) in [
-        ("HELM_CACHE_HOME", "cache"),
-        ("HELM_CONFIG_HOME", "config"),
-        ("HELM_DATA_HOME", "data"),
-    ] {
-        cmd.env(var, home.join(sub));
-    }
-    let what = format!("helm {}", args.join(" "));
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await?
-        .with_context(|| what.clone())?;
-    ensure!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
 
 fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let host = Arc::new(kiln_plugin_host::PluginHost::new(
