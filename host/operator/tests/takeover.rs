@@ -1,0 +1,86 @@
+//! Takeover without disruption (issue 12, item 6), on testcluster: a cluster as NVIDIA GPU
+//! Operator v26.7.0 leaves it — the sample's objects exactly as NVIDIA's reconcile created
+//! them (the goldens of `host/render/tests/data/nvidia-v26.7.0/`), owned by the ClusterPolicy
+//! `cluster-policy`, with NVIDIA's labels and annotations, its node labels, the DaemonSet
+//! controller's ControllerRevisions and the operand pods — then kiln's operator starts on
+//! that policy. kiln adopts every object (its state label, its field manager) and changes no
+//! DaemonSet: the same generations, pod templates, ControllerRevisions and pods, so no
+//! rollout and no driver pod deleted.
+//!
+//! The variant is `ix-nvidia-images`: NVIDIA's sample with kiln given NVIDIA's images for the
+//! operands it also implements (the operator's `Config::images`, `--image` on the command
+//! line). With kiln's own image (the plain sample) the validator, device plugin, GFD and
+//! exporter containers run kiln's commands, so those templates differ by design and a
+//! takeover rolls those four DaemonSets (never the driver, whose image is NVIDIA's in both).
+
+#[path = "support/nvidia.rs"]
+mod nvidia;
+
+use kiln_testcluster::{TestCluster, shared, shared_access};
+use kube::api::PostParams;
+use serde_json::json;
+
+const POLICY: &str = "cluster-policy";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kiln_takes_over_nvidias_objects_without_a_rollout() -> anyhow::Result<()> {
+    let cluster = shared()?;
+    let _guard = shared_access().await;
+    cluster.with_logs(scenario(cluster).await)
+}
+
+async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let client = cluster.client().await?;
+    nvidia::install_crd(
+        cluster,
+        &client,
+        &serde_json::to_value(kiln_operator::crd::crd())?,
+    )
+    .await?;
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": nvidia::NS}}))?,
+        )
+        .await?;
+
+    // NVIDIA's state: the policy, node labels, every operand object.
+    let policy = nvidia::raw_policies(&client)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(nvidia::policy(POLICY)?)?,
+        )
+        .await?;
+    let uid = policy.metadata.uid.clone().unwrap_or_default();
+    let gpu_nodes = nvidia::label_gpu_nodes(&client).await?;
+    let objs = nvidia::objects(POLICY, &uid)?;
+    nvidia::create_all(&client, &objs).await?;
+    let names = nvidia::daemonset_names(&objs);
+    let before = nvidia::settled(cluster, &client, &names, gpu_nodes.len()).await?;
+    println!(
+        "NVIDIA's {} objects created ({} DaemonSets, {} pods); ControllerRevisions before:\n{}",
+        objs.len(),
+        names.len(),
+        before.pods.len(),
+        before.revision_lines()
+    );
+
+    // kiln starts on that policy and adopts everything.
+    let operator = nvidia::start_operator(client.clone())?;
+    nvidia::adopted(cluster, &client, POLICY, &objs).await?;
+    // The DaemonSet controller writes a new ControllerRevision within moments of a template
+    // change; give it those moments before comparing.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let after = nvidia::snapshot(&client).await?;
+    println!("ControllerRevisions after:\n{}", after.revision_lines());
+    nvidia::assert_undisturbed(&before, &after);
+    println!(
+        "takeover: {} objects adopted, 0 templates changed, {} pods kept ({:.1} s)",
+        objs.len(),
+        after.pods.len(),
+        started.elapsed().as_secs_f64()
+    );
+    operator.abort();
+    Ok(())
+}
