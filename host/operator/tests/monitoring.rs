@@ -315,6 +315,20 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         "{note}"
     );
 
+    // The new node's operands settle; the verdict that wrote `ready` set the status gauge.
+    cluster
+        .wait_for("ClusterPolicy ready with gpu-node-9", TIMEOUT, || async {
+            let p = policies.get("cluster-policy").await?;
+            let state = serde_json::to_value(p.status.unwrap_or_default().state)?;
+            let (_, text) = scrape(&addr).await?;
+            let status = sample(&text, "gpu_operator_reconciliation_status");
+            Ok(if state == "ready" && status == Some(1.0) {
+                Ok(())
+            } else {
+                Err(format!("{state}, gauge {status:?}"))
+            })
+        })
+        .await?;
     let (ctype, text) = scrape(&addr).await?;
     assert_eq!(ctype, kiln_operator::metrics::OPENMETRICS_CONTENT_TYPE);
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
