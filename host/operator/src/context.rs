@@ -1,13 +1,22 @@
-//! Operator configuration and the shared context every reconcile receives.
+//! Operator configuration and the shared context every reconcile receives: the cluster handle
+//! ([`Cluster`]), the status writer ([`StatusWriter`]) and the caches ([`Caches`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
+use k8s_openapi::api::core::v1::Node;
+use kiln_core::State;
+use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
 use kube::Client;
+use kube::api::DynamicObject;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 
 use crate::apply::Applier;
+use crate::live::Wake;
 use crate::metrics::Metrics;
+use crate::status::StatusWriter;
 
 /// How the operator runs (from the CLI flags / environment).
 #[derive(Debug, Clone)]
@@ -26,6 +35,9 @@ pub struct Config {
     pub identity: String,
     /// Image overrides for the fallback images, `ENV` → image.
     pub images: Vec<(String, String)>,
+    /// How long a driver upgrade waits in `validation-required` for the validator before the
+    /// node is `upgrade-failed` (upstream 600 s; [`crate::upgrade`]).
+    pub upgrade_validation_timeout: std::time::Duration,
 }
 
 impl Default for Config {
@@ -38,6 +50,9 @@ impl Default for Config {
             leader_election: false,
             identity: default_identity(),
             images: Vec::new(),
+            upgrade_validation_timeout: std::time::Duration::from_secs(
+                kiln_core::upgrade::VALIDATION_TIMEOUT_SECONDS.unsigned_abs(),
+            ),
         }
     }
 }
@@ -49,27 +64,124 @@ pub fn default_identity() -> String {
         .unwrap_or_else(|_| format!("kiln-{}", std::process::id()))
 }
 
-/// Everything a reconcile needs; shared by all reconciles through an `Arc`.
-pub struct Context {
+/// The cluster handle: the API client, server-side apply (with its discovery cache), the
+/// configuration and the server's version.
+pub struct Cluster {
     /// API client.
     pub client: Client,
-    /// Renders a state through its plugin chain.
-    pub renderer: Renderer,
     /// Server-side apply with caches that make steady-state reconciles write nothing.
     pub applier: Applier,
-    /// Publishes Events on the ClusterPolicy.
-    pub recorder: Recorder,
-    /// Prometheus metrics.
-    pub metrics: Arc<Metrics>,
     /// Configuration.
     pub config: Config,
     /// The API server's version (`v1.36.3`), read once at start.
     pub kubernetes_version: String,
+}
+
+/// The caches reconciles read instead of the API server: the ClusterPolicies (the controller's
+/// store), the nodes (slimmed, [`crate::nodes::watch_nodes`]), the labelled objects
+/// ([`crate::live`]), each state's last render, and what the last full reconcile of each
+/// policy decided ([`Last`]). Stores not set (tests, before `run` wires them) fall back to
+/// reads from the API server.
+#[derive(Default)]
+pub struct Caches {
+    policies: OnceLock<Store<DynamicObject>>,
+    nodes: OnceLock<Store<Node>>,
     /// The labelled objects in the cluster (what kiln applied, found again after a restart);
     /// started by the first reconcile ([`Context::live`]) unless set before.
     live: tokio::sync::OnceCell<crate::live::LiveCache>,
     /// Each state's last render and its inputs (unchanged inputs call no plugin).
     pub renders: crate::memory::RenderCache,
+    /// What the last full reconcile of each policy (by name) decided.
+    pub last: Mutex<HashMap<String, Last>>,
+    /// The labelling rules of the active policy's last full reconcile (node events label the
+    /// changed node with them).
+    pub labels: Arc<Mutex<Option<LabelPolicy>>>,
+    /// Wakes the controller (a no-op until `run` wires a channel).
+    pub wake: Wake,
+    /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
+    /// set; else readiness lists them).
+    pub pods: OnceLock<crate::readiness::PodWatches>,
+}
+
+/// One state as the last full reconcile left it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kept {
+    /// Disabled (its objects deleted).
+    Disabled,
+    /// Handed to NVIDIADriver CRs (`driver.useNvidiaDriverCRD`): its DaemonSets deleted with
+    /// Orphan propagation; readiness is the CRs' ([`crate::nvidiadriver::policy_driver_result`]).
+    HandedOff,
+    /// The chain or an apply failed, with the error text.
+    Failed(String),
+    /// Applied: its DaemonSets by name, with the `metadata.generation` the apply returned
+    /// (the cache must show at least that generation before its status counts).
+    Applied(Vec<(String, i64)>),
+}
+
+/// What a full reconcile of one policy decided, for the cheap reconciles after it (a DaemonSet
+/// status change, a node relabelled) that only re-judge readiness and status from the caches.
+#[derive(Debug, Clone)]
+pub struct Last {
+    /// The policy's `metadata.uid`.
+    pub uid: String,
+    /// The policy's `metadata.generation` (spec changes bump it; status writes do not).
+    pub generation: Option<i64>,
+    /// The node facts the render used.
+    pub facts: crate::nodes::NodeFacts,
+    /// Per state, in order.
+    pub states: Vec<(State, Kept)>,
+    /// The shadowing note for the Ready condition, if any.
+    pub note: Option<String>,
+    /// When a state failed: render and apply again on the first reconcile after this instant.
+    pub retry_at: Option<std::time::Instant>,
+}
+
+impl Caches {
+    /// Use `store` as the ClusterPolicies (the controller's, as [`DynamicObject`]s: see
+    /// [`crate::status::policy_resource`]); `false` when one is set already.
+    pub fn set_policies(&self, store: Store<DynamicObject>) -> bool {
+        self.policies.set(store).is_ok()
+    }
+
+    /// The ClusterPolicy store, when set.
+    pub fn policies(&self) -> Option<&Store<DynamicObject>> {
+        self.policies.get()
+    }
+
+    /// Use `store` as the nodes; `false` when one is set already.
+    pub fn set_nodes(&self, store: Store<Node>) -> bool {
+        self.nodes.set(store).is_ok()
+    }
+
+    /// The node store, when set.
+    pub fn nodes(&self) -> Option<&Store<Node>> {
+        self.nodes.get()
+    }
+}
+
+/// Everything a reconcile needs, shared by all reconciles through an `Arc`: the cluster handle
+/// ([`Cluster`], also reached through `Deref`: `ctx.client`, `ctx.config`), the status writer,
+/// the caches, the renderer and the metrics.
+pub struct Context {
+    /// Client, applier, configuration, server version.
+    pub cluster: Cluster,
+    /// Writes status and Events.
+    pub status: StatusWriter,
+    /// What reconciles read instead of the API server.
+    pub caches: Caches,
+    /// Renders a state through its plugin chain.
+    pub renderer: Renderer,
+    /// Publishes Events on the ClusterPolicy (also used by [`Context::status`]).
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::ops::Deref for Context {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
 }
 
 impl Context {
@@ -85,23 +197,26 @@ impl Context {
             controller: "kiln".into(),
             instance: Some(config.identity.clone()),
         };
+        let recorder = Recorder::new(client.clone(), reporter);
         Context {
-            applier: Applier::new(client.clone()),
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
+            status: StatusWriter::new(client.clone(), recorder.clone(), &config.namespace),
+            recorder,
+            cluster: Cluster {
+                applier: Applier::new(client.clone()),
+                client,
+                config,
+                kubernetes_version,
+            },
+            caches: Caches::default(),
             renderer,
             metrics,
-            config,
-            kubernetes_version,
-            live: tokio::sync::OnceCell::new(),
-            renders: Default::default(),
         }
     }
 
     /// Use `live` as the cache of labelled objects instead of starting reflectors (tests);
     /// `false` when one is set already.
     pub fn set_live(&self, live: crate::live::LiveCache) -> bool {
-        self.live.set(live).is_ok()
+        self.caches.live.set(live).is_ok()
     }
 
     /// The cache of labelled objects, starting its reflectors on first use
@@ -110,9 +225,15 @@ impl Context {
     /// # Errors
     /// [`crate::Error::Kube`] when discovering the watched kinds fails.
     pub async fn live(&self) -> crate::Result<&crate::live::LiveCache> {
-        self.live
+        self.caches
+            .live
             .get_or_try_init(|| {
-                crate::live::LiveCache::start(&self.client, &self.applier, &self.config.namespace)
+                crate::live::LiveCache::start(
+                    &self.client,
+                    &self.applier,
+                    &self.config.namespace,
+                    &self.caches.wake,
+                )
             })
             .await
     }

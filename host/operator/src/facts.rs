@@ -6,10 +6,7 @@ use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformConte
 use kiln_core::labels::{Labels, is_gpu_node};
 use kiln_core::spec::ClusterPolicySpec;
 
-/// NFD label with the OS id (`ubuntu`, `rhel`, …).
-pub const OS_ID_LABEL: &str = "feature.node.kubernetes.io/system-os_release.ID";
-/// NFD label with the OS version (`22.04`, `9.4`, …).
-pub const OS_VERSION_LABEL: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+pub use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
 
 /// A node's labels as a map (empty when it has none).
 pub fn node_labels(node: &Node) -> Labels {
@@ -42,15 +39,9 @@ pub fn container_runtime(gpu_nodes: &[&Node]) -> ContainerRuntime {
 /// The GPU node OS from the first GPU node carrying the NFD os_release labels; `rhel`, `rocky`
 /// and `ol` keep only the major version (upstream rule).
 pub fn gpu_node_os(gpu_nodes: &[&Node]) -> Option<NodeOs> {
-    gpu_nodes.iter().find_map(|n| {
-        let l = node_labels(n);
-        let id = l.get(OS_ID_LABEL)?.clone();
-        let mut version_id = l.get(OS_VERSION_LABEL)?.clone();
-        if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
-            version_id = version_id.split('.').next().unwrap_or_default().to_string();
-        }
-        Some(NodeOs { id, version_id })
-    })
+    gpu_nodes
+        .iter()
+        .find_map(|n| NodeOs::from_labels(&node_labels(n)))
 }
 
 /// The transform context for this reconcile: `base` with the runtime, and the GPU node OS when

@@ -1,38 +1,41 @@
-//! One reconcile of one ClusterPolicy (upstream `gpu-operator.md` §2.2, with kiln's choices):
+//! One reconcile of one ClusterPolicy (upstream `gpu-operator.md` §2.2, with kiln's choices).
+//! Every read comes from a cache ([`crate::context::Caches`]): the ClusterPolicies, the nodes,
+//! the labelled objects and their DaemonSets.
 //!
-//! 1. List every ClusterPolicy; a non-active one (not the oldest) gets `ignored` written, naming
-//!    the active one, and nothing else happens.
-//! 2. Parse the policy ([`Policy::from_object`]); an invalid one gets `Error`/`ReconcileFailed`
-//!    naming the field and nothing is deleted or applied.
-//! 3. Label the nodes ([`crate::nodes`]).
-//! 4. Render every enabled state through its plugin chain.
-//! 5. Plan ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
-//!    ([`crate::live`]): per state the objects to apply (labelled `kiln.dev/state`, owned by the
-//!    policy; DaemonSets only when GPU nodes exist, as upstream) and the objects to delete
-//!    (disabled states', and those a render no longer produces). A failing chain keeps its
-//!    last applied objects and marks only that state.
-//! 6. For each state in order: apply, judge DaemonSet readiness, delete.
-//! 7. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
+//! 1. A non-active policy (not the oldest) gets `ignored` written, naming the active one, and
+//!    nothing else happens.
+//! 2. When nothing a render depends on changed since the last full reconcile of this policy
+//!    (same uid and generation, same [`NodeFacts`], no applied object deleted or changed by
+//!    someone else, no failed state due for a retry, no [`crate::live::Wake::full`] request),
+//!    only readiness and status are judged again from the caches: a DaemonSet status event or a
+//!    relabelled node costs no request but a status write when the status changes.
+//! 3. Otherwise, a full reconcile: parse the policy ([`Policy::from_object`]; an invalid one gets
+//!    `Error`/`ReconcileFailed` naming the field and nothing is deleted or applied); label the
+//!    nodes ([`crate::nodes`]); render every enabled state through its plugin chain; plan
+//!    ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
+//!    ([`crate::live`]); for each state in order apply (skipping what the cache shows unchanged)
+//!    and delete. A failing chain keeps its last applied objects and marks only that state.
+//! 4. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::labels::LabelPolicy;
-use kiln_core::plan::{Render, StatePlan, plan};
+use kiln_core::plan::{Render, StatePlan, hands_off, plan};
 use kiln_core::singleton::active_policy;
-use kiln_core::spec::ClusterPolicy;
 use kiln_core::status::{Observation, StateResult, Verdict, judge, requeue_after};
 use kiln_render::{Policy, RenderedState};
-use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
-use crate::context::Context;
-use crate::nodes::{label_nodes, list_nodes};
-use crate::status::write_status;
+use crate::context::{Context, Kept, Last};
+use crate::nodes::{NodeFacts, label_nodes};
+use crate::status::policy_resource;
 use crate::{Error, Result, facts, readiness};
 
 /// How long a reconcile waits for the caches of labelled objects to list once; past it, the
@@ -46,74 +49,171 @@ enum Rendered {
     Objects(RenderedState),
 }
 
+/// How long after a failed state the next reconcile renders and applies again (the
+/// controller's requeue while not ready is 30 s; a little less, so that requeue is the full one).
+pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(25);
+
 /// Reconcile `policy`: the controller's reconcile function. On an API failure the status gets
 /// `ReconcileFailed` (best effort) and the error goes to the controller's error policy.
 ///
 /// # Errors
 /// [`Error`] from the first API request that failed outside a single state.
-pub async fn reconcile(policy: Arc<ClusterPolicy>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(policy: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action> {
     let start = Instant::now();
     let res = reconcile_policy(&policy, &ctx).await;
     ctx.metrics.reconciled(start.elapsed());
-    let released = crate::memory::release_idle_memory(&ctx.renderer);
-    tracing::debug!(
-        plugins = released,
-        "released loaded plugins until the next render"
-    );
     if let Err(e) = &res {
         ctx.metrics.error("reconcile");
-        let _ = write_status(&ctx, &policy, &Verdict::failed(&e.to_string())).await;
+        ctx.metrics
+            .reconcile_status(crate::metrics::ReconcileStatus::OperatorError);
+        // The next trigger renders and applies again.
+        ctx.caches
+            .last
+            .lock()
+            .expect("last lock")
+            .remove(policy.name_any().as_str());
+        let _ = ctx
+            .status
+            .write(&policy, &Verdict::failed(&e.to_string()))
+            .await;
     }
     res
 }
 
 /// The controller's error policy: retry after 10 s.
-pub fn error_policy(_policy: Arc<ClusterPolicy>, err: &Error, _ctx: Arc<Context>) -> Action {
+pub fn error_policy(_policy: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %err, "reconcile failed");
     Action::requeue(Duration::from_secs(10))
 }
 
-async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Action> {
-    let name = policy.metadata.name.clone().unwrap_or_default();
-    let ar = ApiResource::erase::<ClusterPolicy>(&());
-    let all = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar)
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list clusterpolicies", e))?;
-    let active = active_policy(all.items.iter().map(|p| &p.metadata)).unwrap_or_default();
-    if active != name {
-        tracing::info!(policy = %name, %active, "not the active ClusterPolicy");
-        write_status(ctx, policy, &Verdict::ignored(active)).await?;
-        return Ok(Action::await_change());
+/// Every ClusterPolicy: the controller's store when set, else listed.
+async fn policies(ctx: &Context) -> Result<Vec<Arc<DynamicObject>>> {
+    if let Some(store) = ctx.caches.policies() {
+        return Ok(store.state());
     }
-    let raw = all
-        .items
+    Ok(
+        Api::<DynamicObject>::all_with(ctx.client.clone(), &policy_resource())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("list clusterpolicies", e))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
+    )
+}
+
+/// Every node (slimmed): from the node store when set (waiting once for its first list), else
+/// listed in pages.
+async fn nodes_now(ctx: &Context) -> Result<Vec<Arc<Node>>> {
+    match ctx.caches.nodes() {
+        Some(store) => {
+            let _ = tokio::time::timeout(LIVE_READY_LIMIT, store.wait_until_ready()).await;
+            Ok(store.state())
+        }
+        None => Ok(crate::nodes::list_nodes(&ctx.client)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect()),
+    }
+}
+
+async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> {
+    let name = arg.name_any();
+    let all = policies(ctx).await?;
+    // The freshest copy: the store's (the queued one may be older).
+    let policy = all
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some(&name))
-        .map(|p| serde_json::to_value(p).expect("a DynamicObject serializes"))
-        .unwrap_or_default();
+        .cloned()
+        .unwrap_or_else(|| Arc::new(arg.clone()));
+    let active = active_policy(all.iter().map(|p| &p.metadata)).unwrap_or_default();
+    if active != name {
+        tracing::debug!(policy = %name, %active, "not the active ClusterPolicy");
+        ctx.caches.last.lock().expect("last lock").remove(&name);
+        let wrote = ctx.status.write(&policy, &Verdict::ignored(active)).await?;
+        ctx.metrics.writes("status", u64::from(wrote));
+        return Ok(Action::await_change());
+    }
+    let full = ctx.caches.wake.take_full();
+    let last = ctx
+        .caches
+        .last
+        .lock()
+        .expect("last lock")
+        .get(&name)
+        .cloned();
+    let nodes = nodes_now(ctx).await?;
+    let node_refs: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
+    if let Some(last) = last.filter(|l| {
+        !full
+            && l.uid == policy.metadata.uid.clone().unwrap_or_default()
+            && l.generation == policy.metadata.generation
+            && l.retry_at.is_none_or(|t| Instant::now() < t)
+    }) && last.facts == NodeFacts::of(&node_refs)
+        && !drifted(ctx).await?
+    {
+        return judge_and_write(ctx, &policy, &last, &node_refs).await;
+    }
+    full_reconcile(ctx, &policy, nodes).await
+}
+
+/// Whether an object kiln applied was deleted, or changed by someone else, since: the cache
+/// shows it gone (a recorded delete) or with a later marker than kiln's apply returned.
+async fn drifted(ctx: &Context) -> Result<bool> {
+    let applied = ctx.applier.applied();
+    if ctx.caches.wake.any_gone(applied.iter().map(|(k, _)| k)) {
+        return Ok(true);
+    }
+    let live = ctx.live().await?;
+    Ok(applied.iter().any(|(key, marker)| {
+        live.marker(key)
+            .is_some_and(|m| crate::apply::marker_later(&m, marker))
+    }))
+}
+
+/// Render, label, plan, apply and delete; remember the outcome ([`Last`]); judge and write
+/// the status.
+async fn full_reconcile(
+    ctx: &Context,
+    policy: &Arc<DynamicObject>,
+    nodes: Vec<Arc<Node>>,
+) -> Result<Action> {
+    let name = policy.name_any();
+    let raw = serde_json::to_value(&**policy).map_err(|e| Error::Json {
+        action: format!("serialize ClusterPolicy {name}"),
+        source: e,
+    })?;
     let parsed = match Policy::from_object(&raw) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(policy = %name, error = %e, "invalid ClusterPolicy; nothing changed");
-            let wrote = write_status(ctx, policy, &Verdict::failed(&e.to_string())).await?;
+            ctx.metrics
+                .reconcile_status(crate::metrics::ReconcileStatus::PolicyUnavailable);
+            ctx.caches.last.lock().expect("last lock").remove(&name);
+            let wrote = ctx
+                .status
+                .write(policy, &Verdict::failed(&e.to_string()))
+                .await?;
             ctx.metrics.writes("status", u64::from(wrote));
             return Ok(Action::await_change());
         }
     };
-    let mut nodes = list_nodes(&ctx.client).await?;
-    let summary = label_nodes(
-        &ctx.client,
-        &mut nodes,
-        &LabelPolicy::from_spec(&parsed.spec),
-    )
-    .await?;
+    tracing::info!(policy = %name, "full reconcile");
+    let rules = LabelPolicy::from_spec(&parsed.spec);
+    *ctx.caches.labels.lock().expect("labels lock") = Some(rules.clone());
+    let mut nodes: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+    let summary = label_nodes(&ctx.client, &mut nodes, &rules).await?;
     ctx.metrics.writes("label", summary.patched as u64);
+    let node_refs: Vec<&Node> = nodes.iter().collect();
+    let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
     let mut tctx = facts::transform_context(&base, &nodes);
     read_references(ctx, &parsed.spec, &mut tctx).await;
+    crate::psa::reconcile_hook(ctx, &parsed.spec, tctx.openshift_version.is_some()).await;
     let owner = policy
-        .controller_owner_ref(&())
+        .controller_owner_ref(&policy_resource())
         .expect("ClusterPolicy has a name");
     let owner = serde_json::to_value(&owner).expect("an OwnerReference serializes");
     let mut renders = Vec::with_capacity(State::ALL.len());
@@ -125,21 +225,29 @@ async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Actio
                 Err(e) => Rendered::Failed(e),
             }
         } else {
-            ctx.renders.forget(state);
+            ctx.caches.renders.forget(state);
             Rendered::Disabled
         };
         renders.push((state, rendered, t0.elapsed()));
     }
+    let released = crate::memory::release_idle_memory(&ctx.renderer);
+    tracing::debug!(
+        plugins = released,
+        "released loaded plugins until the next render"
+    );
     let live = ctx.live().await?;
     if !live.ready(LIVE_READY_LIMIT).await {
         tracing::warn!(
             "the caches of labelled objects have not listed yet; deleting only what they hold"
         );
     }
+    // Whatever was deleted behind kiln's back is re-applied below (the cache lacks it).
+    ctx.caches.wake.clear_gone();
     let view: Vec<(State, Render<'_>)> = renders
         .iter()
         .map(|(state, r, _)| {
             let r = match r {
+                Rendered::Disabled if hands_off(*state, &parsed.spec) => Render::HandedOff,
                 Rendered::Disabled => Render::Disabled,
                 Rendered::Failed(_) => Render::Failed,
                 Rendered::Objects(o) => Render::Objects(&o.objects),
@@ -148,36 +256,124 @@ async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Actio
         })
         .collect();
     let planned = plan(&view, &live.objects(), &owner, summary.gpu_nodes);
-    let node_labels: Vec<_> = nodes.iter().map(facts::node_labels).collect();
-    let mut results = Vec::with_capacity(State::ALL.len());
+    let mut states = Vec::with_capacity(State::ALL.len());
     for ((state, rendered, plugin_time), (_, sp)) in renders.into_iter().zip(planned.states) {
         let t0 = Instant::now();
-        let result = match rendered {
-            Rendered::Failed(e) => StateResult::Failed(e),
+        let kept = match rendered {
+            Rendered::Failed(e) => Kept::Failed(e),
+            // Pods survive: the NVIDIADriver DaemonSets replace them (upstream).
+            Rendered::Disabled if hands_off(state, &parsed.spec) => {
+                match crate::nvidiadriver::orphan(&ctx.client, &sp.orphan).await {
+                    Ok(n) => {
+                        ctx.metrics.writes("delete", n);
+                        Kept::HandedOff
+                    }
+                    Err(e) => Kept::Failed(e.to_string()),
+                }
+            }
             Rendered::Disabled => match delete(ctx, &sp.delete).await {
-                Ok(()) => StateResult::Disabled,
-                Err(e) => StateResult::Failed(e.to_string()),
+                Ok(()) => Kept::Disabled,
+                Err(e) => Kept::Failed(e.to_string()),
             },
-            Rendered::Objects(_) => apply_state(ctx, &sp, &node_labels)
+            Rendered::Objects(_) => apply_state(ctx, &sp)
                 .await
-                .unwrap_or_else(|e| StateResult::Failed(e.to_string())),
+                .unwrap_or_else(|e| Kept::Failed(e.to_string())),
         };
-        if let StateResult::Failed(e) = &result {
+        if let Kept::Failed(e) = &kept {
             tracing::warn!(%state, error = %e, "state failed");
             ctx.metrics.error(state.name());
         }
         ctx.metrics
             .state_timing(state.name(), plugin_time + t0.elapsed(), plugin_time);
-        results.push((state, result));
+        states.push((state, kept));
     }
     delete(ctx, &planned.orphans).await?;
+    let failed = states.iter().any(|(_, k)| matches!(k, Kept::Failed(_)));
+    let last = Last {
+        uid: policy.metadata.uid.clone().unwrap_or_default(),
+        generation: policy.metadata.generation,
+        facts,
+        states,
+        note: shadowing_note(ctx, &parsed),
+        retry_at: failed.then(|| Instant::now() + RETRY_FAILED_AFTER),
+    };
+    ctx.caches
+        .last
+        .lock()
+        .expect("last lock")
+        .insert(name, last.clone());
+    judge_and_write(ctx, policy, &last, &node_refs).await
+}
+
+/// Judge readiness from the caches (each applied state's DaemonSets, the nodes) over what the
+/// last full reconcile decided, and write the status when it changed. No request other than the
+/// status write (and an Event on a transition), except listing the pods of an `OnDelete`
+/// DaemonSet when no pod watches are wired (tests).
+async fn judge_and_write(
+    ctx: &Context,
+    policy: &DynamicObject,
+    last: &Last,
+    nodes: &[&Node],
+) -> Result<Action> {
+    let live = ctx.live().await?;
+    let empty = std::collections::BTreeMap::new();
+    let node_labels: Vec<&std::collections::BTreeMap<String, String>> = nodes
+        .iter()
+        .map(|n| n.metadata.labels.as_ref().unwrap_or(&empty))
+        .collect();
+    let source = match ctx.caches.pods.get() {
+        Some(w) => readiness::PodSource::Watches(w),
+        None => readiness::PodSource::List(&ctx.client),
+    };
+    let ns = &ctx.config.namespace;
+    let mut results = Vec::with_capacity(last.states.len());
+    for (state, kept) in &last.states {
+        let result = match kept {
+            Kept::Disabled => StateResult::Disabled,
+            Kept::HandedOff => crate::nvidiadriver::policy_driver_result(&ctx.client).await?,
+            Kept::Failed(e) => StateResult::Failed(e.clone()),
+            Kept::Applied(daemonsets) => {
+                let mut not_ready = Vec::new();
+                for (ds, generation) in daemonsets {
+                    let cached = live.daemonset(ns, ds);
+                    if let Some(why) = readiness::judge_daemonset(
+                        ds,
+                        cached.as_deref(),
+                        *generation,
+                        source,
+                        &node_labels,
+                    )
+                    .await?
+                    {
+                        not_ready.push(why);
+                    }
+                }
+                if not_ready.is_empty() {
+                    StateResult::Ready
+                } else {
+                    StateResult::NotReady(not_ready.join("; "))
+                }
+            }
+        };
+        results.push((*state, result));
+    }
+    let summary = crate::nodes::summary(nodes);
     let mut verdict = judge(Observation {
         states: &results,
         gpu_nodes: summary.gpu_nodes,
         nfd_present: summary.nfd_present,
     });
-    note_shadowing(ctx, &parsed, &mut verdict);
-    let wrote = write_status(ctx, policy, &verdict).await?;
+    if let Some(note) = &last.note {
+        let ready = &mut verdict.conditions[0];
+        ready.message = if ready.message.is_empty() {
+            note.clone()
+        } else {
+            format!("{}; {note}", ready.message)
+        };
+    }
+    ctx.metrics
+        .verdict(&verdict, summary.gpu_nodes, summary.nfd_present);
+    let wrote = ctx.status.write(policy, &verdict).await?;
     ctx.metrics.writes("status", u64::from(wrote));
     Ok(requeue_after(&verdict).map_or_else(Action::await_change, Action::requeue))
 }
@@ -186,7 +382,7 @@ async fn reconcile_policy(policy: &ClusterPolicy, ctx: &Context) -> Result<Actio
 /// shadow a bundled standard plugin (`kiln plugin` sources; `--refuse-shadowing` makes them an
 /// error instead), so `kubectl get clusterpolicy -o yaml` shows that a standard transform was
 /// replaced.
-fn note_shadowing(ctx: &Context, policy: &Policy, verdict: &mut Verdict) {
+fn shadowing_note(ctx: &Context, policy: &Policy) -> Option<String> {
     let host = ctx.renderer.host();
     let mut shadowing: Vec<String> = State::ALL
         .into_iter()
@@ -199,19 +395,12 @@ fn note_shadowing(ctx: &Context, policy: &Policy, verdict: &mut Verdict) {
         .collect();
     shadowing.sort();
     shadowing.dedup();
-    if shadowing.is_empty() {
-        return;
-    }
-    let note = format!(
-        "drop-in plugins shadow bundled standard plugins: {}",
-        shadowing.join(", ")
-    );
-    let ready = &mut verdict.conditions[0];
-    ready.message = if ready.message.is_empty() {
-        note
-    } else {
-        format!("{}; {note}", ready.message)
-    };
+    (!shadowing.is_empty()).then(|| {
+        format!(
+            "drop-in plugins shadow bundled standard plugins: {}",
+            shadowing.join(", ")
+        )
+    })
 }
 
 /// The transform context before node facts: namespace, server version, fallback images (with
@@ -271,7 +460,7 @@ async fn render(
     tctx: &TransformContext,
 ) -> std::result::Result<RenderedState, String> {
     let inputs = crate::memory::RenderCache::inputs(state, policy, tctx);
-    if let Some(rendered) = ctx.renders.get(state, &inputs) {
+    if let Some(rendered) = ctx.caches.renders.get(state, &inputs) {
         return Ok(rendered);
     }
     let (renderer, policy, tctx) = (ctx.renderer.clone(), policy.clone(), tctx.clone());
@@ -283,50 +472,37 @@ async fn render(
     .await
     .map_err(|e| format!("render task: {e}"))?;
     match &result {
-        Ok(rendered) => ctx.renders.put(state, inputs, rendered.clone()),
-        Err(_) => ctx.renders.forget(state),
+        Ok(rendered) => ctx.caches.renders.put(state, inputs, rendered.clone()),
+        Err(_) => ctx.caches.renders.forget(state),
     }
     result
 }
 
-/// Apply a state's objects in order, judge its DaemonSets (upstream's rules, then coverage of
-/// every node their selector matches, [`kiln_core::plan::uncovered_nodes`]), delete its stale
-/// objects.
-async fn apply_state(
-    ctx: &Context,
-    sp: &StatePlan,
-    node_labels: &[std::collections::BTreeMap<String, String>],
-) -> Result<StateResult> {
-    let mut not_ready = Vec::new();
+/// Apply a state's objects in order (skipping those the cache shows unchanged since kiln's
+/// last apply: no request), then delete its stale objects. Returns the state's DaemonSets with
+/// the generation kiln last applied, for readiness.
+async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
     let cache = ctx.live().await?;
+    let mut daemonsets = Vec::new();
     for obj in &sp.apply {
         let key = key_of(obj)?;
-        // Unchanged since our last apply, by the cache: no request. DaemonSets are still read,
-        // their status is what readiness judges.
-        if key.kind != "DaemonSet"
-            && cache
-                .marker(&key)
-                .is_some_and(|m| ctx.applier.is_current(obj, &m))
-        {
-            continue;
+        let current = cache
+            .marker(&key)
+            .is_some_and(|m| ctx.applier.is_current(obj, &m));
+        if !current {
+            let (outcome, _) = ctx.applier.apply(obj).await?;
+            ctx.metrics
+                .writes("apply", u64::from(outcome == Outcome::Applied));
+            if outcome == Outcome::KindNotServed {
+                continue;
+            }
         }
-        let (outcome, live) = ctx.applier.apply(obj).await?;
-        ctx.metrics
-            .writes("apply", u64::from(outcome == Outcome::Applied));
-        if key.kind == "DaemonSet"
-            && let Some(why) =
-                readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), node_labels)
-                    .await?
-        {
-            not_ready.push(why);
+        if key.kind == "DaemonSet" {
+            daemonsets.push((key.name.clone(), ctx.applier.generation(&key)));
         }
     }
     delete(ctx, &sp.delete).await?;
-    Ok(if not_ready.is_empty() {
-        StateResult::Ready
-    } else {
-        StateResult::NotReady(not_ready.join("; "))
-    })
+    Ok(Kept::Applied(daemonsets))
 }
 
 /// Delete `keys` (live, labelled, owned objects the plan chose).

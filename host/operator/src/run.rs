@@ -1,11 +1,13 @@
 //! Wiring: metrics server, leader election, and the kube-runtime Controller.
 //!
-//! Triggers (no fixed polling at steady state):
-//! - the ClusterPolicy itself (any change);
-//! - DaemonSets in the operator namespace owned by a ClusterPolicy (status changes drive
-//!   readiness);
-//! - Node changes of a label the operator reads (a new GPU node, an opt-out label;
-//!   [`crate::nodes::reads_label`], not GFD's timestamp) → every ClusterPolicy;
+//! Triggers (no fixed polling at steady state), all read from reflector stores:
+//! - the ClusterPolicy itself (any change; [`Controller::store`] is the policy cache);
+//! - labelled objects ([`crate::live`]): a DaemonSet status change re-judges readiness from the
+//!   cache; an object deleted behind kiln's back is re-applied;
+//! - node changes of what the operator reads ([`crate::nodes::watch_nodes`]: a new GPU node,
+//!   an opt-out label, not GFD's timestamp): that node is labelled, then readiness is judged
+//!   again (a full reconcile only when [`crate::nodes::NodeFacts`] change);
+//! - pods of `OnDelete` DaemonSets ([`crate::readiness::PodWatches`]);
 //! - a ClusterPolicy deleted → every ClusterPolicy (the next oldest becomes active).
 
 use std::sync::Arc;
@@ -16,8 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kiln_core::spec::ClusterPolicy;
 use kiln_render::Renderer;
 use kube::Client;
-use kube::api::Api;
-use kube::core::PartialObjectMeta;
+use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 
@@ -153,29 +154,84 @@ pub async fn run_until(
         .await
         .map_err(|e| Error::kube("read server version", e))?
         .git_version;
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client.clone(),
         renderer,
         metrics.clone(),
         config.clone(),
         version,
+    );
+    let (wake, wakes) = crate::live::Wake::channel();
+    ctx.caches.wake = wake.clone();
+    let ctx = Arc::new(ctx);
+    // Per-node readiness timeline and allocatable gauges, while this replica leads.
+    tokio::spawn(crate::timeline::run(
+        client.clone(),
+        config.namespace.clone(),
+        metrics.clone(),
+        ctx.recorder.clone(),
+    ));
+    let _ = ctx.caches.pods.set(crate::readiness::PodWatches::new(
+        client.clone(),
+        wake.clone(),
+    ));
+    let node_writer = kube::runtime::reflector::store::Writer::<Node>::default();
+    ctx.caches.set_nodes(node_writer.as_reader());
+    tokio::spawn(crate::nodes::watch_nodes(
+        crate::nodes::NodeWatch {
+            client: client.clone(),
+            wake: wake.clone(),
+            labels: ctx.caches.labels.clone(),
+            metrics: metrics.clone(),
+        },
+        node_writer,
     ));
 
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &config.namespace);
-    // Metadata only: the trigger looks at labels, and node status heartbeats then cost a small
-    // PartialObjectMetadata decode instead of a full Node.
-    // Only labels the operator reads wake it (not GFD's per-minute gfd.timestamp).
-    let node_changes = crate::nodes::node_triggers(watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default(),
-    ));
+    let ar = crate::status::policy_resource();
+    let policies: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let controller = Controller::new_with(policies.clone(), watcher::Config::default(), ar);
+    ctx.caches.set_policies(controller.store());
+    // A deleted policy: every other one is judged again (the next oldest becomes active).
     let policy_deletes = watcher(policies.clone(), watcher::Config::default())
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());
-    let controller = Controller::new(policies, watcher::Config::default())
-        .watches(daemonsets, watcher::Config::default(), owning_policies)
-        .reconcile_all_on(futures::stream::select(node_changes, policy_deletes))
+    // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::upgrade`]).
+    let upgrader = crate::upgrade::Upgrader::start(
+        client.clone(),
+        crate::upgrade::UpgradeConfig {
+            validation_timeout: config.upgrade_validation_timeout,
+            identity: config.identity.clone(),
+            namespace: config.namespace.clone(),
+        },
+    );
+    tokio::spawn(crate::upgrade::run_cluster_policy(
+        upgrader.clone(),
+        config.namespace.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    // NVIDIADriver CRs (a driver per node pool; [`crate::nvidiadriver`]), when the CRD is served.
+    if ctx
+        .applier
+        .serves("nvidia.com/v1alpha1", "NVIDIADriver")
+        .await?
+    {
+        let mut drivers = crate::nvidiadriver::DriverContext::new(
+            client.clone(),
+            ctx.renderer.clone(),
+            &config.namespace,
+            &ctx.kubernetes_version,
+            config.images.clone(),
+        );
+        drivers.upgrader = Some(upgrader);
+        tokio::spawn(crate::nvidiadriver::run(
+            Arc::new(drivers),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let controller = controller
+        .reconcile_all_on(futures::stream::select(wakes, policy_deletes))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {

@@ -12,6 +12,7 @@
 
 pub mod assets;
 pub mod defaults;
+pub mod nvidiadriver;
 pub mod output;
 pub mod placeholders;
 pub mod policy;

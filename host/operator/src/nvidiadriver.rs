@@ -1,0 +1,767 @@
+//! The NVIDIADriver controller (`nvidia.com/v1alpha1`, upstream `NVIDIADriverReconciler`): one
+//! driver DaemonSet per NVIDIADriver and node pool, rendered through the `state-driver` assets
+//! and the `driver` plugin chain of the active ClusterPolicy.
+//!
+//! ```text
+//! NVIDIADriver ─┐
+//! ClusterPolicy ┼─► disabled? (driver.useNvidiaDriverCRD off) ─► status disabled
+//! every CR ─────┤   overlapping selectors? ─► Error naming the others, nothing applied
+//! nodes ────────┘   per pool: policy_spec ─► render state-driver ─► finish_daemonset
+//!                     ─► server-side apply (DaemonSet owned by the CR; service account, RBAC and
+//!                        ConfigMap as the policy's driver state) ─► readiness ─► status
+//! ```
+//!
+//! Pure rules are in [`kiln_core::spec::nvidiadriver`]; this module does the IO. The
+//! ClusterPolicy side (its driver DaemonSet deleted with Orphan propagation, its readiness
+//! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
+//! [`policy_driver_result`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kiln_core::State;
+use kiln_core::context::TransformContext;
+use kiln_core::labels::Labels;
+use kiln_core::plan::{ObjectKey, desired_object};
+use kiln_core::singleton::active_policy;
+use kiln_core::spec::nvidiadriver::{
+    DriverType, NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState,
+    NvidiaDriverStatus, node_pools, overlaps,
+};
+use kiln_core::spec::{ClusterPolicy, ClusterPolicySpec};
+use kiln_core::status::{ConditionSpec, StateResult, set_condition};
+use kiln_render::{Policy, Renderer};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::apply::{Applier, key_of};
+use crate::{Error, Result, facts, is_not_found, readiness};
+
+/// Condition reasons of an NVIDIADriver's status.
+pub mod reasons {
+    /// Every driver pod of the CR is ready.
+    pub const READY: &str = "Reconciled";
+    /// Some driver pod is not ready yet.
+    pub const NOT_READY: &str = "DriverNotReady";
+    /// Another NVIDIADriver selects some of the same nodes.
+    pub const CONFLICT: &str = "ConflictingNodeSelector";
+    /// No ClusterPolicy, or the ClusterPolicy does not hand the driver to NVIDIADriver CRs.
+    pub const DISABLED: &str = "NVIDIADriverCRDDisabled";
+    /// The CR, or the ClusterPolicy it renders with, cannot be rendered or applied.
+    pub const FAILED: &str = "ReconcileFailed";
+}
+
+/// How long a not-ready NVIDIADriver waits before it is judged again (DaemonSet and node
+/// events wake it sooner).
+pub const NOT_READY_REQUEUE: Duration = Duration::from_secs(30);
+
+/// What the controller needs: its own client, applier and renderer (clones of the operator's),
+/// the operator namespace, the server version and the fallback image overrides.
+pub struct DriverContext {
+    /// API client.
+    pub client: Client,
+    /// Server-side apply (field manager `kiln`).
+    pub applier: Applier,
+    /// Renders `state-driver`.
+    pub renderer: Renderer,
+    /// Operator namespace (where driver DaemonSets go).
+    pub namespace: String,
+    /// The API server's version.
+    pub kubernetes_version: String,
+    /// Fallback image overrides, `ENV` → image.
+    pub images: Vec<(String, String)>,
+    /// The upgrade controller: each CR's DaemonSets roll through it with the ClusterPolicy's
+    /// `driver.upgradePolicy` (`None`: driver pods are replaced only when deleted).
+    pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
+}
+
+impl DriverContext {
+    /// A context over `client` and `renderer` for `namespace`.
+    pub fn new(
+        client: Client,
+        renderer: Renderer,
+        namespace: &str,
+        kubernetes_version: &str,
+        images: Vec<(String, String)>,
+    ) -> Self {
+        DriverContext {
+            applier: Applier::new(client.clone()),
+            client,
+            renderer,
+            namespace: namespace.to_string(),
+            kubernetes_version: kubernetes_version.to_string(),
+            images,
+            upgrader: None,
+        }
+    }
+}
+
+/// The outcome of one NVIDIADriver reconcile, before it becomes a status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverVerdict {
+    /// `status.state`.
+    pub state: NvidiaDriverState,
+    /// Reason of the `Ready` (when ready) or `Error` condition ([`reasons`]).
+    pub reason: &'static str,
+    /// Message of that condition.
+    pub message: String,
+}
+
+impl DriverVerdict {
+    fn new(state: NvidiaDriverState, reason: &'static str, message: impl Into<String>) -> Self {
+        DriverVerdict {
+            state,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The `Ready` and `Error` conditions: ready sets `Ready=True`/`Error=False`; anything else
+    /// `Ready=False` and `Error=True` with the reason and message (upstream's pair).
+    pub fn conditions(&self) -> [ConditionSpec; 2] {
+        let ready = self.state == NvidiaDriverState::Ready;
+        [
+            ConditionSpec {
+                type_: "Ready",
+                status: ready,
+                reason: if ready { reasons::READY } else { self.reason },
+                message: if ready {
+                    String::new()
+                } else {
+                    self.message.clone()
+                },
+            },
+            ConditionSpec {
+                type_: "Error",
+                status: !ready,
+                reason: if ready { reasons::READY } else { self.reason },
+                message: if ready {
+                    String::new()
+                } else {
+                    self.message.clone()
+                },
+            },
+        ]
+    }
+}
+
+/// The status to store: `current` with `verdict` merged (set-condition semantics, so an
+/// unchanged condition keeps its transition time and a steady state writes nothing).
+pub fn make_status(
+    current: Option<&NvidiaDriverStatus>,
+    verdict: &DriverVerdict,
+    namespace: &str,
+    now: &Time,
+    generation: Option<i64>,
+) -> NvidiaDriverStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    status.state = verdict.state;
+    status.namespace = Some(namespace.to_string());
+    for c in verdict.conditions() {
+        set_condition(&mut status.conditions, &c, now, generation);
+    }
+    status
+}
+
+/// The message of an overlap: the nodes of this CR are also selected by `others`.
+pub fn conflict_message(others: &BTreeSet<String>) -> String {
+    let names: Vec<&str> = others.iter().map(String::as_str).collect();
+    format!(
+        "nodeSelector overlaps with NVIDIADriver {}: a node may be selected by one NVIDIADriver \
+         only; nothing is applied until the selectors are disjoint",
+        names.join(", ")
+    )
+}
+
+/// The NVIDIADrivers that own `ds`, keyed as the cluster-scoped objects they are (as
+/// [`crate::run::owning_policies`] does for ClusterPolicies).
+pub fn owning_drivers(ds: DaemonSet) -> Vec<ObjectRef<NVIDIADriver>> {
+    ds.metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| o.kind == "NVIDIADriver" && o.api_version == "nvidia.com/v1alpha1")
+        .map(|o| ObjectRef::new(&o.name))
+        .collect()
+}
+
+/// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, DaemonSets they own,
+/// node label changes and ClusterPolicy changes (both reconcile every CR: pools and overlaps
+/// depend on every node and CR). Every CR change (its status included) also wakes the
+/// ClusterPolicy reconciler through `wake`: the policy's readiness includes the CRs'.
+pub async fn run(
+    ctx: Arc<DriverContext>,
+    wake: crate::live::Wake,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let to_policy = watcher(
+        Api::<PartialObjectMeta<NVIDIADriver>>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .for_each(move |ev| {
+        if matches!(ev, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) {
+            wake.reconcile();
+        }
+        future::ready(())
+    });
+    let to_policy = tokio::spawn(to_policy);
+    let client = ctx.client.clone();
+    let drivers: Api<NVIDIADriver> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ctx.namespace);
+    let node_changes = crate::nodes::node_triggers(watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    ));
+    let policy_changes = watcher(
+        Api::<PartialObjectMeta<ClusterPolicy>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .filter(|ev| {
+        future::ready(matches!(
+            ev,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))
+        ))
+    })
+    .map(|_| ());
+    // Another CR created, changed or deleted can start or end an overlap.
+    let driver_changes = watcher(drivers.clone(), watcher::Config::default())
+        .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
+        .map(|_| ());
+    Controller::new(drivers, watcher::Config::default())
+        .watches(daemonsets, watcher::Config::default(), owning_drivers)
+        .reconcile_all_on(futures::stream::select(
+            futures::stream::select(node_changes, policy_changes),
+            driver_changes,
+        ))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, action)) => {
+                    tracing::debug!(nvidiadriver = %obj.name, ?action, "reconciled")
+                }
+                Err(e) => tracing::warn!(error = %e, "nvidiadriver controller"),
+            }
+            future::ready(())
+        })
+        .await;
+    to_policy.abort();
+}
+
+/// The controller's error policy: retry after 10 s.
+pub fn error_policy(_cr: Arc<NVIDIADriver>, err: &Error, _ctx: Arc<DriverContext>) -> Action {
+    tracing::warn!(error = %err, "NVIDIADriver reconcile failed");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Reconcile one NVIDIADriver: decide ([`decide`]), write its status when it changed.
+///
+/// # Errors
+/// [`Error`] from the first API request that failed.
+pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result<Action> {
+    let (verdict, upgrading) = match decide(&cr, &ctx).await {
+        Ok(v) => v,
+        Err(e) => (
+            DriverVerdict::new(NvidiaDriverState::NotReady, reasons::FAILED, e.to_string()),
+            false,
+        ),
+    };
+    write_status(&ctx, &cr, &verdict).await?;
+    if upgrading {
+        return Ok(Action::requeue(crate::upgrade::ACTIVE_INTERVAL));
+    }
+    Ok(match verdict.state {
+        NvidiaDriverState::Ready | NvidiaDriverState::Disabled => Action::await_change(),
+        _ if verdict.reason == reasons::CONFLICT => Action::await_change(),
+        _ => Action::requeue(NOT_READY_REQUEUE),
+    })
+}
+
+/// The active ClusterPolicy as stored (`None` when there is none).
+async fn active_cluster_policy(client: &Client) -> Result<Option<DynamicObject>> {
+    let ar = kube::api::ApiResource::erase::<ClusterPolicy>(&());
+    let all = Api::<DynamicObject>::all_with(client.clone(), &ar)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list clusterpolicies", e))?;
+    let active = active_policy(all.items.iter().map(|p| &p.metadata)).map(str::to_string);
+    Ok(all
+        .items
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == active.as_deref()))
+}
+
+/// The verdict, and whether a driver upgrade of the CR's DaemonSets is under way.
+async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict, bool)> {
+    let name = cr.name_any();
+    let Some(cp) = active_cluster_policy(&ctx.client).await? else {
+        return Ok(still(DriverVerdict::new(
+            NvidiaDriverState::Disabled,
+            reasons::DISABLED,
+            "no ClusterPolicy exists",
+        )));
+    };
+    let cp_raw = serde_json::to_value(&cp).expect("a DynamicObject serializes");
+    let cp_name = cp.metadata.name.clone().unwrap_or_default();
+    let policy = match Policy::from_object(&cp_raw) {
+        Ok(p) => p,
+        Err(e) => {
+            return Ok(still(DriverVerdict::new(
+                NvidiaDriverState::NotReady,
+                reasons::FAILED,
+                format!("ClusterPolicy {cp_name}: {e}"),
+            )));
+        }
+    };
+    if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
+        return Ok(still(DriverVerdict::new(
+            NvidiaDriverState::Disabled,
+            reasons::DISABLED,
+            format!(
+                "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own driver \
+                 DaemonSet runs the driver"
+            ),
+        )));
+    }
+    if cr.spec.driver_type == DriverType::VgpuHostManager {
+        return Ok(still(DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::FAILED,
+            "driverType vgpu-host-manager is not supported by kiln's NVIDIADriver controller \
+             (use the ClusterPolicy's vgpuManager)",
+        )));
+    }
+    let sidecar_on = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
+        s.as_ref().is_some_and(|s| s.enabled == Some(true))
+    };
+    if cr.spec.precompiled() && (sidecar_on(&cr.spec.gds) || sidecar_on(&cr.spec.gdrcopy)) {
+        // Upstream refuses the combination: precompiled images carry no nvidia-fs/gdrcopy.
+        return Ok(still(DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::FAILED,
+            "spec.gds and spec.gdrcopy cannot be enabled with spec.usePrecompiled",
+        )));
+    }
+    let nodes: Vec<Labels> = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list nodes", e))?
+        .items
+        .iter()
+        .map(facts::node_labels)
+        .collect();
+    let all: Vec<NVIDIADriver> = Api::<NVIDIADriver>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list nvidiadrivers", e))?
+        .items;
+    let specs: Vec<(String, &NvidiaDriverSpec)> =
+        all.iter().map(|d| (d.name_any(), &d.spec)).collect();
+    if let Some(others) = overlaps(&specs, &nodes).get(&name) {
+        tracing::warn!(nvidiadriver = %name, ?others, "overlapping node selectors; not applied");
+        return Ok(still(DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::CONFLICT,
+            conflict_message(others),
+        )));
+    }
+    let desired = match render(cr, &policy, ctx, &nodes).await {
+        Ok(d) => d,
+        Err(e) => {
+            return Ok(still(DriverVerdict::new(
+                NvidiaDriverState::NotReady,
+                reasons::FAILED,
+                e,
+            )));
+        }
+    };
+    let mut not_ready = Vec::new();
+    let mut applied = BTreeSet::new();
+    for obj in &desired {
+        let key = key_of(obj)?;
+        let (_, live) = ctx.applier.apply(obj).await?;
+        if key.kind == "DaemonSet" {
+            applied.insert(key.name.clone());
+            if let Some(why) =
+                readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), &nodes)
+                    .await?
+            {
+                not_ready.push(why);
+            }
+        }
+    }
+    delete_stale(ctx, &name, &applied).await?;
+    let mut upgrading = false;
+    if let Some(upgrader) = &ctx.upgrader {
+        for ds in &applied {
+            let scope = crate::upgrade::UpgradeScope {
+                namespace: ctx.namespace.clone(),
+                daemonset: ds.clone(),
+                policy: policy.spec.driver.upgrade_policy.clone(),
+                owner: cr.object_ref(&()),
+                validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
+            };
+            upgrading |= upgrader.pass(&scope).await?.active;
+        }
+    }
+    let verdict = if applied.is_empty() {
+        DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::NOT_READY,
+            "no GPU node with NFD's OS labels matches the nodeSelector",
+        )
+    } else if not_ready.is_empty() {
+        DriverVerdict::new(NvidiaDriverState::Ready, reasons::READY, "")
+    } else {
+        DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::NOT_READY,
+            not_ready.join("; "),
+        )
+    };
+    Ok((verdict, upgrading))
+}
+
+/// A verdict with no upgrade under way.
+fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
+    (v, false)
+}
+
+/// The objects to apply for `cr`: per node pool its DaemonSet (owned by the CR, labelled
+/// [`NVIDIADRIVER_LABEL`]; [`kiln_render::nvidiadriver::render_pools`]), and once the state's
+/// other objects as the ClusterPolicy's driver state has them (labelled `kiln.dev/state=driver`,
+/// owned by the policy: shared by every CR's DaemonSets, and kept while the policy hands the
+/// driver off, [`kiln_core::plan::Render::HandedOff`]).
+///
+/// # Errors
+/// The render error's text (naming the CR and the plugin or field).
+pub async fn render(
+    cr: &NVIDIADriver,
+    policy: &Policy,
+    ctx: &DriverContext,
+    nodes: &[Labels],
+) -> std::result::Result<Vec<Value>, String> {
+    let name = cr.name_any();
+    let uid = cr.metadata.uid.clone().unwrap_or_default();
+    let derived = kiln_render::nvidiadriver::derived_policy(policy, &name, &cr.spec)
+        .map_err(|e| e.to_string())?;
+    let mut base = kiln_render::defaults::render_context();
+    base.operator_namespace = ctx.namespace.clone();
+    base.kubernetes_version = ctx.kubernetes_version.clone();
+    for (env, image) in &ctx.images {
+        kiln_render::defaults::set_fallback_image(&mut base, env, image);
+    }
+    read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
+    let pools = node_pools(&cr.spec, nodes);
+    let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
+    let rendered = tokio::task::spawn_blocking(move || {
+        kiln_render::nvidiadriver::render_pools(&renderer, &derived, &n, &uid, &spec, &pools, &base)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("render task: {e}"))??;
+    let cp_owner = policy_owner(policy, ctx).await;
+    let cr_owner = serde_json::to_value(cr.controller_owner_ref(&()).expect("a named CR"))
+        .expect("an OwnerReference serializes");
+    let mut out = Vec::new();
+    for (i, (_, objects)) in rendered.into_iter().enumerate() {
+        for mut obj in objects {
+            if obj["kind"] == "DaemonSet" {
+                obj["metadata"]["ownerReferences"] = json!([cr_owner]);
+                out.push(obj);
+            } else if i == 0
+                && let Some(owner) = &cp_owner
+            {
+                out.push(desired_object(&obj, State::Driver, owner));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The active ClusterPolicy's controller reference (as the policy's own objects carry it).
+async fn policy_owner(policy: &Policy, ctx: &DriverContext) -> Option<Value> {
+    let cp = Api::<ClusterPolicy>::all(ctx.client.clone())
+        .get_opt(&policy.name)
+        .await
+        .ok()
+        .flatten()?;
+    cp.controller_owner_ref(&())
+        .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"))
+}
+
+/// The ConfigMaps (keys) and Secrets (existence) the derived spec names, as the ClusterPolicy
+/// reconcile reads them ([`facts::references`]); a missing or unreadable one is left out.
+async fn read_references(
+    client: &Client,
+    ns: &str,
+    spec: &ClusterPolicySpec,
+    tctx: &mut TransformContext,
+) {
+    let refs = facts::references(spec);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    for name in &refs.config_maps {
+        if let Ok(Some(cm)) = config_maps.get_opt(name).await {
+            tctx.config_maps.push(facts::config_map_keys(&cm));
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    for name in &refs.secrets {
+        if let Ok(Some(_)) = secrets.get_metadata_opt(name).await {
+            tctx.secrets.push(name.clone());
+        }
+    }
+}
+
+/// Delete the CR's DaemonSets (by [`NVIDIADRIVER_LABEL`]) that this reconcile did not apply
+/// (a node pool that went away). Their pods go with them (background propagation).
+async fn delete_stale(ctx: &DriverContext, cr: &str, applied: &BTreeSet<String>) -> Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let lp = ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}"));
+    let live = api
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| Error::kube(format!("list DaemonSets of NVIDIADriver {cr}"), e))?;
+    for ds in live.items {
+        let name = ds.name_any();
+        if applied.contains(&name) {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(daemonset = %name, nvidiadriver = %cr, "deleted stale"),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(Error::kube(format!("delete DaemonSet {name}"), e)),
+        }
+    }
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &DriverContext,
+    cr: &NVIDIADriver,
+    verdict: &DriverVerdict,
+) -> Result<()> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let current = cr.status.as_ref();
+    let new = make_status(
+        current,
+        verdict,
+        &ctx.namespace,
+        &now,
+        cr.metadata.generation,
+    );
+    if current == Some(&new) {
+        return Ok(());
+    }
+    let name = cr.name_any();
+    let api: Api<NVIDIADriver> = Api::all(ctx.client.clone());
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": new})),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(nvidiadriver = %name, state = ?verdict.state, reason = verdict.reason, "status written");
+            Ok(())
+        }
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(Error::kube(
+            format!("write status of NVIDIADriver {name}"),
+            e,
+        )),
+    }
+}
+
+/// Delete the handed-off DaemonSets `keys` with `propagationPolicy: Orphan`: the DaemonSet
+/// goes, its driver pods stay (upstream: they keep the driver loaded until the NVIDIADriver's
+/// DaemonSet replaces them). Returns how many were deleted by this call.
+///
+/// # Errors
+/// [`Error::Kube`] naming the DaemonSet when a request fails (NotFound is not an error).
+pub async fn orphan(client: &Client, keys: &[ObjectKey]) -> Result<u64> {
+    let mut deleted = 0;
+    for key in keys.iter().filter(|k| k.kind == "DaemonSet") {
+        let ns = key.namespace.as_deref().unwrap_or_default();
+        let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+        match api.delete(&key.name, &DeleteParams::orphan()).await {
+            Ok(_) => {
+                tracing::info!(object = %key, "deleted, pods orphaned (driver handed to NVIDIADriver)");
+                deleted += 1;
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(Error::kube(format!("delete (orphan) {key}"), e)),
+        }
+    }
+    Ok(deleted)
+}
+
+/// The ClusterPolicy's `driver` state result while it hands the driver to NVIDIADriver CRs:
+/// ready when every NVIDIADriver is `ready`; not ready naming each one that is not (or when
+/// none exists: no driver would run). A CR whose status was not yet written counts as not
+/// ready. Without the CRD served, not ready saying so.
+///
+/// # Errors
+/// [`Error::Kube`] when listing the CRs fails for another reason than the kind not being
+/// served.
+pub async fn policy_driver_result(client: &Client) -> Result<StateResult> {
+    let list = match Api::<NVIDIADriver>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(e) if is_not_found(&e) => {
+            return Ok(StateResult::NotReady(
+                "driver.useNvidiaDriverCRD is set but the NVIDIADriver CRD is not installed".into(),
+            ));
+        }
+        Err(e) => return Err(Error::kube("list nvidiadrivers", e)),
+    };
+    Ok(driver_result(&list))
+}
+
+/// [`policy_driver_result`] over the listed CRs.
+pub fn driver_result(drivers: &[NVIDIADriver]) -> StateResult {
+    if drivers.is_empty() {
+        return StateResult::NotReady(
+            "driver.useNvidiaDriverCRD is set but no NVIDIADriver exists".into(),
+        );
+    }
+    let mut waiting: Vec<String> = drivers
+        .iter()
+        .filter(|d| d.status.as_ref().map(|s| s.state) != Some(NvidiaDriverState::Ready))
+        .map(|d| {
+            let s = d.status.as_ref();
+            let state = s.map_or("notReady", |s| state_name(s.state));
+            let why = s
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Error"))
+                .map(|c: &Condition| c.message.as_str())
+                .filter(|m| !m.is_empty());
+            match why {
+                Some(m) => format!("NVIDIADriver {}: {state} ({m})", d.name_any()),
+                None => format!("NVIDIADriver {}: {state}", d.name_any()),
+            }
+        })
+        .collect();
+    waiting.sort();
+    if waiting.is_empty() {
+        StateResult::Ready
+    } else {
+        StateResult::NotReady(waiting.join("; "))
+    }
+}
+
+fn state_name(s: NvidiaDriverState) -> &'static str {
+    match s {
+        NvidiaDriverState::Ignored => "ignored",
+        NvidiaDriverState::Ready => "ready",
+        NvidiaDriverState::NotReady => "notReady",
+        NvidiaDriverState::Disabled => "disabled",
+    }
+}
+
+/// The node-name → NVIDIADriver owner map (for diagnostics and the upgrade controller): each
+/// node selected by exactly one CR, by name.
+pub fn owners<'a>(
+    drivers: &'a [NVIDIADriver],
+    nodes: &[(String, Labels)],
+) -> BTreeMap<String, &'a str> {
+    nodes
+        .iter()
+        .filter_map(|(node, labels)| {
+            let mut on = drivers.iter().filter(|d| d.spec.selects(labels));
+            match (on.next(), on.next()) {
+                (Some(d), None) => Some((node.clone(), d.metadata.name.as_deref().unwrap_or(""))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cr(name: &str, state: Option<NvidiaDriverState>, message: &str) -> NVIDIADriver {
+        let mut d = NVIDIADriver::new(name, NvidiaDriverSpec::default());
+        d.status = state.map(|state| NvidiaDriverStatus {
+            state,
+            namespace: None,
+            conditions: vec![Condition {
+                type_: "Error".into(),
+                status: "True".into(),
+                reason: "x".into(),
+                message: message.into(),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+        });
+        d
+    }
+
+    #[test]
+    fn policy_readiness_follows_every_nvidiadriver() {
+        assert!(
+            matches!(driver_result(&[]), StateResult::NotReady(m) if m.contains("no NVIDIADriver"))
+        );
+        let ready = cr("a", Some(NvidiaDriverState::Ready), "");
+        assert_eq!(driver_result(&[ready.clone()]), StateResult::Ready);
+        let waiting = cr("b", Some(NvidiaDriverState::NotReady), "pods unavailable");
+        assert_eq!(
+            driver_result(&[ready, waiting, cr("c", None, "")]),
+            StateResult::NotReady(
+                "NVIDIADriver b: notReady (pods unavailable); NVIDIADriver c: notReady".into()
+            )
+        );
+    }
+
+    #[test]
+    fn verdicts_become_upstreams_condition_pair_and_steady_states_write_nothing() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let v = DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::CONFLICT,
+            conflict_message(&BTreeSet::from(["other".to_string()])),
+        );
+        let s = make_status(None, &v, "gpu-operator", &now, Some(3));
+        assert_eq!(s.state, NvidiaDriverState::NotReady);
+        let err = s.conditions.iter().find(|c| c.type_ == "Error").unwrap();
+        assert_eq!(err.status, "True");
+        assert_eq!(err.reason, "ConflictingNodeSelector");
+        assert!(
+            err.message.contains("NVIDIADriver other"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.observed_generation, Some(3));
+        let later = Time(k8s_openapi::jiff::Timestamp::now());
+        assert_eq!(
+            make_status(Some(&s), &v, "gpu-operator", &later, Some(3)),
+            s
+        );
+        let ok = make_status(
+            Some(&s),
+            &DriverVerdict::new(NvidiaDriverState::Ready, reasons::READY, ""),
+            "gpu-operator",
+            &later,
+            Some(3),
+        );
+        let ready = ok.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Reconciled")
+        );
+    }
+}

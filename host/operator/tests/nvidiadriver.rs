@@ -1,0 +1,665 @@
+//! NVIDIADriver (`nvidia.com/v1alpha1`): the committed CRD, and the controller against an
+//! in-memory API server (a `tower` service behind a real `kube::Client`, as `scenarios.rs`),
+//! asserting on the requests it recorded:
+//! - two pools with different versions get one DaemonSet each, named as upstream, selecting
+//!   only their nodes, with their own image, owned by their CR;
+//! - overlapping selectors are refused: both CRs get an Error condition naming the other, and
+//!   nothing is applied;
+//! - with `driver.useNvidiaDriverCRD` a CR is reconciled, without it it is `disabled`;
+//! - the ClusterPolicy, once it hands the driver off, deletes its driver DaemonSet with
+//!   `propagationPolicy: Orphan` (pods are kept) and reports the CRs' readiness.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::http::{Method, Request, Response, StatusCode};
+use kiln_core::plan::STATE_LABEL;
+use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kiln_operator::live::{LiveCache, Meta};
+use kiln_operator::metrics::Metrics;
+use kiln_operator::nvidiadriver::{DriverContext, reconcile};
+use kiln_operator::{Config, Context};
+use kube::Client;
+use kube::api::ApiResource;
+use kube::client::Body;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
+const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
+const OS_VERSION: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const COMMITTED: &str = "deploy/crds/nvidiadrivers.nvidia.com.yaml";
+
+/// Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test nvidiadriver` (or
+/// `kiln crdgen --nvidia-driver > deploy/crds/nvidiadrivers.nvidia.com.yaml`; the chart's
+/// `crds/` holds the same file).
+#[test]
+fn committed_crd_matches_the_types() {
+    let generated = kiln_operator::crd::nvidia_driver_crd_yaml();
+    let chart = repo().join("deploy/helm/kiln/crds/nvidiadrivers.nvidia.com.yaml");
+    if std::env::var_os("KILN_UPDATE_CRD").is_some() {
+        std::fs::write(repo().join(COMMITTED), &generated).unwrap();
+        std::fs::write(&chart, &generated).unwrap();
+    }
+    for path in [repo().join(COMMITTED), chart] {
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{} drifted from the Rust types; regenerate with `kiln crdgen --nvidia-driver`",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn crd_keeps_upstreams_names_enums_and_defaults() {
+    let crd = serde_json::to_value(kiln_operator::crd::nvidia_driver_crd()).unwrap();
+    assert_eq!(crd["metadata"]["name"], "nvidiadrivers.nvidia.com");
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["names"]["kind"], "NVIDIADriver");
+    assert_eq!(
+        crd["spec"]["names"]["shortNames"],
+        json!(["nvd", "nvdriver", "nvdrivers"])
+    );
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha1");
+    assert!(v["subresources"]["status"].is_object());
+    let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        spec["driverType"]["enum"],
+        json!(["gpu", "vgpu", "vgpu-host-manager"])
+    );
+    assert_eq!(spec["driverType"]["default"], "gpu");
+    assert_eq!(
+        spec["driverType"]["x-kubernetes-validations"][0]["rule"],
+        "self == oldSelf"
+    );
+    assert_eq!(
+        spec["kernelModuleType"]["enum"],
+        json!(["auto", "open", "proprietary"])
+    );
+    assert_eq!(spec["kernelModuleType"]["default"], "auto");
+    assert_eq!(spec["image"]["default"], "nvcr.io/nvidia/driver");
+    assert_eq!(
+        spec["startupProbe"]["properties"]["periodSeconds"]["minimum"].as_f64(),
+        Some(1.0)
+    );
+    for field in [
+        "repoConfig",
+        "certConfig",
+        "licensingConfig",
+        "kernelModuleConfig",
+        "virtualTopologyConfig",
+        "nodeSelector",
+        "nodeAffinity",
+        "tolerations",
+        "gds",
+        "gdrcopy",
+        "manager",
+        "secretEnv",
+    ] {
+        assert!(spec[field].is_object(), "spec.{field}");
+    }
+    let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+    assert_eq!(
+        status["state"]["enum"],
+        json!(["ignored", "ready", "notReady", "disabled"])
+    );
+}
+
+/// One recorded request.
+#[derive(Debug, Clone)]
+struct Call {
+    method: Method,
+    path: String,
+    body: Value,
+}
+
+#[derive(Default)]
+struct Server {
+    objects: BTreeMap<String, Value>,
+    calls: Vec<Call>,
+}
+
+fn discovery(gv: &str) -> Option<Value> {
+    let r: &[(&str, &str, bool)] = match gv {
+        "v1" => &[
+            ("configmaps", "ConfigMap", true),
+            ("serviceaccounts", "ServiceAccount", true),
+            ("services", "Service", true),
+            ("secrets", "Secret", true),
+            ("pods", "Pod", true),
+            ("nodes", "Node", false),
+        ],
+        "apps/v1" => &[
+            ("daemonsets", "DaemonSet", true),
+            ("controllerrevisions", "ControllerRevision", true),
+        ],
+        "rbac.authorization.k8s.io/v1" => &[
+            ("roles", "Role", true),
+            ("rolebindings", "RoleBinding", true),
+            ("clusterroles", "ClusterRole", false),
+            ("clusterrolebindings", "ClusterRoleBinding", false),
+        ],
+        "node.k8s.io/v1" => &[("runtimeclasses", "RuntimeClass", false)],
+        "nvidia.com/v1" => &[("clusterpolicies", "ClusterPolicy", false)],
+        "nvidia.com/v1alpha1" => &[("nvidiadrivers", "NVIDIADriver", false)],
+        _ => return None,
+    };
+    let resources: Vec<Value> = r
+        .iter()
+        .map(|(name, kind, ns)| {
+            json!({"name": name, "singularName": "", "kind": kind, "namespaced": ns,
+                "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
+        })
+        .collect();
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+        "resources": resources}),
+    )
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// `k=v,k2=v2` of a `labelSelector` query parameter (equality terms only).
+fn selector(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("labelSelector="))
+        .flat_map(|s| {
+            let s = s
+                .replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/");
+            s.split(',')
+                .filter_map(|t| {
+                    t.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+impl Server {
+    fn handle(
+        &mut self,
+        method: &Method,
+        path: &str,
+        query: &str,
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        let (gv, rest) = if let Some(r) = path.strip_prefix("/api/v1") {
+            ("v1".to_string(), r)
+        } else if let Some(r) = path.strip_prefix("/apis/") {
+            let mut it = r.splitn(3, '/');
+            let (g, v) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+            (
+                format!("{g}/{v}"),
+                &r[(g.len() + v.len() + 1).min(r.len())..],
+            )
+        } else {
+            return not_found();
+        };
+        let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+        let (name, sub) = match segs.as_slice() {
+            [] => return discovery(&gv).map_or_else(not_found, |d| (StatusCode::OK, d)),
+            ["namespaces", _, _] | [_] => (None, None),
+            ["namespaces", _, _, name] | [_, name] => (Some(*name), None),
+            ["namespaces", _, _, name, sub] | [_, name, sub] => (Some(*name), Some(*sub)),
+            _ => return not_found(),
+        };
+        let key = match (name, sub) {
+            (Some(_), Some(sub)) => path.trim_end_matches(&format!("/{sub}")).to_string(),
+            _ => path.to_string(),
+        };
+        match (method, name) {
+            (&Method::GET, None) => {
+                let prefix = format!("{path}/");
+                let want = selector(query);
+                let items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+                    .filter(|(_, v)| {
+                        want.iter()
+                            .all(|(k, val)| v["metadata"]["labels"][k].as_str() == Some(val))
+                    })
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                (
+                    StatusCode::OK,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                )
+            }
+            (&Method::GET, Some(_)) => self
+                .objects
+                .get(&key)
+                .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
+            (&Method::PATCH, Some(_)) => {
+                let obj = self.objects.entry(key).or_insert_with(
+                    || json!({"metadata": {"uid": "uid", "generation": 1, "resourceVersion": "1"}}),
+                );
+                merge(obj, body);
+                (StatusCode::OK, obj.clone())
+            }
+            (&Method::DELETE, Some(_)) => match self.objects.remove(&key) {
+                Some(_) => (
+                    StatusCode::OK,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                ),
+                None => not_found(),
+            },
+            (&Method::POST, None) => (StatusCode::CREATED, body.clone()),
+            _ => not_found(),
+        }
+    }
+}
+
+fn client(server: Arc<Mutex<Server>>) -> Client {
+    let svc = tower::service_fn(move |req: Request<Body>| {
+        let server = server.clone();
+        async move {
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let query = req.uri().query().unwrap_or_default().to_string();
+            let bytes = req.into_body().collect_bytes().await?;
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (status, out) = {
+                let mut s = server.lock().unwrap();
+                s.calls.push(Call {
+                    method: method.clone(),
+                    path: path.clone(),
+                    body: body.clone(),
+                });
+                s.handle(&method, &path, &query, &body)
+            };
+            Ok::<_, kube::Error>(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            )
+        }
+    });
+    Client::new(svc, "default")
+}
+
+fn policy(spec: Value) -> Value {
+    json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "uid": "uid-cluster-policy", "generation": 1,
+            "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec})
+}
+
+fn driver(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "generation": 1},
+        "spec": spec})
+}
+
+/// A server holding `objects` (ClusterPolicies, NVIDIADrivers) and GPU nodes named
+/// `<pool>-<i>` labelled `pool=<pool>` with NFD's Ubuntu 22.04 labels.
+fn server_with(objects: &[Value], pools: &[(&str, usize)]) -> Arc<Mutex<Server>> {
+    let mut s = Server::default();
+    for o in objects {
+        let name = o["metadata"]["name"].as_str().unwrap();
+        let path = match o["kind"].as_str().unwrap() {
+            "ClusterPolicy" => format!("/apis/nvidia.com/v1/clusterpolicies/{name}"),
+            _ => format!("/apis/nvidia.com/v1alpha1/nvidiadrivers/{name}"),
+        };
+        s.objects.insert(path, o.clone());
+    }
+    for (pool, n) in pools {
+        for i in 0..*n {
+            let name = format!("{pool}-{i}");
+            s.objects.insert(
+                format!("/api/v1/nodes/{name}"),
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                    "labels": {"nvidia.com/gpu.present": "true", "pool": pool,
+                        "nvidia.com/gpu.deploy.driver": "true",
+                        OS_ID: "ubuntu", OS_VERSION: "22.04"}}}),
+            );
+        }
+    }
+    Arc::new(Mutex::new(s))
+}
+
+fn driver_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig::default(),
+        kiln_bundled_plugins::BUNDLED,
+    )
+    .unwrap();
+    Arc::new(DriverContext::new(
+        client(server.clone()),
+        kiln_render::Renderer::new(Arc::new(host)),
+        NS,
+        "v1.36.0",
+        Vec::new(),
+    ))
+}
+
+fn typed_driver(server: &Arc<Mutex<Server>>, name: &str) -> Arc<NVIDIADriver> {
+    let s = server.lock().unwrap();
+    let v = &s.objects[&format!("/apis/nvidia.com/v1alpha1/nvidiadrivers/{name}")];
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+fn calls(server: &Arc<Mutex<Server>>, method: &Method) -> Vec<Call> {
+    let s = server.lock().unwrap();
+    s.calls
+        .iter()
+        .filter(|c| c.method == method)
+        .cloned()
+        .collect()
+}
+
+fn ds_applies(server: &Arc<Mutex<Server>>) -> Vec<Call> {
+    calls(server, &Method::PATCH)
+        .into_iter()
+        .filter(|c| c.path.contains("/daemonsets/"))
+        .collect()
+}
+
+fn status_of(server: &Arc<Mutex<Server>>, name: &str) -> Value {
+    let s = server.lock().unwrap();
+    s.objects[&format!("/apis/nvidia.com/v1alpha1/nvidiadrivers/{name}")]["status"].clone()
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+}
+
+fn handed_off() -> Value {
+    policy(json!({"driver": {"useNvidiaDriverCRD": true}}))
+}
+
+#[tokio::test]
+async fn two_pools_get_their_own_daemonset_and_version() {
+    let a = driver(
+        "pool-a",
+        json!({"repository": "nvcr.io/nvidia", "image": "driver",
+        "version": "570.172.08", "nodeSelector": {"pool": "a"}}),
+    );
+    let b = driver(
+        "pool-b",
+        json!({"repository": "nvcr.io/nvidia", "image": "driver",
+        "version": "580.65.06", "nodeSelector": {"pool": "b"}, "kernelModuleType": "open"}),
+    );
+    let server = server_with(&[handed_off(), a, b], &[("a", 2), ("b", 3)]);
+    let ctx = driver_context(&server);
+    for name in ["pool-a", "pool-b"] {
+        reconcile(typed_driver(&server, name), ctx.clone())
+            .await
+            .unwrap();
+    }
+    let applies = ds_applies(&server);
+    let mut by_cr: BTreeMap<String, &Value> = BTreeMap::new();
+    for a in &applies {
+        by_cr.insert(
+            a.body["metadata"]["labels"][NVIDIADRIVER_LABEL]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            &a.body,
+        );
+    }
+    assert_eq!(by_cr.len(), 2, "{applies:?}");
+    for (cr, version, pool) in [("pool-a", "570.172.08", "a"), ("pool-b", "580.65.06", "b")] {
+        let ds = by_cr[cr];
+        let name = ds["metadata"]["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("nvidia-gpu-driver-ubuntu22.04-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(ds["spec"]["selector"]["matchLabels"]["app"], name);
+        assert_eq!(ds["metadata"]["ownerReferences"][0]["kind"], "NVIDIADriver");
+        assert_eq!(ds["metadata"]["ownerReferences"][0]["name"], cr);
+        assert!(
+            ds["metadata"]["labels"].get(STATE_LABEL).is_none(),
+            "the policy's plan never sees a CR's DaemonSet"
+        );
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(pod["nodeSelector"]["pool"], pool);
+        assert_eq!(pod["nodeSelector"][OS_VERSION], "22.04");
+        let ctr = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "nvidia-driver-ctr")
+            .unwrap();
+        assert_eq!(
+            ctr["image"],
+            format!("nvcr.io/nvidia/driver:{version}-ubuntu22.04")
+        );
+    }
+    let b_env = &by_cr["pool-b"]["spec"]["template"]["spec"]["containers"];
+    assert!(
+        b_env
+            .to_string()
+            .contains("\"KERNEL_MODULE_TYPE\",\"value\":\"open\""),
+        "pool-b's kernel module type: {b_env}"
+    );
+    assert_ne!(
+        by_cr["pool-a"]["metadata"]["name"],
+        by_cr["pool-b"]["metadata"]["name"]
+    );
+    // The shared objects go in as the policy's driver state (kept while it hands off).
+    let sa = calls(&server, &Method::PATCH)
+        .into_iter()
+        .find(|c| c.path.ends_with("/serviceaccounts/nvidia-driver"))
+        .expect("service account applied");
+    assert_eq!(sa.body["metadata"]["labels"][STATE_LABEL], "driver");
+    assert_eq!(
+        sa.body["metadata"]["ownerReferences"][0]["kind"],
+        "ClusterPolicy"
+    );
+    // Without DaemonSet status yet, each is notReady waiting for its pods.
+    for cr in ["pool-a", "pool-b"] {
+        let st = status_of(&server, cr);
+        assert_eq!(st["state"], "notReady");
+        assert_eq!(condition(&st, "Error")["reason"], "DriverNotReady");
+    }
+}
+
+#[tokio::test]
+async fn overlapping_selectors_are_refused_naming_the_other() {
+    let all = driver("everything", json!({"version": "570.172.08"}));
+    let a = driver(
+        "pool-a",
+        json!({"version": "580.65.06", "nodeSelector": {"pool": "a"}}),
+    );
+    let server = server_with(&[handed_off(), all, a], &[("a", 1), ("b", 1)]);
+    let ctx = driver_context(&server);
+    for name in ["everything", "pool-a"] {
+        reconcile(typed_driver(&server, name), ctx.clone())
+            .await
+            .unwrap();
+    }
+    assert!(ds_applies(&server).is_empty(), "nothing applied");
+    for (cr, other) in [("everything", "pool-a"), ("pool-a", "everything")] {
+        let st = status_of(&server, cr);
+        assert_eq!(st["state"], "notReady");
+        let err = condition(&st, "Error");
+        assert_eq!(err["status"], "True");
+        assert_eq!(err["reason"], "ConflictingNodeSelector");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("NVIDIADriver {other}")),
+            "{cr}: {msg}"
+        );
+        assert_eq!(condition(&st, "Ready")["status"], "False");
+    }
+}
+
+#[tokio::test]
+async fn without_use_nvidia_driver_crd_a_driver_is_disabled() {
+    let a = driver("pool-a", json!({"version": "570.172.08"}));
+    let server = server_with(&[policy(json!({})), a], &[("a", 1)]);
+    reconcile(typed_driver(&server, "pool-a"), driver_context(&server))
+        .await
+        .unwrap();
+    assert!(ds_applies(&server).is_empty());
+    let st = status_of(&server, "pool-a");
+    assert_eq!(st["state"], "disabled");
+    assert!(
+        condition(&st, "Error")["message"]
+            .as_str()
+            .unwrap()
+            .contains("useNvidiaDriverCRD")
+    );
+}
+
+/// A labelled object as the cache of labelled objects holds it, owned by the policy.
+fn labelled(name: &str, state: &str) -> Meta {
+    serde_json::from_value(json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": name, "namespace": NS, "labels": {STATE_LABEL: state},
+            "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                "name": "cluster-policy", "uid": "uid-cluster-policy", "controller": true}]}
+    }))
+    .unwrap()
+}
+
+fn store(
+    ar: &ApiResource,
+    objs: Vec<Meta>,
+) -> (ApiResource, kube::runtime::reflector::Store<Meta>) {
+    let mut w = Writer::<Meta>::new(ar.clone());
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        w.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
+    (ar.clone(), w.as_reader())
+}
+
+#[tokio::test]
+async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
+    let cp = handed_off();
+    let server = server_with(
+        &[
+            cp.clone(),
+            driver("pool-a", json!({"nodeSelector": {"pool": "a"}})),
+        ],
+        &[("a", 2)],
+    );
+    // What the policy's own driver state left in the cluster before the switch.
+    {
+        let mut s = server.lock().unwrap();
+        for (path, kind) in [
+            (
+                "/apis/apps/v1/namespaces/gpu-operator/daemonsets/nvidia-driver-daemonset",
+                "DaemonSet",
+            ),
+            (
+                "/api/v1/namespaces/gpu-operator/serviceaccounts/nvidia-driver",
+                "ServiceAccount",
+            ),
+        ] {
+            s.objects.insert(
+                path.into(),
+                json!({"kind": kind, "metadata": {"name": "x"}}),
+            );
+        }
+    }
+    let live = LiveCache::from_stores(vec![
+        store(
+            &ApiResource::erase::<k8s_openapi::api::apps::v1::DaemonSet>(&()),
+            vec![labelled("nvidia-driver-daemonset", "driver")],
+        ),
+        store(
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ServiceAccount>(&()),
+            vec![labelled("nvidia-driver", "driver")],
+        ),
+    ]);
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig::default(),
+        kiln_bundled_plugins::BUNDLED,
+    )
+    .unwrap();
+    let ctx = Context::new(
+        client(server.clone()),
+        kiln_render::Renderer::new(Arc::new(host)),
+        Arc::new(Metrics::new()),
+        Config {
+            namespace: NS.into(),
+            ..Config::default()
+        },
+        "v1.36.0".into(),
+    );
+    assert!(ctx.set_live(live));
+    let typed: Arc<kube::api::DynamicObject> = Arc::new(serde_json::from_value(cp).unwrap());
+    kiln_operator::reconcile::reconcile(typed, Arc::new(ctx))
+        .await
+        .unwrap();
+    let deletes: Vec<Call> = calls(&server, &Method::DELETE)
+        .into_iter()
+        .filter(|c| c.path.contains("nvidia-driver"))
+        .collect();
+    let all: Vec<String> = server
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| format!("{} {} {}", c.method, c.path, c.body))
+        .collect();
+    assert_eq!(deletes.len(), 1, "{all:#?}");
+    assert_eq!(
+        deletes[0].path,
+        "/apis/apps/v1/namespaces/gpu-operator/daemonsets/nvidia-driver-daemonset"
+    );
+    assert_eq!(
+        deletes[0].body["propagationPolicy"], "Orphan",
+        "the driver pods are kept"
+    );
+    // The shared service account stays; nothing of the driver state is applied by the policy.
+    assert!(
+        !calls(&server, &Method::PATCH)
+            .iter()
+            .any(|c| c.path.ends_with("/daemonsets/nvidia-driver-daemonset"))
+    );
+    // The policy's readiness is the NVIDIADriver's (no status yet: not ready).
+    let s = server.lock().unwrap();
+    let st = &s.objects["/apis/nvidia.com/v1/clusterpolicies/cluster-policy"]["status"];
+    assert_eq!(st["state"], "notReady", "{st}");
+    assert!(
+        st.to_string().contains("NVIDIADriver pool-a: notReady"),
+        "{st}"
+    );
+}
