@@ -59,6 +59,16 @@ pub struct RenderArgs {
     /// Render as if the ServiceMonitor CRD were absent (ServiceMonitors are left out).
     #[arg(long)]
     no_service_monitors: bool,
+    /// An NVIDIADriver YAML file (`nvidia.com/v1alpha1`): also print its driver objects, as
+    /// the operator applies them with this policy for GPU nodes of `--os` that its
+    /// `nodeSelector` selects (the DaemonSet name hashes `metadata.uid`, empty when the file has
+    /// none). Repeatable.
+    #[arg(long = "nvidia-driver", value_name = "FILE")]
+    nvidia_drivers: Vec<PathBuf>,
+    /// Kernel of the GPU nodes (NFD `kernel-version.full`), for NVIDIADrivers with
+    /// `usePrecompiled: true`.
+    #[arg(long)]
+    kernel: Option<String>,
 }
 
 /// The env-var names `--image` accepts: those of [`defaults::fallback_images`].
@@ -179,6 +189,18 @@ impl RenderArgs {
             kiln_plugin_host::DEFAULT_KEEP_RESIDENT_BYTES,
             &self.host_policy,
         )?);
+        let pending = uncompiled_plugins(&renderer, &policy);
+        let started = std::time::Instant::now();
+        if !pending.is_empty() {
+            tracing::info!(
+                target: super::PROGRESS_TARGET,
+                plugins = pending.len(),
+                "compiling {} plugin(s) on first use, about a second each (later runs load them \
+                 from the cache; `kiln plugin precompile` fills it ahead of time): {}",
+                pending.len(),
+                pending.join(", ")
+            );
+        }
         // Each object with the `# Source:` text of its state: `state-driver via driver, site-x`;
         // a drop-in replacing a bundled plugin is named as such: `via device-plugin (drop-in
         // /etc/kiln/plugins/device-plugin.wasm, shadows bundled)`.
@@ -208,6 +230,24 @@ impl RenderArgs {
                 }
             }
         }
+        if !pending.is_empty() {
+            tracing::info!(
+                target: super::PROGRESS_TARGET,
+                plugins = pending.len(),
+                seconds = started.elapsed().as_secs_f64(),
+                "compiled and rendered in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        for path in &self.nvidia_drivers {
+            match self.render_nvidia_driver(path, &renderer, &policy, &ctx) {
+                Ok(objs) => objects.extend(objs),
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("error: {e:#}");
+                }
+            }
+        }
         if failed > 0 {
             bail!("{failed} state(s) failed to render");
         }
@@ -223,6 +263,84 @@ impl RenderArgs {
         super::write_stdout(&text)?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+impl RenderArgs {
+    /// The objects of the NVIDIADriver in `path` (with their `# Source` text) for one node pool:
+    /// a GPU node of `--os` (and `--kernel`) carrying the labels the CR selects.
+    fn render_nvidia_driver(
+        &self,
+        path: &std::path::Path,
+        renderer: &Renderer,
+        policy: &Policy,
+        ctx: &TransformContext,
+    ) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+        use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
+        use kiln_core::spec::nvidiadriver::{KERNEL_LABEL, node_pools};
+        use kiln_render::nvidiadriver::{NvidiaDriverDoc, derived_policy, render_pools};
+        let file = path.display().to_string();
+        let doc: serde_json::Value = kiln_input::load_file(path)?;
+        let cr = NvidiaDriverDoc::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        for key in &cr.pruned {
+            eprintln!(
+                "warning: {file}: spec.{key} is not an NVIDIADriver field; it is ignored (the API server prunes it)"
+            );
+        }
+        let mut node = cr.spec.effective_selector();
+        node.insert(OS_ID_LABEL.into(), self.os.id.clone());
+        node.insert(OS_VERSION_LABEL.into(), self.os.version_id.clone());
+        if let Some(k) = &self.kernel {
+            node.insert(KERNEL_LABEL.into(), k.clone());
+        }
+        let pools = node_pools(&cr.spec, [&node]);
+        if pools.is_empty() {
+            bail!(
+                "{file}: NVIDIADriver {} selects no node here (usePrecompiled needs --kernel)",
+                cr.name
+            );
+        }
+        let derived = derived_policy(policy, &cr.name, &cr.spec)
+            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        let rendered = render_pools(renderer, &derived, &cr.name, &cr.uid, &cr.spec, &pools, ctx)
+            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        let source = format!("nvidiadriver/{} state-driver via driver", cr.name);
+        Ok(rendered
+            .into_iter()
+            .flat_map(|(_, objs)| objs)
+            .map(|o| (source.clone(), o))
+            .collect())
+    }
+}
+
+/// The plugins of the enabled states' chains that have no precompiled artifact (so this run
+/// compiles them), sorted: a drop-in `<name>.wasm` by the digest of its file, a bundled plugin
+/// by its build-time digest; every plugin when there is no disk cache.
+fn uncompiled_plugins(renderer: &Renderer, policy: &Policy) -> Vec<String> {
+    let host = renderer.host();
+    let drop_in_dir = host.config().drop_in_dir.clone();
+    let mut names: Vec<String> = kiln_core::plan::enabled_states(&policy.spec)
+        .into_iter()
+        .flat_map(|state| policy.plugins.chain(state))
+        .map(|p| p.name)
+        .collect();
+    names.sort();
+    names.dedup();
+    names.retain(|name| {
+        let drop_in = drop_in_dir
+            .as_ref()
+            .map(|d| d.join(format!("{name}.wasm")))
+            .and_then(|f| std::fs::read(f).ok());
+        let digest = match drop_in {
+            Some(bytes) => Some(kiln_plugin_host::sha256_hex(&bytes)),
+            None => kiln_bundled_plugins::BUNDLED_SHA256
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| (*d).to_string()),
+        };
+        // A plugin that exists nowhere fails later with its own error; it compiles nothing.
+        digest.is_some_and(|d| host.artifact_path(&d).is_none_or(|p| !p.is_file()))
+    });
+    names
 }
 
 #[cfg(test)]
