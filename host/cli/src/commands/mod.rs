@@ -1,14 +1,17 @@
 //! Subcommands, one module each; every one is a clap struct with `run`.
 
 mod check_args;
+mod completion;
 mod crdgen;
 mod device_plugin;
 mod exporter;
 mod gfd;
 mod operator;
+mod operator_hooks;
 mod plugin;
 mod render;
 mod validator;
+mod version;
 
 use std::process::ExitCode;
 
@@ -21,11 +24,35 @@ host/exporter/tests/data/gpus.yaml; see README \"Node agents without a GPU\")";
 
 /// kiln: a Kubernetes GPU operator whose operand transforms are sandboxed Wasm plugins.
 #[derive(Debug, Parser)]
-#[command(name = "kiln", version, about)]
+#[command(name = "kiln", version = version::LONG_VERSION, about)]
 pub struct Cli {
+    /// Log format on stderr, for every command: `text` (default; colours on a terminal) or
+    /// `json` (one object per line: `timestamp`, `level`, `target`, `message` and the event's
+    /// fields). The level filter is `KILN_LOG` (e.g. `debug`, `kiln=debug,warn`).
+    #[arg(
+        long,
+        global = true,
+        env = "KILN_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
+
+/// The `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The tracing target of progress lines on long first-time work (plugin compilation); shown
+/// at `info` by the one-shot commands, whose default level is `warn`.
+pub const PROGRESS_TARGET: &str = "kiln::progress";
 
 #[derive(Debug, Subcommand)]
 #[expect(
@@ -39,6 +66,10 @@ enum Command {
     /// `kiln render --plugins-dir DIR`).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Print the version, git commit and image of this binary.
+    Version(version::VersionArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(completion::CompletionArgs),
     /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).
     Operator(operator::OperatorArgs),
     /// Print the ClusterPolicy CRD generated from the Rust types.
@@ -56,7 +87,8 @@ enum Command {
 impl Cli {
     /// The log filter when `KILN_LOG` is unset: `info` for the long-running agents (operator,
     /// exporter, device-plugin, gfd, validator) so that they say what they started, `warn` for
-    /// the one-shot tools (render, plugin, crdgen) whose output is on stdout.
+    /// the one-shot tools (render, plugin, crdgen, version, completion) whose output is on
+    /// stdout, with their progress lines ([`PROGRESS_TARGET`]) at `info`.
     #[must_use]
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
@@ -65,7 +97,11 @@ impl Cli {
             | Command::DevicePlugin(_)
             | Command::Gfd(_)
             | Command::Validator(_) => "info",
-            Command::Render(_) | Command::Plugin(_) | Command::Crdgen(_) => "warn",
+            Command::Render(_)
+            | Command::Plugin(_)
+            | Command::Crdgen(_)
+            | Command::Version(_)
+            | Command::Completion(_) => "warn,kiln::progress=info",
         }
     }
 
@@ -83,6 +119,8 @@ impl Cli {
         }
         let result = match self.command {
             Command::Render(a) => a.run(),
+            Command::Version(v) => v.run(),
+            Command::Completion(c) => c.run(),
             Command::Plugin(p) => p.run(),
             Command::Operator(o) => o.run(),
             Command::Crdgen(c) => c.run(),
@@ -129,6 +167,15 @@ pub(crate) fn plugin_host(
     Ok(std::sync::Arc::new(host))
 }
 
+/// `println!` for command output, through [`write_stdout`] (a closed pipe is not an error,
+/// where `println!` panics); `?`s the write error, so the caller returns `anyhow::Result`.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::commands::write_stdout(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+pub(crate) use outln;
+
 /// Write `text` to stdout; a closed pipe (`kiln render … | head`) is not an error.
 pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
@@ -153,5 +200,30 @@ pub(crate) async fn termination() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// `--log-format` is global: every command at every depth accepts it.
+    #[test]
+    fn every_command_takes_log_format() {
+        fn walk(cmd: &clap::Command, path: &str, seen: &mut usize) {
+            assert!(
+                cmd.get_arguments().any(|a| a.get_id() == "log_format"),
+                "{path} has no --log-format"
+            );
+            *seen += 1;
+            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                walk(sub, &format!("{path} {}", sub.get_name()), seen);
+            }
+        }
+        let mut cmd = super::Cli::command();
+        cmd.build();
+        let mut seen = 0;
+        walk(&cmd, "kiln", &mut seen);
+        assert!(seen > 20, "{seen} commands");
     }
 }

@@ -10,7 +10,11 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// Arguments of `kiln operator`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct OperatorArgs {
+    /// A chart hook (`apply-crds`, `cleanup`) instead of the reconciler.
+    #[command(subcommand)]
+    hook: Option<super::operator_hooks::OperatorHook>,
     /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -48,6 +52,9 @@ fn parse_image(s: &str) -> Result<(String, String), String> {
 impl OperatorArgs {
     /// Run until a shutdown signal.
     pub fn run(self) -> anyhow::Result<ExitCode> {
+        if let Some(hook) = self.hook {
+            return hook.run();
+        }
         let rt = kiln_operator::runtime().context("starting the async runtime")?;
         rt.block_on(self.run_async())?;
         Ok(ExitCode::SUCCESS)

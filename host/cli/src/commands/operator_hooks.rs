@@ -1,0 +1,97 @@
+//! `kiln operator apply-crds` and `kiln operator cleanup`: what the Helm chart's hook Jobs run
+//! on upgrade and after uninstall (see `kiln_operator::lifecycle`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// The chart-hook subcommands of `kiln operator`.
+#[derive(Debug, Subcommand)]
+pub enum OperatorHook {
+    /// Server-side apply the ClusterPolicy CRD built into this binary (the chart's pre-upgrade
+    /// hook with `operator.upgradeCRD`).
+    ApplyCrds(ApplyCrdsArgs),
+    /// After uninstall: wait for the operator's pods to be gone, remove the node labels it
+    /// wrote (`nvidia.com/gpu.present`, `nvidia.com/gpu.deploy.<component>`) and, with
+    /// `--delete-crd`, the CRD (the chart's post-delete hook).
+    Cleanup(CleanupArgs),
+}
+
+/// Arguments of `kiln operator apply-crds`.
+#[derive(Debug, Args)]
+pub struct ApplyCrdsArgs {
+    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Arguments of `kiln operator cleanup`.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the operator's pods.
+    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "gpu-operator")]
+    namespace: String,
+    /// Also delete the ClusterPolicy CRD, and with it every ClusterPolicy (`operator.cleanupCRD`).
+    #[arg(long)]
+    delete_crd: bool,
+    /// Seconds to wait for the operator's pods, and the CRD, to be gone.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+            Ok(kube::Client::try_from(cfg)?)
+        }
+        None => kube::Client::try_default().await.context("kube client"),
+    }
+}
+
+impl OperatorHook {
+    /// Run the hook to completion.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        rt.block_on(async {
+            match self {
+                OperatorHook::ApplyCrds(a) => {
+                    let c = client(a.kubeconfig.as_ref()).await?;
+                    let generation = kiln_operator::lifecycle::apply_crds(&c).await?;
+                    super::write_stdout(&format!(
+                        "applied {} (generation {generation})\n",
+                        kiln_operator::lifecycle::CRD_NAME
+                    ))?;
+                }
+                OperatorHook::Cleanup(a) => {
+                    let c = client(a.kubeconfig.as_ref()).await?;
+                    let opts = kiln_operator::lifecycle::CleanupOptions {
+                        delete_crd: a.delete_crd,
+                        timeout: Duration::from_secs(a.timeout),
+                        ..kiln_operator::lifecycle::CleanupOptions::new(&a.namespace)
+                    };
+                    let report = kiln_operator::lifecycle::cleanup(&c, &opts).await?;
+                    super::write_stdout(&format!(
+                        "labels removed from {} node(s); CRD deleted: {}\n",
+                        report.nodes_relabelled, report.crd_deleted
+                    ))?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        })
+    }
+}
