@@ -29,21 +29,26 @@ impl NvidiaDriverDoc {
     /// parse.
     ///
     /// # Errors
-    /// [`PolicyError`] naming the field (`spec.driverType: unsupported value "cpu", …`).
+    /// [`PolicyError`] naming the field (`spec.driverType: unsupported value "cpu", …`,
+    /// `apiVersion: expected nvidia.com/v1alpha1, got "nvidia.com/v1"`).
     pub fn from_object(doc: &Value) -> Result<Self, PolicyError> {
         let obj = doc.as_object().ok_or(PolicyError::NotAnObject)?;
         let shown = |v: Option<&Value>| v.map_or("nothing".to_string(), Value::to_string);
+        let wrong = |path: &str, expected: &str, got: Option<&Value>| {
+            PolicyError::Spec(kiln_core::SpecError {
+                path: path.into(),
+                message: format!("expected {expected}, got {}", shown(got)),
+            })
+        };
         if obj.get("apiVersion").and_then(Value::as_str) != Some("nvidia.com/v1alpha1") {
-            return Err(PolicyError::ApiVersion(format!(
-                "{} (an NVIDIADriver is nvidia.com/v1alpha1)",
-                shown(obj.get("apiVersion"))
-            )));
+            return Err(wrong(
+                "apiVersion",
+                "nvidia.com/v1alpha1",
+                obj.get("apiVersion"),
+            ));
         }
         if obj.get("kind").and_then(Value::as_str) != Some("NVIDIADriver") {
-            return Err(PolicyError::Kind(format!(
-                "{} (expected NVIDIADriver)",
-                shown(obj.get("kind"))
-            )));
+            return Err(wrong("kind", "NVIDIADriver", obj.get("kind")));
         }
         let meta = |k: &str| {
             obj.get("metadata")
@@ -166,4 +171,38 @@ pub fn render_pools(
         out.push((pool.clone(), objects));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_are_defaulted_pruned_and_checked() {
+        let doc = NvidiaDriverDoc::from_object(&json!({
+            "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": "pool-a", "uid": "u1"},
+            "spec": {"version": "570.1", "imagePullPolicy": "Always", "typo": 1}
+        }))
+        .unwrap();
+        assert_eq!((doc.name.as_str(), doc.uid.as_str()), ("pool-a", "u1"));
+        assert_eq!(doc.spec.image, "nvcr.io/nvidia/driver", "the CRD default");
+        assert_eq!(doc.pruned, ["typo"]);
+        let err = |v: Value| NvidiaDriverDoc::from_object(&v).unwrap_err().to_string();
+        assert_eq!(
+            err(json!({"apiVersion": "nvidia.com/v1", "kind": "NVIDIADriver"})),
+            "apiVersion: expected nvidia.com/v1alpha1, got \"nvidia.com/v1\""
+        );
+        assert!(
+            err(
+                json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+                "metadata": {"name": "x"}, "spec": {"driverType": "cpu"}})
+            )
+            .starts_with("spec.driverType: unsupported value \"cpu\""),
+        );
+        assert!(
+            err(json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver"}))
+                .contains("needs a name")
+        );
+    }
 }
