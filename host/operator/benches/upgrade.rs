@@ -151,6 +151,10 @@ async fn run(cluster: &TestCluster, log: &Path, nodes: u32, parallel: u32) -> an
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml"),
         )?)?;
         doc["spec"]["driver"]["version"] = json!("570.10.01");
+        doc["spec"]["driver"]["repository"] = json!("nvcr.io/nvidia");
+        doc["spec"]["driver"]["image"] = json!("driver");
+        // The operator's spec check currently refuses the typed default `ccManager.defaultMode: ""`.
+        doc["spec"]["ccManager"] = json!({"defaultMode": "on"});
         doc["spec"]["driver"]["upgradePolicy"]["maxParallelUpgrades"] = json!(parallel);
         Api::<DynamicObject>::all_with(admin.clone(), &kube::api::ApiResource::erase::<ClusterPolicy>(&()))
             .create(&PostParams::default(), &serde_json::from_value(doc)?)
