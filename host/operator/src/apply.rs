@@ -85,6 +85,19 @@ pub fn marker_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMe
     }
 }
 
+/// Whether change marker `a` ([`marker_of`]) is later than `b`: both generations or both
+/// resourceVersions, and `a`'s number larger (etcd's resourceVersions are decimal and grow).
+/// Anything else (an older or equal marker, unparseable ones) is not later.
+pub fn marker_later(a: &str, b: &str) -> bool {
+    let num = |m: &str, p: &str| m.strip_prefix(p).and_then(|n| n.parse::<u64>().ok());
+    ["g", "rv"]
+        .into_iter()
+        .any(|p| match (num(a, p), num(b, p)) {
+            (Some(x), Some(y)) => x > y,
+            _ => false,
+        })
+}
+
 fn hash_of(v: &Value) -> u64 {
     let mut h = DefaultHasher::new();
     v.to_string().hash(&mut h);
@@ -178,8 +191,9 @@ impl Applier {
     }
 
     /// Apply `desired` (as [`kiln_core::plan::desired_object`] made it: labelled and owned) with
-    /// server-side apply (field manager `kiln`, forced). Returns the live object (`None` when
-    /// the kind is not served) and what happened.
+    /// server-side apply (field manager `kiln`, forced), with no GET before it: the caller
+    /// skips objects [`Applier::is_current`] says are unchanged. Returns the live object as
+    /// the apply left it (`None` when the kind is not served) and what happened.
     ///
     /// # Errors
     /// [`Error::Kube`] naming the object when a request fails.
@@ -189,28 +203,39 @@ impl Applier {
             return Ok((Outcome::KindNotServed, None));
         };
         let hash = hash_of(desired);
-        let live = api
-            .get_opt(&key.name)
-            .await
-            .map_err(|e| Error::kube(format!("get {key}"), e))?;
-        if let Some(live) = &live {
-            let cached = self.seen.lock().expect("seen lock").get(&key).cloned();
-            if cached.is_some_and(|c| c.hash == hash && c.marker == marker(live)) {
-                return Ok((Outcome::Unchanged, Some(live.clone())));
-            }
-        }
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let applied = api
             .patch(&key.name, &params, &Patch::Apply(desired))
             .await
             .map_err(|e| Error::kube(format!("apply {key}"), e))?;
         let m = marker(&applied);
-        tracing::info!(object = %key, created = live.is_none(), "applied");
+        tracing::info!(object = %key, marker = %m, "applied");
         self.seen
             .lock()
             .expect("seen lock")
             .insert(key.clone(), Seen { hash, marker: m });
         Ok((Outcome::Applied, Some(applied)))
+    }
+
+    /// Every object this process applied, with the change marker its apply returned.
+    pub fn applied(&self) -> Vec<(ObjKey, String)> {
+        self.seen
+            .lock()
+            .expect("seen lock")
+            .iter()
+            .map(|(k, s)| (k.clone(), s.marker.clone()))
+            .collect()
+    }
+
+    /// The `metadata.generation` the last apply of `key` returned (0 when unknown or the kind
+    /// has none).
+    pub fn generation(&self, key: &ObjKey) -> i64 {
+        self.seen
+            .lock()
+            .expect("seen lock")
+            .get(key)
+            .and_then(|s| s.marker.strip_prefix('g')?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Delete the object `key` (background propagation): the caller has seen it, labelled and
@@ -260,5 +285,15 @@ mod tests {
             key_of(&json!({"kind": "X"})),
             Err(Error::BadObject(_))
         ));
+    }
+
+    #[test]
+    fn later_markers_compare_numerically_within_one_kind_of_marker() {
+        assert!(marker_later("g10", "g9"));
+        assert!(!marker_later("g9", "g9"));
+        assert!(!marker_later("g8", "g9"));
+        assert!(marker_later("rv1000", "rv999"));
+        assert!(!marker_later("rv5", "g4"));
+        assert!(!marker_later("rvx", "rv1"));
     }
 }

@@ -6,18 +6,28 @@
 //!
 //! ```text
 //! metadata watch ?labelSelector=kiln.dev/state ─► Store (per kind) ─► LiveCache::objects
+//! DaemonSet watch (full objects: readiness reads their status) ─► LiveCache::daemonset
+//! every event ─► Wake::reconcile (a delete also marks the object gone: Wake::gone)
 //! ```
+//!
+//! [`Wake`] is how the caches wake the controller: a trigger that reconciles every
+//! ClusterPolicy, and a flag asking that reconcile to render and apply again (a full
+//! reconcile) rather than only re-judge readiness and status from the caches.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
+use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_core::State;
 use kiln_core::plan::{LiveObject, ObjectKey, STATE_LABEL};
+use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 
 use crate::Result;
 use crate::apply::Applier;
@@ -38,10 +48,72 @@ pub fn asset_kinds() -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// How caches wake the ClusterPolicy controller (cloned into every watch task).
+///
+/// [`Wake::reconcile`] sends one `()` on the channel the controller's `reconcile_all_on`
+/// reads; [`Wake::full`] also sets a flag the next reconcile takes ([`Wake::take_full`]):
+/// then it renders, labels and applies instead of only re-judging readiness. Objects deleted
+/// behind kiln's back are recorded ([`Wake::gone`]) so the next reconcile re-applies them.
+#[derive(Clone, Default)]
+pub struct Wake {
+    tx: Option<mpsc::UnboundedSender<()>>,
+    full: Arc<AtomicBool>,
+    gone: Arc<Mutex<HashSet<ObjectKey>>>,
+}
+
+impl Wake {
+    /// A wake and the stream of its triggers (for `Controller::reconcile_all_on`).
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<()>) {
+        let (tx, rx) = mpsc::unbounded();
+        (
+            Wake {
+                tx: Some(tx),
+                ..Wake::default()
+            },
+            rx,
+        )
+    }
+
+    /// Reconcile every ClusterPolicy (readiness and status only, unless [`Wake::full`]).
+    pub fn reconcile(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.unbounded_send(());
+        }
+    }
+
+    /// Ask for a full reconcile (render, label, apply) and trigger it.
+    pub fn full(&self) {
+        self.full.store(true, Ordering::SeqCst);
+        self.reconcile();
+    }
+
+    /// Whether a full reconcile was asked for since the last call (clears the request).
+    pub fn take_full(&self) -> bool {
+        self.full.swap(false, Ordering::SeqCst)
+    }
+
+    /// Record that the labelled object `key` was deleted.
+    pub fn gone(&self, key: ObjectKey) {
+        self.gone.lock().expect("gone lock").insert(key);
+    }
+
+    /// Whether any of `keys` was deleted since [`Wake::clear_gone`].
+    pub fn any_gone<'a>(&self, mut keys: impl Iterator<Item = &'a ObjectKey>) -> bool {
+        let gone = self.gone.lock().expect("gone lock");
+        !gone.is_empty() && keys.any(|k| gone.contains(k))
+    }
+
+    /// Forget recorded deletions (a full reconcile re-applies whatever is missing).
+    pub fn clear_gone(&self) {
+        self.gone.lock().expect("gone lock").clear();
+    }
+}
+
 /// One store per watched kind, with the kind it holds (a metadata watch reports every object
-/// as `PartialObjectMetadata`, so the kind comes from here).
+/// as `PartialObjectMetadata`, so the kind comes from here), and the DaemonSets as full objects.
 pub struct LiveCache {
     stores: Vec<(ApiResource, Store<Meta>)>,
+    daemonsets: Option<Store<DaemonSet>>,
     waited: std::sync::atomic::AtomicBool,
 }
 
@@ -50,8 +122,24 @@ impl LiveCache {
     pub fn from_stores(stores: Vec<(ApiResource, Store<Meta>)>) -> Self {
         LiveCache {
             stores,
+            daemonsets: None,
             waited: Default::default(),
         }
+    }
+
+    /// This cache with `store` as its labelled DaemonSets (full objects, status included);
+    /// without one, [`LiveCache::daemonset`] finds none.
+    #[must_use]
+    pub fn with_daemonsets(mut self, store: Store<DaemonSet>) -> Self {
+        self.daemonsets = Some(store);
+        self
+    }
+
+    /// The labelled DaemonSet `namespace/name` as the cache holds it (status included).
+    pub fn daemonset(&self, namespace: &str, name: &str) -> Option<Arc<DaemonSet>> {
+        self.daemonsets
+            .as_ref()?
+            .get(&reflector::ObjectRef::new(name).within(namespace))
     }
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
@@ -60,12 +148,22 @@ impl LiveCache {
     ///
     /// # Errors
     /// [`crate::Error::Kube`] when discovery of a kind fails other than "not served".
-    pub async fn start(client: &Client, applier: &Applier, namespace: &str) -> Result<Self> {
+    pub async fn start(
+        client: &Client,
+        applier: &Applier,
+        namespace: &str,
+        wake: &Wake,
+    ) -> Result<Self> {
         let mut stores = Vec::new();
+        let mut daemonsets = None;
         for (api_version, kind) in asset_kinds() {
             let Some((ar, namespaced)) = applier.resolve(&api_version, &kind).await? else {
                 continue;
             };
+            if (api_version.as_str(), kind.as_str()) == ("apps/v1", "DaemonSet") {
+                daemonsets = Some(start_daemonsets(client, namespace, wake));
+                continue;
+            }
             // `Api<PartialObjectMeta<_>>`: metadata-only list and watch.
             let api: Api<Meta> = if namespaced {
                 Api::namespaced_with(client.clone(), namespace, &ar)
@@ -76,24 +174,39 @@ impl LiveCache {
             let store = writer.as_reader();
             let stream =
                 watcher(api, watcher::Config::default().labels(STATE_LABEL)).default_backoff();
-            let name = kind.clone();
+            let (name, wake, kind_ar) = (kind.clone(), wake.clone(), ar.clone());
             tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
-                if let Err(e) = ev {
-                    tracing::warn!(kind = %name, error = %e, "watch of labelled objects");
+                match ev {
+                    Err(e) => tracing::warn!(kind = %name, error = %e, "watch of labelled objects"),
+                    Ok(watcher::Event::Delete(m)) => {
+                        wake.gone(live_object(&kind_ar, &m).key);
+                        wake.reconcile();
+                    }
+                    Ok(watcher::Event::Apply(_)) => wake.reconcile(),
+                    Ok(_) => {}
                 }
                 futures::future::ready(())
             }));
             stores.push((ar, store));
         }
-        Ok(Self::from_stores(stores))
+        let mut cache = Self::from_stores(stores);
+        cache.daemonsets = daemonsets;
+        Ok(cache)
     }
 
     /// Wait until every store has listed once, at most `limit` and only on the first call (a
     /// kind the operator may not list, say for want of RBAC, would otherwise hold up every
     /// reconcile); returns whether all are ready now.
     pub async fn ready(&self, limit: std::time::Duration) -> bool {
-        let all =
-            || futures::future::join_all(self.stores.iter().map(|(_, s)| s.wait_until_ready()));
+        let all = || {
+            let ds = self.daemonsets.iter().map(|s| s.wait_until_ready().boxed());
+            futures::future::join_all(
+                self.stores
+                    .iter()
+                    .map(|(_, s)| s.wait_until_ready().boxed())
+                    .chain(ds),
+            )
+        };
         if self.waited.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return all()
                 .now_or_never()
@@ -108,6 +221,14 @@ impl LiveCache {
     /// The change marker ([`crate::apply::marker_of`]) of the labelled object `key` as the
     /// cache holds it; `None` when its kind is not watched or the object is not there.
     pub fn marker(&self, key: &ObjectKey) -> Option<String> {
+        if (key.api_version.as_str(), key.kind.as_str()) == ("apps/v1", "DaemonSet")
+            && self.daemonsets.is_some()
+        {
+            let ns = key.namespace.as_deref().unwrap_or_default();
+            return self
+                .daemonset(ns, &key.name)
+                .map(|d| crate::apply::marker_of(&d.metadata));
+        }
         let (ar, store) = self
             .stores
             .iter()
@@ -121,26 +242,75 @@ impl LiveCache {
 
     /// Every labelled object the stores hold now.
     pub fn objects(&self) -> Vec<LiveObject> {
+        let ds_ar = ApiResource::erase::<DaemonSet>(&());
+        let daemonsets = self
+            .daemonsets
+            .iter()
+            .flat_map(|s| s.state())
+            .map(|d| live_object_of(&ds_ar, &d.metadata));
         self.stores
             .iter()
             .flat_map(|(ar, store)| store.state().into_iter().map(move |m| live_object(ar, &m)))
+            .chain(daemonsets)
             .collect()
     }
 }
 
+/// The labelled DaemonSets of `namespace`, full objects (readiness reads their status), each
+/// event waking the controller: a status change re-judges readiness from this store, with no
+/// request.
+fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<DaemonSet> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let writer = reflector::store::Writer::<DaemonSet>::default();
+    let store = writer.as_reader();
+    let ar = ApiResource::erase::<DaemonSet>(&());
+    let stream = watcher(api, watcher::Config::default().labels(STATE_LABEL))
+        .default_backoff()
+        // Managed fields are most of a DaemonSet's size and nothing kiln reads.
+        .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
+    let wake = wake.clone();
+    tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "watch of labelled DaemonSets"),
+            Ok(watcher::Event::Delete(d)) => {
+                wake.gone(live_object_of(&ar, &d.metadata).key);
+                wake.reconcile();
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => wake.reconcile(),
+            Ok(_) => {}
+        }
+        futures::future::ready(())
+    }));
+    store
+}
+
 /// `m` (of kind `ar`) as the plan sees it.
 pub fn live_object(ar: &ApiResource, m: &Meta) -> LiveObject {
+    live_object_of(ar, &m.metadata)
+}
+
+/// An object of kind `ar` with metadata `m` as the plan sees it.
+pub fn live_object_of(
+    ar: &ApiResource,
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> LiveObject {
     LiveObject {
         key: ObjectKey {
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
-            namespace: m.namespace(),
-            name: m.name_any(),
+            namespace: m.namespace.clone(),
+            name: m.name.clone().unwrap_or_default(),
         },
-        state: m.labels().get(STATE_LABEL).cloned().unwrap_or_default(),
+        state: m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(STATE_LABEL))
+            .cloned()
+            .unwrap_or_default(),
         owned: m
-            .owner_references()
+            .owner_references
             .iter()
+            .flatten()
             .any(|r| r.kind == "ClusterPolicy" && r.api_version == "nvidia.com/v1"),
     }
 }

@@ -1,11 +1,23 @@
-//! Node labelling (upstream node-labeling controller, `gpu-operator.md` §2.3): list the nodes
-//! (in pages, each node slimmed to name, labels and container runtime),
-//! compute each node's minimal label patch with [`kiln_core::labels::plan_node_labels`], and send
-//! it as a JSON merge patch on `metadata.labels` (never a full update). Nodes already labelled
-//! get no request.
+//! Node labelling (upstream node-labeling controller, `gpu-operator.md` §2.3): the nodes come
+//! from a reflector store ([`watch_nodes`], each node slimmed to name, the labels kiln may read
+//! and the container runtime); a full reconcile computes each node's minimal label patch with
+//! [`kiln_core::labels::plan_node_labels`], and a node event labels only that node. Patches are
+//! JSON merge patches on `metadata.labels` (never a full update); nodes already labelled get no
+//! request.
+//!
+//! ```text
+//! node watch ─► slim ─► Store<Node>
+//!     └─ relevant labels/runtime changed? ─ no ─► nothing (GFD's gfd.timestamp, heartbeats)
+//!                                           yes ─► label that node ─► Wake::reconcile
+//!                                                  (readiness; full only when NodeFacts change)
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kiln_core::context::{ContainerRuntime, NodeOs};
 use kiln_core::labels::{
     DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelPatch, LabelPolicy, MIG_CAPABLE, MIG_CONFIG,
     NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, has_nfd_labels,
@@ -16,7 +28,50 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Map, Value};
 
 use crate::facts::node_labels;
+use crate::live::Wake;
+use crate::metrics::Metrics;
 use crate::{Error, Result};
+
+/// The node facts a render depends on (the transform context's runtime and GPU node OS) and
+/// whether any GPU node exists (DaemonSets are applied only then). A node event that changes
+/// them asks for a full reconcile; any other relevant node event only re-judges readiness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Container runtime of the GPU nodes ([`crate::facts::container_runtime`]).
+    pub runtime: ContainerRuntime,
+    /// GPU node OS ([`crate::facts::gpu_node_os`]).
+    pub os: Option<NodeOs>,
+    /// Whether any node carries `nvidia.com/gpu.present=true`.
+    pub any_gpu: bool,
+}
+
+impl NodeFacts {
+    /// The facts of `nodes`.
+    pub fn of(nodes: &[&Node]) -> Self {
+        let gpu: Vec<&Node> = nodes
+            .iter()
+            .copied()
+            .filter(|n| n.metadata.labels.as_ref().is_some_and(is_gpu_node))
+            .collect();
+        NodeFacts {
+            runtime: crate::facts::container_runtime(&gpu),
+            os: crate::facts::gpu_node_os(&gpu),
+            any_gpu: !gpu.is_empty(),
+        }
+    }
+}
+
+/// GPU node count and NFD presence of `nodes` (for status), nothing patched.
+pub fn summary(nodes: &[&Node]) -> NodeSummary {
+    let mut s = NodeSummary::default();
+    for n in nodes {
+        if let Some(l) = &n.metadata.labels {
+            s.gpu_nodes += usize::from(is_gpu_node(l));
+            s.nfd_present |= has_nfd_labels(l);
+        }
+    }
+    s
+}
 
 /// What labelling saw, for status and the transform context.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -72,10 +127,17 @@ pub fn slim(node: Node) -> Node {
         .status
         .and_then(|s| s.node_info)
         .map(|i| i.container_runtime_version);
+    // GFD's own labels (counts, memory, CUDA versions, timestamp) are not kept: nothing
+    // reads them, and at thousands of nodes they are most of the store.
+    let labels = node.metadata.labels.map(|l| {
+        l.into_iter()
+            .filter(|(k, _)| reads_label(k) || !k.starts_with("nvidia.com/"))
+            .collect()
+    });
     Node {
         metadata: ObjectMeta {
             name: node.metadata.name,
-            labels: node.metadata.labels,
+            labels,
             ..ObjectMeta::default()
         },
         spec: None,
@@ -86,6 +148,119 @@ pub fn slim(node: Node) -> Node {
             }),
             ..NodeStatus::default()
         }),
+    }
+}
+
+/// Label one node per `policy` when it needs it. Returns whether a patch was sent.
+///
+/// # Errors
+/// [`Error::Kube`] naming the node when the patch fails.
+pub async fn label_node(client: &Client, node: &Node, policy: &LabelPolicy) -> Result<bool> {
+    let labels = node_labels(node);
+    let patch = plan_node_labels(&labels, policy);
+    if patch.is_empty() {
+        return Ok(false);
+    }
+    let name = node.metadata.name.clone().unwrap_or_default();
+    Api::<Node>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(merge_patch_body(&patch)),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("patch labels of node {name}"), e))?;
+    tracing::info!(node = %name, changes = ?patch, "labelled node");
+    Ok(true)
+}
+
+/// What node events need: the client (to label), the wake, the active policy's labelling
+/// rules (`None` until a full reconcile set them) and the metrics.
+pub struct NodeWatch {
+    /// API client.
+    pub client: Client,
+    /// Wakes the controller after a relevant change.
+    pub wake: Wake,
+    /// The labelling rules of the active policy.
+    pub labels: Arc<Mutex<Option<LabelPolicy>>>,
+    /// Counts label writes.
+    pub metrics: Arc<Metrics>,
+}
+
+/// A hash of what kiln reads of a node: the labels [`reads_label`] keeps and the container
+/// runtime (a change of anything else, GFD's timestamp or a heartbeat, wakes nothing).
+pub fn relevant_hash(node: &Node) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    relevant_labels_hash(node).hash(&mut h);
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| &i.container_runtime_version)
+        .hash(&mut h);
+    h.finish()
+}
+
+/// Keep `writer`'s store of slimmed nodes ([`slim`]) in step with the cluster, and on each
+/// relevant change ([`relevant_hash`]) of one node label that node alone (the rules of the
+/// last full reconcile) and wake the controller; a deleted node wakes it too. Runs until the
+/// watch stream ends (never, with the default backoff).
+pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::Writer<Node>) {
+    use kube::runtime::{WatchStreamExt, watcher};
+    let stream = watcher(
+        Api::<Node>::all(w.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    follow_nodes(w, writer, stream).await;
+}
+
+/// [`watch_nodes`] over the node watch events `stream` (tests feed their own).
+pub async fn follow_nodes<S>(
+    w: NodeWatch,
+    writer: kube::runtime::reflector::store::Writer<Node>,
+    stream: S,
+) where
+    S: futures::Stream<
+            Item = Result<kube::runtime::watcher::Event<Node>, kube::runtime::watcher::Error>,
+        >,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let stream = stream.modify(|n: &mut Node| *n = slim(std::mem::take(n)));
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut events = std::pin::pin!(reflector::reflector(writer, stream));
+    while let Some(ev) = events.next().await {
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "node watch"),
+            Ok(watcher::Event::InitApply(n)) => {
+                seen.insert(
+                    n.metadata.name.clone().unwrap_or_default(),
+                    relevant_hash(&n),
+                );
+            }
+            Ok(watcher::Event::InitDone) => w.wake.reconcile(),
+            Ok(watcher::Event::Init) => seen.clear(),
+            Ok(watcher::Event::Delete(n)) => {
+                seen.remove(n.metadata.name.as_deref().unwrap_or_default());
+                w.wake.reconcile();
+            }
+            Ok(watcher::Event::Apply(n)) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let h = relevant_hash(&n);
+                if seen.insert(name.clone(), h) == Some(h) {
+                    continue;
+                }
+                let rules = w.labels.lock().expect("labels lock").clone();
+                if let Some(rules) = rules {
+                    match label_node(&w.client, &n, &rules).await {
+                        Ok(patched) => w.metrics.writes("label", u64::from(patched)),
+                        Err(e) => tracing::warn!(node = %name, error = %e, "labelling"),
+                    }
+                }
+                w.wake.reconcile();
+            }
+        }
     }
 }
 

@@ -1,19 +1,248 @@
-//! DaemonSet readiness with IO: fetch what [`kiln_core::readiness::daemonset_readiness`] needs
-//! (pods and ControllerRevisions only for `OnDelete` DaemonSets) and judge; a DaemonSet ready by
-//! upstream's rules is still not ready while it covers fewer nodes than its selector matches
-//! ([`kiln_core::plan::uncovered_nodes`]).
+//! DaemonSet readiness: judge a DaemonSet (from the cache of labelled DaemonSets) with
+//! [`kiln_core::readiness::daemonset_readiness`]; a DaemonSet ready by upstream's rules is
+//! still not ready while it covers fewer nodes than its selector matches
+//! ([`kiln_core::plan::uncovered_nodes`]). `OnDelete` DaemonSets also need their pods and
+//! ControllerRevisions: from watches on the DaemonSet's selector ([`PodWatches`], started on
+//! first need, each event waking the controller), or, without them, listed.
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
 
+use futures::StreamExt;
 use kiln_core::plan::uncovered_nodes;
-use kiln_core::readiness::{Readiness, daemonset_readiness, is_on_delete};
+use kiln_core::readiness::{NotReady, Readiness, daemonset_readiness, is_on_delete};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
+use crate::live::Wake;
 use crate::{Error, Result};
+
+/// How long a first readiness check of an `OnDelete` DaemonSet waits for its new pod and
+/// revision watches to list.
+pub const POD_WATCH_READY_LIMIT: Duration = Duration::from_secs(10);
+
+/// A ControllerRevision reduced to what the `OnDelete` rule reads (name, namespace, labels,
+/// revision; not its template data).
+pub fn slim_revision(r: ControllerRevision) -> ControllerRevision {
+    ControllerRevision {
+        metadata: ObjectMeta {
+            name: r.metadata.name,
+            namespace: r.metadata.namespace,
+            labels: r.metadata.labels,
+            ..ObjectMeta::default()
+        },
+        revision: r.revision,
+        data: None,
+    }
+}
+
+struct Watched {
+    selector: String,
+    pods: Store<Pod>,
+    revisions: Store<ControllerRevision>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Watches of the pods and ControllerRevisions of each `OnDelete` DaemonSet, by its
+/// `spec.selector.matchLabels` (slimmed: [`slim_pod`], [`slim_revision`]); restarted when the
+/// selector changes. Every event wakes the controller (a pod moving to the new revision changes
+/// readiness).
+pub struct PodWatches {
+    client: Client,
+    wake: Wake,
+    watched: Mutex<HashMap<(String, String), Watched>>,
+}
+
+fn selector_of(ds: &DaemonSet) -> String {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn spawn_reflector<K>(
+    api: Api<K>,
+    selector: &str,
+    slim: fn(K) -> K,
+    wake: Wake,
+) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Default
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let writer = reflector::store::Writer::<K>::default();
+    let store = writer.as_reader();
+    let stream = watcher(api, watcher::Config::default().labels(selector))
+        .default_backoff()
+        .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
+    let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "watch of OnDelete DaemonSet pods"),
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => wake.reconcile(),
+            Ok(_) => {}
+        }
+        futures::future::ready(())
+    }));
+    (store, task)
+}
+
+impl PodWatches {
+    /// Watches over `client`, waking `wake`.
+    pub fn new(client: Client, wake: Wake) -> Self {
+        PodWatches {
+            client,
+            wake,
+            watched: Mutex::default(),
+        }
+    }
+
+    /// The pods and revisions of `ds` as its watches hold them (started on first need, then
+    /// waited for at most [`POD_WATCH_READY_LIMIT`]).
+    pub async fn of(&self, ds: &DaemonSet) -> (Vec<Pod>, Vec<ControllerRevision>) {
+        let ns = ds.metadata.namespace.clone().unwrap_or_default();
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let selector = selector_of(ds);
+        let (pods, revisions) = {
+            let mut watched = self.watched.lock().expect("watched lock");
+            let key = (ns.clone(), name);
+            if watched.get(&key).is_none_or(|w| w.selector != selector) {
+                let (pods, t1) = spawn_reflector(
+                    Api::<Pod>::namespaced(self.client.clone(), &ns),
+                    &selector,
+                    slim_pod,
+                    self.wake.clone(),
+                );
+                let (revisions, t2) = spawn_reflector(
+                    Api::<ControllerRevision>::namespaced(self.client.clone(), &ns),
+                    &selector,
+                    slim_revision,
+                    self.wake.clone(),
+                );
+                watched.insert(
+                    key.clone(),
+                    Watched {
+                        selector,
+                        pods,
+                        revisions,
+                        tasks: vec![t1, t2],
+                    },
+                );
+            }
+            let w = &watched[&key];
+            (w.pods.clone(), w.revisions.clone())
+        };
+        let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, async {
+            let _ = pods.wait_until_ready().await;
+            let _ = revisions.wait_until_ready().await;
+        })
+        .await;
+        (
+            pods.state().iter().map(|o| (**o).clone()).collect(),
+            revisions.state().iter().map(|o| (**o).clone()).collect(),
+        )
+    }
+}
+
+/// Where an `OnDelete` DaemonSet's pods and revisions come from.
+#[derive(Clone, Copy)]
+pub enum PodSource<'a> {
+    /// Watches ([`PodWatches`]).
+    Watches(&'a PodWatches),
+    /// List them (pods in pages of [`POD_PAGE`]).
+    List(&'a Client),
+}
+
+/// Judge the DaemonSet `ds` (as the cache holds it; `None` when missing) named `name`, against
+/// the labels of every node. `min_generation` is the generation kiln's last apply returned: a
+/// cached copy older than that is not judged (the cache has not seen the apply yet). Returns
+/// `None` when ready, else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`,
+/// `…: scheduled on 461 of 500 matching nodes`).
+///
+/// # Errors
+/// [`Error::Kube`] when listing pods or revisions fails ([`PodSource::List`] only).
+pub async fn judge_daemonset(
+    name: &str,
+    ds: Option<&DaemonSet>,
+    min_generation: i64,
+    source: PodSource<'_>,
+    nodes: &[&BTreeMap<String, String>],
+) -> Result<Option<String>> {
+    if let Some(d) = ds
+        && d.metadata.generation.unwrap_or(0) < min_generation
+    {
+        return Ok(Some(format!("{name}: {}", NotReady::NotObserved)));
+    }
+    let (mut pods, mut revisions) = (Vec::new(), Vec::new());
+    if let Some(ds) = ds.filter(|d| is_on_delete(d) && d.status.is_some()) {
+        (pods, revisions) = match source {
+            PodSource::Watches(w) => w.of(ds).await,
+            PodSource::List(client) => list_pods_and_revisions(client, name, ds).await?,
+        };
+    }
+    Ok(match daemonset_readiness(ds, &pods, &revisions) {
+        Readiness::NotReady(why) => Some(format!("{name}: {why}")),
+        Readiness::Ready => ds
+            .and_then(|d| uncovered_nodes(d, nodes.iter().copied()))
+            .map(|(matching, desired)| {
+                format!("{name}: scheduled on {desired} of {matching} matching nodes")
+            }),
+    })
+}
+
+async fn list_pods_and_revisions(
+    client: &Client,
+    name: &str,
+    ds: &DaemonSet,
+) -> Result<(Vec<Pod>, Vec<ControllerRevision>)> {
+    let ns = ds.metadata.namespace.clone().unwrap_or_default();
+    let lp = ListParams::default().labels(&selector_of(ds));
+    let api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let mut pods = Vec::new();
+    let mut page_params = lp.clone().limit(POD_PAGE);
+    loop {
+        let page = api
+            .list(&page_params)
+            .await
+            .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
+        pods.extend(page.items.into_iter().map(slim_pod));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => {
+                page_params = page_params.continue_token(&token);
+            }
+            _ => break,
+        }
+    }
+    let revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns)
+        .list(&lp)
+        .await
+        .map_err(|e| Error::kube(format!("list revisions of {name}"), e))?
+        .items;
+    Ok((pods, revisions))
+}
 
 /// Pods per list request when judging an `OnDelete` DaemonSet (one per GPU node): bounds one
 /// response body however large the cluster is.
@@ -40,10 +269,10 @@ pub fn slim_pod(pod: Pod) -> Pod {
     }
 }
 
-/// Judge the live DaemonSet `live` (as returned by apply; `None` when missing) against the
-/// labels of every node (`nodes`). Returns `None` when ready, else the reason text
-/// (`nvidia-driver-daemonset: 2 pod(s) unavailable`, `…: scheduled on 461 of 500 matching
-/// nodes`).
+/// Judge the live DaemonSet `live` (as an apply or a watch returned it; `None` when missing)
+/// against the labels of every node (`nodes`), listing pods and revisions of an `OnDelete`
+/// DaemonSet ([`judge_daemonset`] with [`PodSource::List`]; for callers without caches, such
+/// as the benchmark's observer).
 ///
 /// # Errors
 /// [`Error::Json`] when the object is not a DaemonSet; [`Error::Kube`] when listing pods or
@@ -64,48 +293,6 @@ pub async fn daemonset_not_ready(
                 })
         })
         .transpose()?;
-    let (mut pods, mut revisions) = (Vec::new(), Vec::new());
-    if let Some(ds) = ds.as_ref().filter(|d| is_on_delete(d)) {
-        let ns = ds.metadata.namespace.clone().unwrap_or_default();
-        let selector = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.clone())
-            .unwrap_or_default()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let lp = ListParams::default().labels(&selector);
-        let api = Api::<Pod>::namespaced(client.clone(), &ns);
-        let mut page_params = lp.clone().limit(POD_PAGE);
-        loop {
-            let page = api
-                .list(&page_params)
-                .await
-                .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
-            pods.extend(page.items.into_iter().map(slim_pod));
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => {
-                    page_params = page_params.continue_token(&token);
-                }
-                _ => break,
-            }
-        }
-        revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns)
-            .list(&lp)
-            .await
-            .map_err(|e| Error::kube(format!("list revisions of {name}"), e))?
-            .items;
-    }
-    Ok(match daemonset_readiness(ds.as_ref(), &pods, &revisions) {
-        Readiness::NotReady(why) => Some(format!("{name}: {why}")),
-        Readiness::Ready => {
-            ds.as_ref()
-                .and_then(|d| uncovered_nodes(d, nodes))
-                .map(|(matching, desired)| {
-                    format!("{name}: scheduled on {desired} of {matching} matching nodes")
-                })
-        }
-    })
+    let nodes: Vec<&BTreeMap<String, String>> = nodes.iter().collect();
+    judge_daemonset(name, ds.as_ref(), 0, PodSource::List(client), &nodes).await
 }

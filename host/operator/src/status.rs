@@ -1,15 +1,18 @@
 //! Status and Events with IO: merge a [`Verdict`] into the stored status, write it through the
 //! status subresource only when it changed, and publish an Event when the state or reason
-//! changed.
+//! changed. Depends on nothing of the reconciler ([`StatusWriter`] holds its own client).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kiln_core::spec::ClusterPolicy;
+use kiln_core::spec::{ClusterPolicy, ClusterPolicyStatus};
 use kiln_core::status::{Verdict, make_status, needs_write, transition};
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
 
-use crate::context::Context;
 use crate::{Error, Result};
 
 /// Kubernetes caps an Event note at 1 KiB.
@@ -18,65 +21,140 @@ const NOTE_LIMIT: usize = 1000;
 /// write far below the request size limit, whatever a plugin's errors say).
 const CONDITION_MESSAGE_LIMIT: usize = 16 << 10;
 
-/// Write `verdict` as `policy`'s status (when it differs from the stored one) and publish an
-/// Event on transitions. Returns whether a status write was sent.
-///
-/// # Errors
-/// [`Error::Kube`] when the status patch fails. Event failures are logged, not returned.
-pub async fn write_status(
-    ctx: &Context,
-    policy: &ClusterPolicy,
-    verdict: &Verdict,
-) -> Result<bool> {
-    let name = policy.metadata.name.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    // The reconciled object may come from a cache older than our last status write: read the
-    // stored status so transition times are kept and an unchanged status is not written again.
-    let api: Api<ClusterPolicy> = Api::all(ctx.client.clone());
-    let fresh = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube(format!("get ClusterPolicy {name}"), e))?;
-    let Some(fresh) = fresh else { return Ok(false) };
-    let current = fresh.status.as_ref();
-    // Messages quote plugin errors: bounded and escaped by the plugin host's one rule.
-    let mut bounded = verdict.clone();
-    for c in &mut bounded.conditions {
-        c.message =
-            kiln_plugin_host::text::bounded(&c.message, CONDITION_MESSAGE_LIMIT).into_owned();
+/// Writes ClusterPolicy status and Events, with no read: the status it compares against is
+/// the policy as the caller has it (the controller's cache) or, when that is not provably newer,
+/// the status this writer wrote last (the cache may not have seen that write yet).
+pub struct StatusWriter {
+    client: Client,
+    recorder: Recorder,
+    namespace: String,
+    /// Per policy name: `resourceVersion` after our last write, and what was written.
+    written: Mutex<HashMap<String, (String, ClusterPolicyStatus)>>,
+}
+
+/// Whether `a` is a later `resourceVersion` than `b` (both decimal, as etcd's are; an
+/// unparseable one is never later).
+fn later(a: Option<&str>, b: &str) -> bool {
+    match (a.and_then(|a| a.parse::<u64>().ok()), b.parse::<u64>()) {
+        (Some(a), Ok(b)) => a > b,
+        _ => false,
     }
-    let verdict = &bounded;
-    let new = make_status(
-        current,
-        verdict,
-        &ctx.config.namespace,
-        &now,
-        policy.metadata.generation,
-    );
-    if let Some(t) = transition(current, verdict) {
-        let note = kiln_plugin_host::text::bounded(&t.note, NOTE_LIMIT).into_owned();
-        let ev = Event {
-            type_: if t.type_ == "Warning" {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: t.reason.to_string(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &policy.object_ref(&())).await {
-            tracing::warn!(policy = %name, error = %e, "could not publish event");
+}
+
+/// The ClusterPolicy API resource (`nvidia.com/v1`, `clusterpolicies`). The controller
+/// watches policies as [`DynamicObject`]s: their exact JSON is what [`kiln_render::Policy`]
+/// parses and checks (a typed copy serializes defaults the CRD's schema refuses), and a policy
+/// the typed spec cannot hold still gets a status naming its fault.
+pub fn policy_resource() -> ApiResource {
+    ApiResource::erase::<ClusterPolicy>(&())
+}
+
+/// The status a policy object carries (`None` when absent or not a ClusterPolicy status).
+pub fn status_of(policy: &DynamicObject) -> Option<ClusterPolicyStatus> {
+    policy
+        .data
+        .get("status")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+}
+
+impl StatusWriter {
+    /// A writer over `client`, publishing Events through `recorder`; `namespace` is the
+    /// operator namespace (written into the status).
+    pub fn new(client: Client, recorder: Recorder, namespace: &str) -> Self {
+        StatusWriter {
+            client,
+            recorder,
+            namespace: namespace.to_string(),
+            written: Mutex::default(),
         }
     }
-    if !needs_write(current, &new) {
-        return Ok(false);
+
+    /// The stored status of `policy` as far as this process knows it.
+    fn current(&self, policy: &DynamicObject) -> Option<ClusterPolicyStatus> {
+        let name = policy.metadata.name.as_deref().unwrap_or_default();
+        let written = self.written.lock().expect("written lock");
+        match written.get(name) {
+            Some((rv, status)) if !later(policy.metadata.resource_version.as_deref(), rv) => {
+                Some(status.clone())
+            }
+            _ => status_of(policy),
+        }
     }
-    let body = serde_json::json!({"status": new});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-        .await
-        .map_err(|e| Error::kube(format!("write status of ClusterPolicy {name}"), e))?;
-    tracing::info!(policy = %name, state = ?verdict.state, reason = verdict.reason(), "status written");
-    Ok(true)
+
+    /// Write `verdict` as `policy`'s status (when it differs from the stored one) and publish
+    /// an Event on transitions. Returns whether a status write was sent. No GET: `policy`
+    /// should be the freshest copy the caller has.
+    ///
+    /// # Errors
+    /// [`Error::Kube`] when the status patch fails. Event failures are logged, not returned.
+    pub async fn write(&self, policy: &DynamicObject, verdict: &Verdict) -> Result<bool> {
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let current = self.current(policy);
+        let current = current.as_ref();
+        // Messages quote plugin errors: bounded and escaped by the plugin host's one rule.
+        let mut bounded = verdict.clone();
+        for c in &mut bounded.conditions {
+            c.message =
+                kiln_plugin_host::text::bounded(&c.message, CONDITION_MESSAGE_LIMIT).into_owned();
+        }
+        let verdict = &bounded;
+        let new = make_status(
+            current,
+            verdict,
+            &self.namespace,
+            &now,
+            policy.metadata.generation,
+        );
+        if !needs_write(current, &new) {
+            return Ok(false);
+        }
+        if let Some(t) = transition(current, verdict) {
+            let note = kiln_plugin_host::text::bounded(&t.note, NOTE_LIMIT).into_owned();
+            let ev = Event {
+                type_: if t.type_ == "Warning" {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: t.reason.to_string(),
+                note: Some(note),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = self
+                .recorder
+                .publish(&ev, &policy.object_ref(&policy_resource()))
+                .await
+            {
+                tracing::warn!(policy = %name, error = %e, "could not publish event");
+            }
+        }
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &policy_resource());
+        let body = serde_json::json!({"status": new});
+        let res = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await;
+        let written = match res {
+            Ok(p) => p,
+            Err(e) if crate::is_not_found(&e) => return Ok(false),
+            Err(e) => {
+                return Err(Error::kube(
+                    format!("write status of ClusterPolicy {name}"),
+                    e,
+                ));
+            }
+        };
+        self.written.lock().expect("written lock").insert(
+            name.clone(),
+            (written.metadata.resource_version.unwrap_or_default(), new),
+        );
+        tracing::info!(policy = %name, state = ?verdict.state, reason = verdict.reason(), "status written");
+        Ok(true)
+    }
+
+    /// Forget what was written for `policy` (it was deleted).
+    pub fn forget(&self, policy: &str) {
+        self.written.lock().expect("written lock").remove(policy);
+    }
 }

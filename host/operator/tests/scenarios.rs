@@ -7,7 +7,13 @@
 //! - a disabled state's labelled objects are deleted;
 //! - after a restart (fresh context, no memory), an object labelled with a state that the
 //!   render no longer produces (a site plugin's leftover) is deleted; one not owned by a
-//!   ClusterPolicy is not.
+//!   ClusterPolicy is not;
+//! - an invalid policy gets an error naming the field, and nothing is applied or deleted;
+//! - a failing plugin chain keeps its state's objects (none deleted or re-applied) and marks
+//!   only that state;
+//! - with the caches wired (policies, nodes, DaemonSets), a DaemonSet status change costs no
+//!   request but the status write and its Event, and none at all when the verdict is unchanged;
+//! - GFD's per-minute label churn on nodes wakes nothing; a new GPU node is labelled alone.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -301,7 +307,7 @@ fn server_with(policies: &[Value], gpu_nodes: usize) -> Arc<Mutex<Server>> {
     Arc::new(Mutex::new(s))
 }
 
-fn typed(p: &Value) -> Arc<ClusterPolicy> {
+fn typed(p: &Value) -> Arc<kube::api::DynamicObject> {
     Arc::new(serde_json::from_value(p.clone()).unwrap())
 }
 
@@ -464,7 +470,7 @@ async fn objects_the_cache_shows_unchanged_are_not_read_or_applied_again() {
         .iter()
         .filter(|c| c.path.contains("/daemonsets/"))
         .count();
-    assert!(ds_gets > 0, "DaemonSets are still read for their status");
+    assert_eq!(ds_gets, 0, "DaemonSet status comes from the cache");
 }
 
 #[tokio::test]
@@ -501,5 +507,357 @@ async fn a_drop_in_shadowing_a_standard_plugin_is_named_in_the_status() {
             path.display()
         )),
         "{message}"
+    );
+}
+
+/// Caches as `run` wires them, filled by hand: the policies, the nodes and the labelled
+/// DaemonSets (full objects), each behind a writer the test feeds as a watch would.
+struct Caches {
+    policies: Writer<kube::api::DynamicObject>,
+    nodes: Writer<k8s_openapi::api::core::v1::Node>,
+    daemonsets: Writer<k8s_openapi::api::apps::v1::DaemonSet>,
+}
+
+fn listed<K>(objs: impl IntoIterator<Item = K>) -> Writer<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    listed_with(objs, Default::default())
+}
+
+fn listed_with<K>(objs: impl IntoIterator<Item = K>, dt: K::DynamicType) -> Writer<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mut w = Writer::<K>::new(dt);
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        w.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
+    w
+}
+
+/// The server's objects under `prefix`, as typed objects.
+fn server_objects<K: serde::de::DeserializeOwned>(
+    server: &Arc<Mutex<Server>>,
+    prefix: &str,
+) -> Vec<K> {
+    let s = server.lock().unwrap();
+    s.objects
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| serde_json::from_value(v.clone()).unwrap())
+        .collect()
+}
+
+/// A context whose every read comes from caches (policies, nodes, DaemonSets) filled from the
+/// fake server's objects now.
+fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
+    let policies = listed_with(
+        server_objects::<kube::api::DynamicObject>(server, "/apis/nvidia.com/v1/clusterpolicies/"),
+        ApiResource::erase::<ClusterPolicy>(&()),
+    );
+    let nodes = listed(
+        server_objects::<k8s_openapi::api::core::v1::Node>(server, "/api/v1/nodes/")
+            .into_iter()
+            .map(kiln_operator::nodes::slim),
+    );
+    let daemonsets = listed(Vec::<k8s_openapi::api::apps::v1::DaemonSet>::new());
+    let ctx = context(
+        server,
+        LiveCache::from_stores(vec![]).with_daemonsets(daemonsets.as_reader()),
+    );
+    assert!(ctx.caches.set_policies(policies.as_reader()));
+    assert!(ctx.caches.set_nodes(nodes.as_reader()));
+    (
+        ctx,
+        Caches {
+            policies,
+            nodes,
+            daemonsets,
+        },
+    )
+}
+
+/// Feed the server's current nodes and DaemonSets into the caches (what the watches would
+/// report), each DaemonSet with a status of `ready` pods on every GPU node.
+fn sync_caches(server: &Arc<Mutex<Server>>, caches: &mut Caches, ready: i32) {
+    for n in server_objects::<k8s_openapi::api::core::v1::Node>(server, "/api/v1/nodes/") {
+        caches
+            .nodes
+            .apply_watcher_event(&watcher::Event::Apply(kiln_operator::nodes::slim(n)));
+    }
+    let ds_prefix = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/");
+    let all: Vec<Value> = {
+        let s = server.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&ds_prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    for mut d in all {
+        let generation = d["metadata"]["generation"].as_i64().unwrap();
+        d["status"] = json!({"currentNumberScheduled": ready, "desiredNumberScheduled": ready,
+            "numberMisscheduled": 0, "numberReady": ready, "numberAvailable": ready,
+            "updatedNumberScheduled": ready, "numberUnavailable": 0,
+            "observedGeneration": generation});
+        caches
+            .daemonsets
+            .apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(d).unwrap()));
+    }
+}
+
+/// The message of the `Error` condition a status write sets.
+fn error_message(call: &Call) -> String {
+    call.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Error")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn status_of(call: &Call) -> (String, String) {
+    (
+        call.body["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .into(),
+        call.path.clone(),
+    )
+}
+
+#[tokio::test]
+async fn an_invalid_policy_gets_an_error_naming_the_field_and_nothing_is_applied_or_deleted() {
+    let mut spec = sample_spec();
+    spec["mig"]["strategy"] = json!("double");
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", spec);
+    let server = server_with(std::slice::from_ref(&p), 2);
+    let live = LiveCache::from_stores(vec![store(
+        &ds(),
+        vec![labelled("nvidia-dcgm-exporter", "dcgm-exporter", true)],
+    )]);
+    let ctx = context(&server, live);
+    reconcile(typed(&p), ctx).await.unwrap();
+    let patches = calls(&server, &Method::PATCH);
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(
+        status_of(&patches[0]),
+        (
+            "notReady".into(),
+            "/apis/nvidia.com/v1/clusterpolicies/cluster-policy/status".into()
+        )
+    );
+    let message = error_message(&patches[0]);
+    assert!(message.contains("spec.mig.strategy"), "{message}");
+    assert!(calls(&server, &Method::DELETE).is_empty());
+}
+
+#[tokio::test]
+async fn a_failing_plugin_chain_keeps_its_last_good_objects_and_marks_only_its_state() {
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", sample_spec());
+    let server = server_with(std::slice::from_ref(&p), 2);
+    let (ctx, _caches) = cached_context(&server);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    let dp = "/apis/apps/v1/namespaces/gpu-operator/daemonsets/nvidia-device-plugin-daemonset";
+    assert!(server.lock().unwrap().objects.contains_key(dp));
+    // The device plugin's standard plugin pinned to a digest it does not have: its chain
+    // fails. The policy's generation moves on, as an edit makes it.
+    let mut broken = p.clone();
+    broken["metadata"]["generation"] = json!(2);
+    broken["metadata"]["annotations"] =
+        json!({"kiln.dev/plugins": format!("device-plugin:\n  pin: {}\n", "0".repeat(64))});
+    // The labelled objects as the cache now holds them (what the first reconcile applied).
+    let objs: Vec<Meta> = {
+        let s = server.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|(k, _)| k.contains("/daemonsets/"))
+            .map(|(_, v)| {
+                let mut m = v.clone();
+                m["apiVersion"] = json!("meta.k8s.io/v1");
+                m["kind"] = json!("PartialObjectMetadata");
+                serde_json::from_value(m).unwrap()
+            })
+            .collect()
+    };
+    assert!(objs.len() > 3);
+    let ctx = context(&server, LiveCache::from_stores(vec![store(&ds(), objs)]));
+    {
+        let mut s = server.lock().unwrap();
+        s.objects.insert(
+            "/apis/nvidia.com/v1/clusterpolicies/cluster-policy".into(),
+            broken.clone(),
+        );
+        s.calls.clear();
+    }
+    reconcile(typed(&broken), ctx).await.unwrap();
+    assert!(
+        calls(&server, &Method::DELETE).is_empty(),
+        "{:?}",
+        calls(&server, &Method::DELETE)
+    );
+    assert!(server.lock().unwrap().objects.contains_key(dp));
+    let patches = calls(&server, &Method::PATCH);
+    assert!(!patches.iter().any(|c| c.path == dp), "not applied either");
+    let status = patches
+        .iter()
+        .rfind(|c| c.path.ends_with("/status"))
+        .expect("a status write");
+    let message = error_message(status);
+    assert!(message.contains("device-plugin: failed: "), "{message}");
+    assert!(!message.contains("dcgm-exporter: failed"), "{message}");
+}
+
+#[tokio::test]
+async fn a_daemonset_status_change_costs_no_request_but_the_status_write() {
+    let mut spec = sample_spec();
+    // No OnDelete DaemonSet (the driver's): its pods would be listed without pod watches.
+    spec["driver"]["enabled"] = json!(false);
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", spec);
+    let server = server_with(std::slice::from_ref(&p), 2);
+    let (ctx, mut caches) = cached_context(&server);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    let first = calls(&server, &Method::PATCH);
+    let last_status = first.iter().rfind(|c| c.path.ends_with("/status")).unwrap();
+    assert_eq!(status_of(last_status).0, "notReady");
+    assert!(
+        first
+            .iter()
+            .filter(|c| c.path.contains("/daemonsets/"))
+            .count()
+            > 4,
+        "the DaemonSets were applied"
+    );
+    // The watches report the labelled nodes and the DaemonSets, now ready on both GPU nodes.
+    sync_caches(&server, &mut caches, 2);
+    server.lock().unwrap().calls.clear();
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    let sent: Vec<String> = server
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            "POST /apis/events.k8s.io/v1/namespaces/default/events".to_string(),
+            "PATCH /apis/nvidia.com/v1/clusterpolicies/cluster-policy/status".to_string(),
+        ],
+        "only the Event and the status write"
+    );
+    assert_eq!(
+        status_of(&calls(&server, &Method::PATCH)[0]).0,
+        "ready",
+        "{:?}",
+        calls(&server, &Method::PATCH)[0].body
+    );
+    // Another status event that changes nothing the verdict reads: no request at all.
+    server.lock().unwrap().calls.clear();
+    sync_caches(&server, &mut caches, 2);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    assert!(server.lock().unwrap().calls.is_empty());
+    // A pod lost on one node: notReady, again only the Event and status.
+    sync_caches(&server, &mut caches, 1);
+    reconcile(typed(&p), ctx).await.unwrap();
+    let patches: Vec<Call> = calls(&server, &Method::PATCH)
+        .into_iter()
+        .filter(|c| !c.path.contains("/events"))
+        .collect();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(status_of(&patches[0]).0, "notReady");
+    assert!(
+        error_message(&patches[0]).contains("scheduled on 1 of 2 matching nodes"),
+        "{}",
+        error_message(&patches[0])
+    );
+    assert!(calls(&server, &Method::GET).is_empty());
+    let _ = &caches.policies;
+}
+
+#[tokio::test]
+async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone() {
+    use k8s_openapi::api::core::v1::Node;
+    use kiln_core::labels::LabelPolicy;
+    use kiln_operator::live::Wake;
+    use kiln_operator::nodes::{NodeWatch, follow_nodes};
+    let server = server_with(&[], 0);
+    let node = |name: &str, ts: &str| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            "nvidia.com/gpu.present": "true", "nvidia.com/gfd.timestamp": ts}}}))
+        .unwrap()
+    };
+    // Two labelled nodes at the start (no patch needed), then a minute of GFD rewriting their
+    // timestamps, then a new GPU node that needs its labels.
+    let rules = LabelPolicy::from_spec(&kiln_core::spec::ClusterPolicySpec::default());
+    let mut start: Vec<Node> = vec![node("a", "1"), node("b", "1")];
+    for n in &mut start {
+        let labels = n.metadata.labels.as_mut().unwrap();
+        let patch = kiln_core::labels::plan_node_labels(labels, &rules);
+        *labels = kiln_core::labels::apply_patch(labels, &patch);
+    }
+    let mut events = vec![watcher::Event::Init];
+    events.extend(start.iter().cloned().map(watcher::Event::InitApply));
+    events.push(watcher::Event::InitDone);
+    for ts in ["2", "3"] {
+        for n in &start {
+            let mut n = n.clone();
+            n.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("nvidia.com/gfd.timestamp".into(), ts.into());
+            events.push(watcher::Event::Apply(n));
+        }
+    }
+    events.push(watcher::Event::Apply(node("c", "1")));
+    let (wake, mut wakes) = Wake::channel();
+    let writer = Writer::<Node>::default();
+    let store = writer.as_reader();
+    let w = NodeWatch {
+        client: client(server.clone()),
+        wake,
+        labels: Arc::new(Mutex::new(Some(rules))),
+        metrics: Arc::new(Metrics::new()),
+    };
+    follow_nodes(w, writer, futures::stream::iter(events.into_iter().map(Ok))).await;
+    let mut woke = 0;
+    while let Ok(()) = wakes.try_recv() {
+        woke += 1;
+    }
+    assert_eq!(
+        woke, 2,
+        "the first list, then the new node; the GFD churn none"
+    );
+    let sent: Vec<String> = server
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert_eq!(
+        sent,
+        ["PATCH /api/v1/nodes/c"],
+        "only the new node is labelled"
+    );
+    assert_eq!(store.state().len(), 3);
+    assert!(
+        store.state().iter().all(|n| !n
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key("nvidia.com/gfd.timestamp")),
+        "GFD's labels are not kept"
     );
 }

@@ -47,6 +47,37 @@ pub const NFD_NVIDIA_LABEL: &str = "feature.node.kubernetes.io/pci-10de.present"
 /// Default time the helpers wait for a condition.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Size (MiB) at which kube-apiserver would rotate the audit log
+/// ([`TestCluster::enable_audit_log`]): far above what a run writes, so it never rotates.
+pub const AUDIT_LOG_MAX_MIB: u32 = 64 * 1024;
+
+/// What the audit log leaves out, as `(resource group, resource)`: the control plane's own
+/// lease renewals and node status heartbeats ([`TestCluster::enable_audit_log`]).
+pub const AUDIT_LEFT_OUT: [(&str, &str); 2] =
+    [("coordination.k8s.io", "leases"), ("", "nodes/status")];
+
+/// The audit policy of [`TestCluster::enable_audit_log`]: level `None` for [`AUDIT_LEFT_OUT`]
+/// requests by the control plane's identities, `Metadata` for everything else.
+pub fn audit_policy() -> serde_json::Value {
+    let resources: Vec<serde_json::Value> = AUDIT_LEFT_OUT
+        .iter()
+        .map(|(group, resource)| serde_json::json!({"group": group, "resources": [resource]}))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+        "rules": [
+            {"level": "None", "userGroups": ["system:masters", "system:nodes"],
+             "resources": resources},
+            {"level": "None", "users": ["system:kube-controller-manager",
+                "system:kube-scheduler", "system:apiserver"],
+             "resources": resources},
+            {"level": "Metadata"},
+        ],
+    })
+}
+
 /// How to start a [`TestCluster`].
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -372,10 +403,17 @@ impl TestCluster {
     /// benchmarks attribute requests to one client: `apiserver_request_total` carries no user
     /// or user-agent label.
     ///
-    /// Adds `--audit-policy-file`, `--audit-log-path` and `--audit-log-format=json` to the
-    /// apiserver's recorded arguments (`DIR/args/kube-apiserver.json`, which
-    /// `restart-apiserver` starts it with) and restarts it, so clients made before should be
-    /// replaced. Calling it again only returns the path.
+    /// The log is never rotated during a run ([`AUDIT_LOG_MAX_MIB`]; the apiserver's default
+    /// rotates at 100 MiB, and counts over a window that spans a rotation go wrong), and it is
+    /// kept small: requests of the control plane's own identities (`system:masters` group:
+    /// kwok's node heartbeats and leases; `system:kube-*` users; node identities) on Leases and
+    /// on `nodes/status` are left out ([`AUDIT_LEFT_OUT`]) — at thousands of simulated nodes they
+    /// are nearly all the traffic, and no client under test makes them as those users.
+    ///
+    /// Adds `--audit-policy-file`, `--audit-log-path`, `--audit-log-format=json` and
+    /// `--audit-log-maxsize` to the apiserver's recorded arguments
+    /// (`DIR/args/kube-apiserver.json`, which `restart-apiserver` starts it with) and restarts
+    /// it, so clients made before should be replaced. Calling it again only returns the path.
     pub fn enable_audit_log(&self) -> anyhow::Result<PathBuf> {
         let log = self.dir.join("audit.log");
         let policy = self.dir.join("audit-policy.json");
@@ -387,16 +425,12 @@ impl TestCluster {
         if args.iter().any(|a| a.starts_with("--audit-log-path=")) {
             return Ok(log);
         }
-        let rules = serde_json::json!({
-            "apiVersion": "audit.k8s.io/v1",
-            "kind": "Policy",
-            "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
-            "rules": [{"level": "Metadata"}],
-        });
-        std::fs::write(&policy, serde_json::to_vec_pretty(&rules)?)?;
+        std::fs::write(&policy, serde_json::to_vec_pretty(&audit_policy())?)?;
         args.push(format!("--audit-policy-file={}", policy.display()));
         args.push(format!("--audit-log-path={}", log.display()));
         args.push("--audit-log-format=json".into());
+        args.push(format!("--audit-log-maxsize={AUDIT_LOG_MAX_MIB}"));
+        args.push("--audit-log-maxbackup=1".into());
         std::fs::write(&args_path, serde_json::to_vec(&args)?)?;
         self.restart_apiserver()?;
         Ok(log)

@@ -25,8 +25,14 @@
 //! - **operator RSS** (`VmRSS` sampled every 500 ms, and the peak `VmHWM`), and its CPU time in
 //!   the window, with the machine's load average (the machine may be shared).
 //!
-//! Targets (issue 4): 0 writes/min at steady state; ready ≤ 1 s after the last DaemonSet;
-//! RSS ≤ 40 MiB at 500 nodes.
+//! Then, with the steady-state window running under a **GFD-like churn** (every GPU node's
+//! `nvidia.com/gfd.timestamp` rewritten once a minute by the admin), it makes **one policy
+//! change** (`devicePlugin.env`) and prints the operator's requests (reads, writes, by verb and
+//! resource) and CPU over the whole rollout, and the ready latency after the last DaemonSet.
+//!
+//! Targets (issue 16): at rest 0 requests/min with the churn running; for the change
+//! ≤ (objects changed + status + Events) writes and ≤ 10 reads; ready ≤ 1 s after the last
+//! DaemonSet; RSS ≤ 40 MiB at 5,000 nodes. Sizes: `KILN_BENCH_SIZES=500:500,5000:5000`.
 
 mod audit;
 
@@ -95,17 +101,24 @@ fn main() -> anyhow::Result<()> {
         rows.push(r);
     }
     println!(
-        "\n== summary (targets: writes 0/min; ready latency <= 1000 ms; RSS <= 40 MiB at 500 nodes)"
+        "\n== summary (targets: at rest with GFD churn 0 requests/min; change: writes <= objects changed + status + Events, reads <= 10; ready latency <= 1000 ms; RSS <= 40 MiB at 5,000 nodes)"
     );
-    println!("nodes  gpu  ready-latency  writes/min  requests/min  RSS steady  RSS peak  load");
+    println!(
+        "nodes  gpu  ready-latency  rest req/min (writes)  change: reads writes  CPU s  rollout s  change-ready-latency  RSS steady  RSS peak  load"
+    );
     for r in &rows {
         println!(
-            "{:>5} {:>4} {:>11} ms {:>11.1} {:>13.1} {:>7.1} MiB {:>5.1} MiB  {}",
+            "{:>5} {:>4} {:>11} ms {:>13.1} ({:>5.1}) {:>13} {:>6} {:>6.2} {:>10.1} {:>18} ms {:>7.1} MiB {:>5.1} MiB  {}",
             r.nodes,
             r.gpu_nodes,
             r.latency_ms,
-            r.writes_per_min,
             r.requests_per_min,
+            r.writes_per_min,
+            r.change.reads,
+            r.change.writes,
+            r.change.cpu_s,
+            r.change.rollout_s,
+            r.change.latency_ms,
             r.rss_steady as f64 / MIB,
             r.rss_peak as f64 / MIB,
             r.load
@@ -180,6 +193,7 @@ struct Row {
     nodes: u32,
     gpu_nodes: u32,
     latency_ms: i64,
+    change: Change,
     writes_per_min: f64,
     requests_per_min: f64,
     rss_steady: u64,
@@ -194,6 +208,10 @@ struct Seen {
     daemonsets: BTreeMap<String, (bool, Instant)>,
     policy_ready: Option<Instant>,
     policy_state: String,
+    /// When the policy last became `ready` (from another state).
+    policy_ready_since: Option<Instant>,
+    /// When the policy last left `ready`.
+    policy_unready_since: Option<Instant>,
 }
 
 type Shared = Arc<Mutex<Seen>>;
@@ -309,6 +327,7 @@ async fn run_once(
         );
         println!("ready latency: last DaemonSet ready -> policy ready = {latency_ms} ms (target <= 1000 ms)");
 
+        let churn = tokio::spawn(gfd_churn(admin.clone()));
         tokio::time::sleep(settle).await;
         let (off0, cpu0, load0, t0) = (audit::offset(audit_log), cpu_seconds(pid), loadavg(), Instant::now());
         tokio::time::sleep(window).await;
@@ -323,7 +342,7 @@ async fn run_once(
         let total: u64 = verbs.values().sum();
         let writes = tally.writes_of(USER);
         println!(
-            "steady state: {:.0} s window after {} s settle; load average {load0} -> {load1}",
+            "steady state with GFD churn (every GPU node's {GFD_TIMESTAMP} rewritten once a minute): {:.0} s window after {} s settle; load average {load0} -> {load1}",
             t1.duration_since(t0).as_secs_f64(),
             settle.as_secs()
         );
@@ -366,10 +385,13 @@ async fn run_once(
         );
         println!("  at ready: {breakdown_at_ready}");
         println!("  at the window's end: {}", rss_breakdown(pid));
+        let change = policy_change(&admin, &seen, &mut child, audit_log, pid).await?;
+        churn.abort();
         Ok(Row {
             nodes,
             gpu_nodes,
             latency_ms,
+            change,
             writes_per_min: writes as f64 / minutes,
             requests_per_min: total as f64 / minutes,
             rss_steady,
@@ -385,6 +407,146 @@ async fn run_once(
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// GFD's per-node timestamp label (kiln's GFD rewrites it every minute on every GPU node).
+const GFD_TIMESTAMP: &str = "nvidia.com/gfd.timestamp";
+/// The DaemonSet a `devicePlugin.env` change rolls.
+const DEVICE_PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
+
+/// GFD-like churn, as the admin: every GPU node's [`GFD_TIMESTAMP`] rewritten once a minute,
+/// spread evenly over the minute. Runs until aborted.
+async fn gfd_churn(admin: kube::Client) {
+    use k8s_openapi::api::core::v1::Node;
+    let api: Api<Node> = Api::all(admin);
+    let Ok(nodes) = api
+        .list_metadata(&kube::api::ListParams::default().labels(kiln_testcluster::NFD_NVIDIA_LABEL))
+        .await
+    else {
+        eprintln!("gfd churn: cannot list the GPU nodes");
+        return;
+    };
+    let names: Vec<String> = nodes
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let gap = Duration::from_secs(60) / u32::try_from(names.len()).unwrap_or(u32::MAX);
+    let mut tick = tokio::time::interval(gap);
+    loop {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .to_string();
+        for name in &names {
+            tick.tick().await;
+            let body = serde_json::json!({"metadata": {"labels": {GFD_TIMESTAMP: stamp}}});
+            if let Err(e) = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                eprintln!("gfd churn: {name}: {e}");
+            }
+        }
+    }
+}
+
+/// What one policy change cost the operator.
+#[derive(Debug, Default)]
+struct Change {
+    reads: u64,
+    writes: u64,
+    cpu_s: f64,
+    rollout_s: f64,
+    latency_ms: i64,
+}
+
+/// Change `devicePlugin.env` on the policy and wait for the device plugin's rollout to finish
+/// and the policy to be `ready` again; count the operator's requests and CPU over it.
+async fn policy_change(
+    admin: &kube::Client,
+    seen: &Shared,
+    child: &mut Child,
+    audit_log: &Path,
+    pid: u32,
+) -> anyhow::Result<Change> {
+    let api: Api<ClusterPolicy> = Api::all(admin.clone());
+    let name = "cluster-policy";
+    let (off0, cpu0, t0) = (audit::offset(audit_log), cpu_seconds(pid), Instant::now());
+    let body = serde_json::json!({"spec": {"devicePlugin": {"env": [
+        {"name": "KILN_BENCH_CHANGE", "value": "1"}]}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    println!("\npolicy change: devicePlugin.env set");
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    // Done when the device plugin DaemonSet left ready and became ready again after the
+    // change, and the policy is ready after that.
+    let (ds_ready, policy_ready) = loop {
+        {
+            let s = seen.lock().expect("seen");
+            let ds = s.daemonsets.get(DEVICE_PLUGIN_DS).copied();
+            let left = s.policy_unready_since.is_some_and(|at| at > t0);
+            if let (Some((true, ds_at)), Some(p_at)) = (ds, s.policy_ready_since)
+                && ds_at > t0
+                && left
+                && s.policy_state == "ready"
+                && p_at > t0
+            {
+                break (ds_at, p_at);
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the operator process exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the change did not roll out in 30 min");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The last DaemonSet to become ready after the change (only the device plugin's should
+    // have moved).
+    let last_ds = {
+        let s = seen.lock().expect("seen");
+        s.daemonsets
+            .values()
+            .filter(|(r, at)| *r && *at > t0)
+            .map(|(_, at)| *at)
+            .max()
+            .unwrap_or(ds_ready)
+    };
+    // Requests the rollout's tail caused (a last status write) land in the log shortly after.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (off1, cpu1) = (audit::offset(audit_log), cpu_seconds(pid));
+    let tally = audit::tally(audit_log, off0, off1, USER)?;
+    let verbs = tally.verbs_of(USER);
+    let writes = tally.writes_of(USER);
+    let reads = verbs.values().sum::<u64>() - writes;
+    let latency_ms = if policy_ready >= last_ds {
+        i64::try_from(policy_ready.duration_since(last_ds).as_millis())?
+    } else {
+        -i64::try_from(last_ds.duration_since(policy_ready).as_millis())?
+    };
+    let change = Change {
+        reads,
+        writes,
+        cpu_s: cpu1 - cpu0,
+        rollout_s: policy_ready.duration_since(t0).as_secs_f64(),
+        latency_ms,
+    };
+    println!(
+        "policy change rolled out in {:.1} s; operator requests {} ({reads} reads incl. watches, {writes} writes; targets: reads <= 10, writes <= objects changed + status + Events), CPU {:.2} s; ready latency after the last DaemonSet {latency_ms} ms",
+        change.rollout_s,
+        reads + writes,
+        change.cpu_s,
+    );
+    println!("  by verb: {verbs:?}");
+    for (what, n) in &tally.user_detail {
+        println!("    {what}: {n}");
+    }
+    Ok(change)
 }
 
 fn yaml<T: DeserializeOwned>(text: &str) -> anyhow::Result<T> {
@@ -516,6 +678,12 @@ async fn watch_policy(client: kube::Client, seen: Shared) {
         let mut s = seen.lock().expect("seen");
         if state == "ready" && s.policy_ready.is_none() {
             s.policy_ready = Some(now);
+        }
+        if state == "ready" && s.policy_state != "ready" {
+            s.policy_ready_since = Some(now);
+        }
+        if state != "ready" && s.policy_state == "ready" {
+            s.policy_unready_since = Some(now);
         }
         s.policy_state = state;
     }
