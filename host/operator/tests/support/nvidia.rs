@@ -100,7 +100,8 @@ pub fn objects(owner_name: &str, owner_uid: &str) -> anyhow::Result<Vec<Value>> 
     Ok(out)
 }
 
-async fn api_for(client: &Client, obj: &Value) -> anyhow::Result<Api<DynamicObject>> {
+/// The API of `obj`'s kind, in its namespace when the kind is namespaced.
+pub async fn api_for(client: &Client, obj: &Value) -> anyhow::Result<Api<DynamicObject>> {
     let av = obj["apiVersion"].as_str().context("apiVersion")?;
     let kind = obj["kind"].as_str().context("kind")?;
     let (group, version) = av.split_once('/').unwrap_or(("", av));
@@ -214,7 +215,7 @@ pub struct Snapshot {
     pub templates: BTreeMap<String, Value>,
     /// ControllerRevision name → (owning DaemonSet, revision).
     pub revisions: BTreeMap<String, (String, i64)>,
-    /// Pod name → uid, for every pod of the namespace.
+    /// Pod name → uid, for every DaemonSet pod of the namespace.
     pub pods: BTreeMap<String, String>,
 }
 
@@ -269,7 +270,13 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         .await?
         .items
     {
-        if p.metadata.deletion_timestamp.is_none() {
+        let of_daemonset = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "DaemonSet");
+        if of_daemonset && p.metadata.deletion_timestamp.is_none() {
             s.pods.insert(
                 p.metadata.name.unwrap_or_default(),
                 p.metadata.uid.unwrap_or_default(),
@@ -279,35 +286,53 @@ pub async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
     Ok(s)
 }
 
-/// Waits until every DaemonSet of `names` has a ControllerRevision and a pod on each node of
-/// `gpu_nodes` it selects (the driver's at least), then returns the snapshot.
+/// Waits until every DaemonSet of `names` has a ControllerRevision and its pods (the
+/// controller has observed it and scheduled, and kwok readied, a pod on every node it
+/// selects), with a driver pod on each of the `gpu_nodes`; then returns the snapshot.
 pub async fn settled(
     cluster: &TestCluster,
     client: &Client,
     names: &[String],
     gpu_nodes: usize,
 ) -> anyhow::Result<Snapshot> {
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     cluster
         .wait_for(
-            "NVIDIA's DaemonSets have revisions and driver pods",
+            "NVIDIA's DaemonSets have revisions and pods",
             TIMEOUT,
             || async {
                 let s = snapshot(client).await?;
-                let missing: Vec<&String> = names
+                let mut waiting: Vec<String> = names
                     .iter()
                     .filter(|n| !s.revisions.values().any(|(ds, _)| ds == *n))
+                    .map(|n| format!("{n}: no revision"))
                     .collect();
+                for ds in dss.list(&ListParams::default()).await?.items {
+                    let st = ds.status.clone().unwrap_or_default();
+                    let done = st.observed_generation == ds.metadata.generation
+                        && st.current_number_scheduled == st.desired_number_scheduled
+                        && st.number_ready == st.desired_number_scheduled;
+                    if !done {
+                        waiting.push(format!(
+                            "{}: {}/{} ready",
+                            ds.metadata.name.unwrap_or_default(),
+                            st.number_ready,
+                            st.desired_number_scheduled
+                        ));
+                    }
+                }
                 let drivers = s
                     .pods
                     .keys()
                     .filter(|p| p.starts_with("nvidia-driver-daemonset-"))
                     .count();
-                Ok(if missing.is_empty() && drivers == gpu_nodes {
+                if drivers != gpu_nodes {
+                    waiting.push(format!("{drivers}/{gpu_nodes} driver pods"));
+                }
+                Ok(if waiting.is_empty() {
                     Ok(s)
                 } else {
-                    Err(format!(
-                        "no revision for {missing:?}; {drivers} driver pods"
-                    ))
+                    Err(waiting.join(", "))
                 })
             },
         )
