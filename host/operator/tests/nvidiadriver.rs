@@ -663,3 +663,61 @@ async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
         "{st}"
     );
 }
+
+/// `helm template` with `--set` flags; `None` without testcluster/bin/helm.
+fn helm_template(set: &[&str]) -> Option<Vec<Value>> {
+    let helm = repo().join("testcluster/bin/helm");
+    if !helm.exists() {
+        eprintln!("testcluster/bin/helm not built; skipping");
+        return None;
+    }
+    let mut cmd = std::process::Command::new(&helm);
+    cmd.args(["template", "kiln", "deploy/helm/kiln", "--namespace", NS]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.current_dir(repo()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    Some(
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .filter(|v: &Value| !v.is_null())
+            .collect(),
+    )
+}
+
+#[test]
+fn the_chart_deploys_the_default_nvidiadriver_as_nvidias_does() {
+    let Some(objects) = helm_template(&["driver.nvidiaDriverCRD.enabled=true"]) else {
+        return;
+    };
+    let of = |kind: &str| -> Vec<&Value> { objects.iter().filter(|o| o["kind"] == kind).collect() };
+    let drivers = of("NVIDIADriver");
+    assert_eq!(drivers.len(), 1);
+    let doc = kiln_render::nvidiadriver::NvidiaDriverDoc::from_object(drivers[0]).unwrap();
+    assert_eq!(doc.name, "default");
+    assert!(doc.pruned.is_empty(), "{:?}", doc.pruned);
+    assert_eq!(doc.spec.version, "595.91.07");
+    assert_eq!(doc.spec.node_selector, None, "every GPU node");
+    let cp = of("ClusterPolicy")[0];
+    assert_eq!(cp["spec"]["driver"]["useNvidiaDriverCRD"], true);
+    // The rest of the driver block is rendered too (NVIDIA's chart does; an upgradePolicy in
+    // the values still governs the NVIDIADrivers' DaemonSets).
+    assert_eq!(cp["spec"]["driver"]["version"], "595.91.07");
+    let Some(objects) = helm_template(&[
+        "driver.nvidiaDriverCRD.enabled=true",
+        "driver.nvidiaDriverCRD.deployDefaultCR=false",
+    ]) else {
+        return;
+    };
+    assert!(!objects.iter().any(|o| o["kind"] == "NVIDIADriver"));
+    let Some(objects) = helm_template(&[]) else {
+        return;
+    };
+    assert!(!objects.iter().any(|o| o["kind"] == "NVIDIADriver"));
+}
