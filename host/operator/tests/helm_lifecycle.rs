@@ -121,6 +121,21 @@ async fn leader_gauge(port: u16) -> Option<i64> {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
 }
 
+/// Prints the `kiln_reconcile_duration_seconds` sum and count of `pod`'s replica.
+async fn print_reconcile_durations(kubelet: &Kubelet, pod: &str, who: &str) {
+    let Some(port) = kubelet.ports().await.get(pod).copied() else {
+        return;
+    };
+    let (_, body) = http_get(port, "/metrics").await;
+    for l in body
+        .lines()
+        .filter(|l| l.starts_with("kiln_reconcile_duration_seconds_"))
+        .filter(|l| l.contains("_sum") || l.contains("_count"))
+    {
+        println!("{who} {pod}: {l}");
+    }
+}
+
 fn ready_of(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -453,6 +468,12 @@ async fn helm_install_upgrade_uninstall_with_real_readiness() -> anyhow::Result<
         eprintln!("testcluster/bin/helm not built; skipping");
         return Ok(());
     }
+    // KILN_TEST_LOG=kiln_operator=debug shows what the replicas do (with timestamps).
+    if let Ok(filter) = std::env::var("KILN_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .try_init();
+    }
     let cluster = shared()?;
     let _guard = shared_access().await;
     cluster.with_logs(lifecycle_scenario(cluster).await)
@@ -574,6 +595,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         .context("no operand DaemonSet")?;
     let ds_name = victim.metadata.name.clone().unwrap_or_default();
     let old_uid = victim.metadata.uid.clone();
+    print_reconcile_durations(&kubelet, &holder, "old leader").await;
     let t0 = Instant::now();
     Api::<Pod>::namespaced(admin.clone(), NS)
         .delete(&holder, &DeleteParams::default())
@@ -619,22 +641,12 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         "{new_holder:?}"
     );
     let secs = |d: Option<Duration>| d.unwrap_or_default().as_secs_f64();
-    // How long the new leader's reconciles took (the first includes its cache fill).
-    let port = kubelet
-        .ports()
-        .await
-        .get(new_holder.as_deref().unwrap_or_default())
-        .copied();
-    if let Some(port) = port {
-        let (_, body) = http_get(port, "/metrics").await;
-        for l in body
-            .lines()
-            .filter(|l| l.starts_with("kiln_reconcile_duration_seconds_"))
-            .filter(|l| l.contains("_sum") || l.contains("_count"))
-        {
-            println!("new leader: {l}");
-        }
-    }
+    print_reconcile_durations(
+        &kubelet,
+        new_holder.as_deref().unwrap_or_default(),
+        "new leader",
+    )
+    .await;
     println!(
         "failover: leader pod {holder} deleted at 0 s; its replica stopped and released the \
          Lease at {:.2} s; {} held the Lease at {:.2} s; {ds_name} (deleted at {:.2} s) \
