@@ -8,15 +8,20 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = commands::Cli::parse();
-    // `KILN_LOG` overrides the subcommand's default level; colours only on a terminal (pod
-    // logs and files get plain text).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
-                .unwrap_or_else(|_| cli.default_log_filter().into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // `KILN_LOG` overrides the subcommand's default level; `--log-format` (`KILN_LOG_FORMAT`)
+    // picks text or JSON lines. Colours only on a terminal (pod logs and files get plain text).
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
+        .unwrap_or_else(|_| cli.default_log_filter().into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        commands::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        commands::LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
     cli.run()
 }

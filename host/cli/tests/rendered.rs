@@ -92,6 +92,11 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
         "NVIDIA's validator image reads it (pod templates equal NVIDIA's); kiln names the step as a subcommand",
     ),
     (
+        "validator",
+        "DEFAULT_GPU_WORKLOAD_CONFIG",
+        "NVIDIA's sandbox validator reads it to pick the node's checks; kiln runs one subcommand per check (vfio-pci, vgpu-manager, vgpu-devices)",
+    ),
+    (
         "gfd",
         "POD_NAME",
         "NVIDIA's GFD reads it (pod templates equal NVIDIA's); kiln gfd does not need it",
@@ -512,4 +517,180 @@ fn a_config_without_default_key_and_plugin_env_runs_with_the_agents() {
         "config-manager-init",
     ));
     assert!(cm.contains(&("FALLBACK_STRATEGIES".into(), "empty".into())));
+}
+
+/// NVIDIA's golden variants kept in the repository (`host/render/tests/data/nvidia-v26.7.0`):
+/// (name, policy, `kiln render` flags: the variant's runtime and its cluster facts).
+fn golden_variants() -> Vec<(String, Value, Vec<String>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../render/tests/data/nvidia-v26.7.0");
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("variants.json")).unwrap()).unwrap();
+    index
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, v)| {
+            let policy = dir.join(v["policy"].as_str().unwrap());
+            let policy =
+                serde_yaml_ng::from_str(&std::fs::read_to_string(policy).unwrap()).unwrap();
+            let mut flags = vec![
+                "--runtime".to_owned(),
+                v["runtime"].as_str().unwrap().into(),
+            ];
+            flags.extend(strings(&v["kiln_render_flags"]));
+            (name.clone(), policy, flags)
+        })
+        .collect()
+}
+
+/// Policies for the states no golden variant enables: sandbox workloads in KubeVirt mode (VFIO
+/// and vGPU managers, sandbox device plugin and validation) with the node status exporter, and
+/// in Kata mode (Kata device plugin, CC manager).
+fn sandbox_policies() -> Vec<(String, Value, Vec<String>)> {
+    let mut kubevirt = sample();
+    let s = &mut kubevirt["spec"];
+    s["sandboxWorkloads"] =
+        json!({"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"});
+    s["vfioManager"] = json!({"enabled": true});
+    s["vgpuManager"] = json!({"enabled": true, "repository": "registry.example/nvidia", "image": "vgpu-manager", "version": "595.91.07"});
+    s["vgpuDeviceManager"] = json!({"enabled": true});
+    s["sandboxDevicePlugin"] = json!({"enabled": true});
+    s["nodeStatusExporter"] = json!({"enabled": true});
+    let mut kata = sample();
+    let s = &mut kata["spec"];
+    s["sandboxWorkloads"] =
+        json!({"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kata"});
+    s["kataSandboxDevicePlugin"] = json!({"enabled": true});
+    s["ccManager"] = json!({"enabled": true});
+    vec![
+        ("sandbox-kubevirt".into(), kubevirt, vec![]),
+        ("sandbox-kata".into(), kata, vec![]),
+    ]
+}
+
+/// Every pod template's containers (DaemonSets, Deployments, Jobs): (owner name, pod, container).
+fn all_containers(objects: &[Value]) -> Vec<Ctr<'_>> {
+    let mut out = Vec::new();
+    for o in objects {
+        let pod = match o["kind"].as_str() {
+            Some("DaemonSet" | "Deployment" | "StatefulSet" | "Job") => {
+                &o["spec"]["template"]["spec"]
+            }
+            Some("Pod") => &o["spec"],
+            _ => continue,
+        };
+        for list in ["initContainers", "containers"] {
+            for c in pod[list].as_array().into_iter().flatten() {
+                out.push(Ctr {
+                    ds: o["metadata"]["name"].as_str().unwrap(),
+                    pod,
+                    c,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// kiln's image holds one program, `kiln` (its entrypoint): in every golden variant and every
+/// state, a container on kiln's image runs a `kiln` subcommand that the CLI accepts with the
+/// container's env (and reads every env var it is given, as [`check_policy`] checks), and a
+/// `kiln …` command runs on no other image. The MPS control daemon and the node status
+/// exporter, which kiln does not implement, run NVIDIA's device plugin and validator images.
+#[test]
+fn every_command_on_kilns_image_is_a_kiln_subcommand_in_every_variant_and_state() {
+    use kiln_render::defaults::{KILN_IMAGE, NVIDIA_DEVICE_PLUGIN_IMAGE, NVIDIA_VALIDATOR_IMAGE};
+    let mut problems = Vec::new();
+    let mut paths = BTreeSet::new();
+    let mut on_kiln = BTreeSet::new();
+    let cases: Vec<_> = golden_variants()
+        .into_iter()
+        .chain(sandbox_policies())
+        .collect();
+    assert_eq!(cases.len(), 14);
+    for (variant, policy, flags) in &cases {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let objects = render(policy, &flags);
+        for ctr in all_containers(&objects) {
+            let image = ctr.c["image"].as_str().unwrap_or_default();
+            let command = strings(&ctr.c["command"]);
+            let name = ctr.c["name"].as_str().unwrap();
+            let what = format!("{variant}: {} / {name}", ctr.ds);
+            let runs_kiln = command.first().is_some_and(|c| c == "kiln");
+            if image == KILN_IMAGE {
+                if !(command.is_empty() || runs_kiln) {
+                    problems.push(format!(
+                        "{what}: runs {command:?} on kiln's image, which has only `kiln`"
+                    ));
+                    continue;
+                }
+                on_kiln.insert(ctr.ds.to_owned());
+                // No command: the image's entrypoint, `kiln`, with the container's args.
+                let with_entrypoint;
+                let ctr = if command.is_empty() {
+                    let mut c = ctr.c.clone();
+                    c["command"] = json!(["kiln"]);
+                    with_entrypoint = c;
+                    Ctr {
+                        c: &with_entrypoint,
+                        ..ctr
+                    }
+                } else {
+                    ctr
+                };
+                let (path, _) = check(&ctr);
+                if path.is_empty() {
+                    problems.push(format!("{what}: bare `kiln` (no subcommand)"));
+                }
+                paths.insert(path);
+            } else if runs_kiln {
+                problems.push(format!(
+                    "{what}: runs `kiln` on {image}, which is not kiln's image"
+                ));
+            }
+            // kiln implements neither: they run NVIDIA's images.
+            if name.starts_with("mps-control-daemon") {
+                assert_eq!(image, NVIDIA_DEVICE_PLUGIN_IMAGE, "{what}");
+            }
+            if name == "nvidia-node-status-exporter" {
+                assert_eq!(image, NVIDIA_VALIDATOR_IMAGE, "{what}");
+            }
+        }
+        // The env each kiln container is given is read by the agent (all problems at once);
+        // ix-nvidia-images has no kiln container.
+        if variant != "ix-nvidia-images" {
+            check_policy(&objects);
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    for p in [
+        &["device-plugin"][..],
+        &["device-plugin", "config-manager"],
+        &["gfd"],
+        &["exporter"],
+        &["validator", "driver"],
+        &["validator", "toolkit"],
+        &["validator", "cuda"],
+        &["validator", "plugin"],
+        &["validator", "wait"],
+        &["validator", "hold"],
+        &["validator", "vfio-pci"],
+    ] {
+        assert!(
+            paths.contains(&path(p)),
+            "{p:?} not rendered on kiln's image: {paths:?}"
+        );
+    }
+    for ds in [
+        "nvidia-operator-validator",
+        "nvidia-device-plugin-daemonset",
+        "gpu-feature-discovery",
+        "nvidia-dcgm-exporter",
+        "nvidia-sandbox-validator",
+    ] {
+        assert!(
+            on_kiln.contains(ds),
+            "{ds} has no container on kiln's image: {on_kiln:?}"
+        );
+    }
 }

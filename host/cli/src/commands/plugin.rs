@@ -66,7 +66,7 @@ impl PluginCommand {
             PluginCommand::Check { file } => check(&file),
             PluginCommand::List => {
                 for (name, bytes) in kiln_bundled_plugins::BUNDLED {
-                    println!(
+                    super::outln!(
                         "{name}\t{}\t{} bytes",
                         kiln_plugin_host::sha256_hex(bytes),
                         bytes.len()
@@ -132,7 +132,7 @@ fn precompile(
                     kiln_plugin_host::PluginSource::Bundled => "bundled".to_string(),
                     kiln_plugin_host::PluginSource::DropIn(path) => path.display().to_string(),
                 };
-                println!("{name}\t{how}\t{from}\t{}", p.sha256());
+                super::outln!("{name}\t{how}\t{from}\t{}", p.sha256());
             }
             Err(e) => {
                 failed += 1;
@@ -140,7 +140,7 @@ fn precompile(
             }
         }
     }
-    println!(
+    super::outln!(
         "{} plugins in {}: {compiled} compiled, {} already cached, {failed} refused ({:.1} s)",
         names.len(),
         cache_dir.display(),
@@ -165,29 +165,29 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
         .unwrap_or_default();
     let report =
         kiln_plugin_host::inspect_as(&bytes, stem).with_context(|| file.display().to_string())?;
-    println!("file:    {}", file.display());
-    println!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
-    println!("sha256:  {}", report.sha256);
-    println!("exports:");
+    super::outln!("file:    {}", file.display());
+    super::outln!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
+    super::outln!("sha256:  {}", report.sha256);
+    super::outln!("exports:");
     for e in &report.exports {
-        println!("  {e}");
+        super::outln!("  {e}");
     }
-    println!("imports:");
+    super::outln!("imports:");
     for i in &report.imports {
         let mark = if kiln_plugin_host::is_allowed_import(i) {
             "allowed"
         } else {
             "FORBIDDEN"
         };
-        println!("  {i} ({mark})");
+        super::outln!("  {i} ({mark})");
     }
     if let Some(name) = report.name.as_deref() {
         // The host finds a drop-in by file name and refuses one whose `name()` differs, so a
         // build output (`site_node_pool.wasm`, `kiln_plugin_driver.wasm`) must be renamed.
         if name == stem {
-            println!("install: as {name}.wasm in the drop-in directory");
+            super::outln!("install: as {name}.wasm in the drop-in directory");
         } else {
-            println!(
+            super::outln!(
                 "install: as {name}.wasm in the drop-in directory (the host looks a plugin up by file name; this file would be looked up as {stem:?})"
             );
         }
@@ -195,17 +195,17 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     if let Some(name) = report.name.as_deref()
         && kiln_bundled_plugins::get(name).is_some()
     {
-        println!(
+        super::outln!(
             "note:    installed as a drop-in, it shadows the bundled standard plugin {name:?} (logged when loaded; refused under --refuse-shadowing)"
         );
     }
     match &report.refusal {
         None => {
-            println!("verdict: accepted");
+            super::outln!("verdict: accepted");
             Ok(ExitCode::SUCCESS)
         }
         Some(why) => {
-            println!("verdict: refused: {why}");
+            super::outln!("verdict: refused: {why}");
             Ok(ExitCode::FAILURE)
         }
     }
@@ -230,7 +230,7 @@ fn prune_artifacts(
             bytes += len;
         }
     }
-    println!(
+    super::outln!(
         "pruned {files} stale artifacts ({:.1} MiB)",
         bytes as f64 / (1 << 20) as f64
     );

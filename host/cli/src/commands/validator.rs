@@ -134,7 +134,7 @@ impl ValidatorArgs {
         match self.step {
             Step::Driver => {
                 let r = v.driver()?;
-                println!(
+                super::outln!(
                     "driver {} ok ({} driver, root {}), GPUs: {}",
                     r.version,
                     if r.root.is_host_driver {
@@ -148,14 +148,14 @@ impl ValidatorArgs {
             }
             Step::Toolkit => {
                 let r = v.toolkit()?;
-                println!(
+                super::outln!(
                     "toolkit ok: {} GPU(s) visible in this container",
                     r.gpus.len()
                 );
             }
             Step::Cuda => {
                 let r = v.cuda()?;
-                println!("cuda {} ok on {} GPU(s)", r.cuda_version, r.gpus.len());
+                super::outln!("cuda {} ok on {} GPU(s)", r.cuda_version, r.gpus.len());
             }
             Step::Plugin {
                 node_name,
@@ -164,32 +164,32 @@ impl ValidatorArgs {
                 let nodes = KubeNodes::connect().context("connecting to the API server")?;
                 let expected = ExpectedResource::from_mig_strategy(&mig_strategy);
                 let units = v.plugin(&nodes, &node_name, expected)?;
-                println!("plugin ok: node {node_name} advertises {units} GPU unit(s)");
+                super::outln!("plugin ok: node {node_name} advertises {units} GPU unit(s)");
             }
             Step::CcManager { node_name } => {
                 let nodes = KubeNodes::connect().context("connecting to the API server")?;
                 let state = v.cc_manager(&nodes, &node_name)?;
-                println!(
+                super::outln!(
                     "cc-manager ok: {} = {state}",
                     kiln_validator::CC_READY_LABEL
                 );
             }
-            Step::VfioPci => println!("vfio-pci ok: {}", v.vfio_pci()?.join(", ")),
-            Step::VgpuManager => println!("vgpu-manager {} ok", v.vgpu_manager()?),
-            Step::VgpuDevices => println!("vgpu-devices ok: {}", v.vgpu_devices()?),
+            Step::VfioPci => super::outln!("vfio-pci ok: {}", v.vfio_pci()?.join(", ")),
+            Step::VgpuManager => super::outln!("vgpu-manager {} ok", v.vgpu_manager()?),
+            Step::VgpuDevices => super::outln!("vgpu-devices ok: {}", v.vgpu_devices()?),
             Step::Wait { file } => {
                 v.wait_for(&file)?;
-                println!("{file} present");
+                super::outln!("{file} present");
             }
             Step::Hold => {
-                println!("all validations are successful; holding until SIGTERM");
+                super::outln!("all validations are successful; holding until SIGTERM");
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .context("starting the async runtime")?
                     .block_on(super::termination());
                 let removed = clear_ready_files(&v.layout)?;
-                println!("removed {}", removed.join(", "));
+                super::outln!("removed {}", removed.join(", "));
             }
         }
         Ok(ExitCode::SUCCESS)

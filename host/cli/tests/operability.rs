@@ -1,0 +1,293 @@
+//! Operability of the `kiln` binary: a closed stdout pipe is not a panic, `--log-format
+//! json|text` on every command, progress lines on first-time plugin compilation, and shell
+//! completion scripts that complete.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `kiln args` with stdout a pipe whose read end is already closed (what `| head -1`
+/// leaves once `head` has exited): every write fails with EPIPE, deterministically.
+fn into_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(KILN)
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_closed_stdout_pipe_ends_every_printing_command_quietly() {
+    let policy = sample();
+    let policy = policy.to_str().unwrap();
+    for args in [
+        &["plugin", "list"][..],
+        &["render", "--policy", policy],
+        &["render", "--policy", policy, "-o", "json"],
+        &["crdgen"],
+        &["version"],
+        &["completion", "bash"],
+    ] {
+        let out = into_closed_pipe(args);
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "kiln {args:?}: {err}");
+        assert!(
+            out.status.success(),
+            "kiln {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn the_same_commands_print_in_full_to_an_open_pipe() {
+    let out = Command::new(KILN)
+        .args(["plugin", "list"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 20, "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("device-plugin\t")),
+        "{text}"
+    );
+}
+
+/// `kiln … <args>` with `KILN_LOG`=`filter` and the log format from `how` (flag or env).
+fn logs(args: &[&str], filter: &str, env: &[(&str, &str)]) -> Output {
+    Command::new(KILN)
+        .args(args)
+        .env("KILN_LOG", filter)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn json_lines(o: &Output) -> Vec<Value> {
+    stderr(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+#[test]
+fn log_format_json_writes_one_object_per_line_and_text_writes_text() {
+    let policy = sample();
+    let policy = policy.to_str().unwrap();
+    // The flag before or after the subcommand (it is global), or the env var.
+    for (args, env) in [
+        (
+            vec!["--log-format", "json", "render", "--policy", policy],
+            vec![],
+        ),
+        (
+            vec!["render", "--policy", policy, "--log-format", "json"],
+            vec![],
+        ),
+        (
+            vec!["render", "--policy", policy],
+            vec![("KILN_LOG_FORMAT", "json")],
+        ),
+    ] {
+        let out = logs(&args, "kiln_render=debug", &env);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let lines = json_lines(&out);
+        let rendered: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["message"] == "rendered state")
+            .collect();
+        assert!(rendered.len() >= 9, "{args:?}: {lines:?}");
+        for l in &rendered {
+            assert_eq!(l["level"], "DEBUG");
+            assert_eq!(l["target"], "kiln_render");
+            assert!(l["state"].is_string(), "{l}");
+            assert!(l["timestamp"].is_string(), "{l}");
+        }
+    }
+    let out = logs(
+        &["--log-format", "text", "render", "--policy", policy],
+        "kiln_render=debug",
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let line = err.lines().find(|l| l.contains("rendered state")).unwrap();
+    assert!(
+        line.contains("DEBUG") && line.contains("kiln_render"),
+        "{line}"
+    );
+    assert!(serde_json::from_str::<Value>(line).is_err(), "{line}");
+}
+
+#[test]
+fn a_bad_log_format_is_a_usage_error_naming_the_choices() {
+    let out = Command::new(KILN)
+        .args(["--log-format", "yaml", "version"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("'yaml'") && err.contains("[possible values: text, json]"),
+        "{err}"
+    );
+}
+
+/// The sample with every optional component off: three states (pre-requisites, operator
+/// metrics and validation), so three plugins to compile.
+fn small_policy(dir: &Path) -> PathBuf {
+    let mut p: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(sample()).unwrap()).unwrap();
+    for c in [
+        "driver",
+        "toolkit",
+        "devicePlugin",
+        "dcgm",
+        "dcgmExporter",
+        "gfd",
+        "migManager",
+    ] {
+        p["spec"][c]["enabled"] = Value::Bool(false);
+    }
+    let file = dir.join("small.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(&p).unwrap()).unwrap();
+    file
+}
+
+#[test]
+fn the_first_render_in_an_empty_cache_says_it_is_compiling_and_the_next_does_not() {
+    let cache = tempfile::tempdir().unwrap();
+    let policy = small_policy(cache.path());
+    let run = || {
+        let out = Command::new(KILN)
+            .args(["--log-format", "json", "render", "--policy"])
+            .arg(&policy)
+            .env_remove("KILN_LOG")
+            .env("KILN_PLUGIN_CACHE_DIR", cache.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        json_lines(&out)
+    };
+    let first = run();
+    let progress: Vec<&Value> = first
+        .iter()
+        .filter(|l| l["target"] == "kiln::progress")
+        .collect();
+    assert_eq!(progress.len(), 2, "{first:?}");
+    let msg = progress[0]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("compiling 3 plugin(s) on first use"),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with(": operator-metrics, operator-validation, pre-requisites"),
+        "{msg}"
+    );
+    let n = progress[0]["plugins"].as_u64().unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(progress[1]["plugins"].as_u64(), Some(n));
+    assert!(progress[1]["seconds"].as_f64().unwrap() > 0.0);
+    // Compiled into the cache: the next run has nothing to say.
+    let second = run();
+    assert!(
+        !second.iter().any(|l| l["target"] == "kiln::progress"),
+        "{second:?}"
+    );
+}
+
+#[test]
+fn completion_scripts_name_every_subcommand() {
+    let script = |shell: &str| {
+        let out = Command::new(KILN)
+            .args(["completion", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let bash = script("bash");
+    assert!(bash.contains("_kiln()"), "{bash}");
+    let zsh = script("zsh");
+    assert!(zsh.starts_with("#compdef kiln"), "{zsh}");
+    let fish = script("fish");
+    for sub in [
+        "render",
+        "plugin",
+        "operator",
+        "validator",
+        "device-plugin",
+        "gfd",
+        "exporter",
+        "version",
+        "completion",
+    ] {
+        assert!(bash.contains(sub), "bash: {sub}");
+        assert!(zsh.contains(sub), "zsh: {sub}");
+        assert!(fish.contains(&format!("-a \"{sub}\"")), "fish: {sub}");
+    }
+    assert!(bash.contains("--log-format"));
+    for shell in ["elvish", "powershell"] {
+        assert!(!script(shell).is_empty());
+    }
+    let out = Command::new(KILN)
+        .args(["completion", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// bash itself, with the generated script sourced, completes `kiln ren` to `render` and
+/// `kiln render --log-format ` to the two formats.
+#[test]
+fn bash_completes_with_the_generated_script() {
+    let Ok(bash) = which("bash") else {
+        eprintln!("SKIPPED: no bash on PATH");
+        return;
+    };
+    let complete = |words: &str| {
+        let script = format!(
+            "source <('{KILN}' completion bash)\n\
+             COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n\
+             COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}\n\
+             _kiln kiln \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+             printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        );
+        let out = Command::new(&bash).args(["-c", &script]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut words: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        words.sort();
+        words
+    };
+    assert_eq!(complete("kiln ren"), ["render"]);
+    assert_eq!(complete("kiln render --log-format ''"), ["json", "text"]);
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|f| f.is_file())
+        })
+        .ok_or(())
+}
