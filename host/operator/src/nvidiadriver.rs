@@ -717,7 +717,10 @@ mod tests {
             matches!(driver_result(&[]), StateResult::NotReady(m) if m.contains("no NVIDIADriver"))
         );
         let ready = cr("a", Some(NvidiaDriverState::Ready), "");
-        assert_eq!(driver_result(&[ready.clone()]), StateResult::Ready);
+        assert_eq!(
+            driver_result(std::slice::from_ref(&ready)),
+            StateResult::Ready
+        );
         let waiting = cr("b", Some(NvidiaDriverState::NotReady), "pods unavailable");
         assert_eq!(
             driver_result(&[ready, waiting, cr("c", None, "")]),

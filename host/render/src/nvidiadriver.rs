@@ -102,7 +102,7 @@ pub enum NvidiaDriverError {
         name: String,
         /// The render error (naming the plugin).
         #[source]
-        source: crate::RenderError,
+        source: Box<crate::RenderError>,
     },
 }
 
@@ -155,7 +155,7 @@ pub fn render_pools(
             .render_state(State::Driver, derived, &ctx)
             .map_err(|source| NvidiaDriverError::Render {
                 name: name.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         let ds_name = daemonset_name(spec.driver_type, pool, uid);
         let objects = rendered
