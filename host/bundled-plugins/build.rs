@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 const TARGET: &str = "wasm32-wasip2";
 /// A nested build at least this long (it compiled something) is reported as a warning.
-const REPORT_AFTER: Duration = Duration::from_secs(10);
+const REPORT_AFTER: Duration = Duration::from_secs(60);
 /// Variables of the outer build that must not leak into the nested one.
 const CLEARED_ENV: &[&str] = &[
     "RUSTFLAGS",
