@@ -44,7 +44,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::metrics::Metrics;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
-pub const VALIDATOR_SELECTOR: &str = "app=nvidia-operator-validator";
+pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
 /// The validator's init container whose success means the driver is ready.
 pub const DRIVER_VALIDATION: &str = "driver-validation";
 /// The validator's init container whose success means the container toolkit is ready.
@@ -524,9 +524,10 @@ pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
     }
 }
 
+/// One watch event (boxed: a Node and a Pod differ much in size).
 enum Input {
-    Node(Result<watcher::Event<Node>, watcher::Error>),
-    Pod(Result<watcher::Event<Pod>, watcher::Error>),
+    Node(Box<Result<watcher::Event<Node>, watcher::Error>>),
+    Pod(Box<Result<watcher::Event<Pod>, watcher::Error>>),
 }
 
 /// Watch Nodes and the validator pods of `namespace` and keep the timeline metrics and Events
@@ -535,50 +536,54 @@ enum Input {
 pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>, recorder: Recorder) {
     let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .map(Input::Node);
+        .map(|e| Input::Node(Box::new(e)));
     let pods = watcher(
         Api::<Pod>::namespaced(client, &namespace),
         watcher::Config::default().labels(VALIDATOR_SELECTOR),
     )
     .default_backoff()
-    .map(Input::Pod);
+    .map(|e| Input::Pod(Box::new(e)));
     let mut inputs = std::pin::pin!(futures::stream::select(nodes, pods));
     let mut tracker = Tracker::default();
     while let Some(input) = inputs.next().await {
         let now = Timestamp::now();
         let updates = match input {
-            Input::Node(Ok(ev)) => match ev {
-                watcher::Event::Init => {
+            Input::Node(ev) => match *ev {
+                Err(e) => {
+                    tracing::debug!(error = %e, "timeline node watch");
+                    Vec::new()
+                }
+                Ok(watcher::Event::Init) => {
                     tracker.begin_list(Source::Nodes);
                     Vec::new()
                 }
-                watcher::Event::InitApply(n) | watcher::Event::Apply(n) => {
+                Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n)) => {
                     tracker.node(node_facts(&n), now)
                 }
-                watcher::Event::InitDone => tracker.end_list(Source::Nodes, now),
-                watcher::Event::Delete(n) => {
+                Ok(watcher::Event::InitDone) => tracker.end_list(Source::Nodes, now),
+                Ok(watcher::Event::Delete(n)) => {
                     tracker.node_deleted(n.metadata.name.as_deref().unwrap_or_default())
                 }
             },
-            Input::Pod(Ok(ev)) => match ev {
-                watcher::Event::Init => {
+            Input::Pod(ev) => match *ev {
+                Err(e) => {
+                    tracing::debug!(error = %e, "timeline pod watch");
+                    Vec::new()
+                }
+                Ok(watcher::Event::Init) => {
                     tracker.begin_list(Source::Pods);
                     Vec::new()
                 }
-                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p)) => {
                     let name = p.metadata.name.clone().unwrap_or_default();
                     tracker.pod(&name, validator_facts(&p, now), now)
                 }
-                watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
-                watcher::Event::Delete(p) => {
+                Ok(watcher::Event::InitDone) => tracker.end_list(Source::Pods, now),
+                Ok(watcher::Event::Delete(p)) => {
                     tracker.pod_deleted(p.metadata.name.as_deref().unwrap_or_default());
                     Vec::new()
                 }
             },
-            Input::Node(Err(e)) | Input::Pod(Err(e)) => {
-                tracing::debug!(error = %e, "timeline watch");
-                Vec::new()
-            }
         };
         for update in updates {
             apply(&metrics, &recorder, update).await;
