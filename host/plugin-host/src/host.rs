@@ -406,7 +406,8 @@ impl PluginHost {
             object_limit_bytes: self.config.object_limit_bytes,
             site: (!plugin.is_standard()).then_some(self.config.site_pod_privileges),
         };
-        let results = apply_outcomes_to(&plugin.name, objects, outcomes, &policy)?;
+        let sizes: Vec<usize> = texts.iter().map(String::len).collect();
+        let results = apply_outcomes_to(&plugin.name, objects, &sizes, outcomes, &policy)?;
         Ok((results, log))
     }
 

@@ -96,7 +96,14 @@ pub(crate) fn apply_outcomes(
     outcomes: Vec<Outcome>,
     policy: &OutputPolicy,
 ) -> Result<Vec<Rendered>, PluginError> {
-    let out = apply_outcomes_to(plugin, StepObjects::Input(objects), outcomes, policy)?;
+    let sizes: Vec<usize> = objects.iter().map(|o| o.to_string().len()).collect();
+    let out = apply_outcomes_to(
+        plugin,
+        StepObjects::Input(objects),
+        &sizes,
+        outcomes,
+        policy,
+    )?;
     Ok(rendered(out))
 }
 
@@ -115,14 +122,20 @@ pub(crate) fn rendered(results: Vec<Option<Value>>) -> Vec<Rendered> {
 /// [`PluginError::WrongOutcomeCount`], [`PluginError::OutputTooLarge`] (total patch bytes over
 /// the policy's `output_limit_bytes`), [`PluginError::InvalidPatch`], and the output policy's
 /// errors (see the module docs).
+///
+/// `sizes` are the objects' serialized sizes (the length of the compact JSON text the plugin
+/// was given), one per object; they let the size check skip serializing a result that cannot be
+/// over the limit (see [`result_size_bound`]).
 pub(crate) fn apply_outcomes_to(
     plugin: &str,
     objects: StepObjects<'_>,
+    sizes: &[usize],
     outcomes: Vec<Outcome>,
     policy: &OutputPolicy,
 ) -> Result<Vec<Option<Value>>, PluginError> {
     let output_limit_bytes = policy.output_limit_bytes;
     let expected = objects.as_slice().len();
+    debug_assert_eq!(sizes.len(), expected);
     if outcomes.len() != expected {
         return Err(PluginError::WrongOutcomeCount {
             plugin: plugin.to_string(),
@@ -146,7 +159,10 @@ pub(crate) fn apply_outcomes_to(
     }
     let patch_one = |index: usize, object: Target<'_>, outcome: Outcome| match outcome {
         Outcome::Omit => Ok(None),
-        Outcome::Patch(text) => apply_patch(plugin, index, object, &text, policy).map(Some),
+        Outcome::Patch(text) => {
+            let size = sizes.get(index).copied();
+            apply_patch(plugin, index, object, size, &text, policy).map(Some)
+        }
     };
     match objects {
         StepObjects::Input(objects) => objects
@@ -446,9 +462,43 @@ impl std::io::Write for CountUpTo {
     }
 }
 
+/// How much longer than its source text a JSON value parsed by `serde_json` can serialize
+/// (compact): strings, keys, literals and structure never grow (whitespace goes, an escape
+/// stays an escape of at most the same length or becomes the character itself); only a number
+/// can, a float being at least 3 characters of source (`1e5`, `0.5`) and at most 24 when
+/// written back (`-2.2250738585072014e-308`), `-0` becoming `-0.0`, an integer past `u64`
+/// (20+ digits) a float of at most 24. So 8 is a bound.
+const VALUE_GROWTH: usize = 8;
+
+/// An upper bound of the serialized (compact JSON) size of `original` after `patch`, where
+/// `original_size` is the original's serialized size and `patch_bytes` the patch's text length;
+/// `None` when the patch has a `copy` (which may duplicate anything) or the size is unknown.
+///
+/// `add`, `replace` and `test` insert at most their `value` plus, for a new member, its key and
+/// separators, all of which the operation's own text spells out (the key in `path`); `remove`
+/// and `move` add nothing new. So the result serializes to at most the original's size plus
+/// [`VALUE_GROWTH`] times the patch text.
+fn result_size_bound(
+    original_size: Option<usize>,
+    patch: &json_patch::Patch,
+    patch_bytes: usize,
+) -> Option<usize> {
+    let copies = patch
+        .iter()
+        .any(|op| matches!(op, json_patch::PatchOperation::Copy(_)));
+    if copies {
+        return None;
+    }
+    original_size?.checked_add(patch_bytes.checked_mul(VALUE_GROWTH)?)
+}
+
 /// `Err(bytes counted)` when `object` serializes (compact JSON) to more than `limit` bytes;
-/// stops counting at the first write past it.
-fn check_size(object: &Value, limit: usize) -> Result<(), Refusal> {
+/// stops counting at the first write past it. With a `bound` of its size (see
+/// [`result_size_bound`]) at most `limit`, nothing is serialized.
+fn check_size(object: &Value, bound: Option<usize>, limit: usize) -> Result<(), Refusal> {
+    if bound.is_some_and(|b| b <= limit) {
+        return Ok(());
+    }
     let mut w = CountUpTo { count: 0, limit };
     match serde_json::to_writer(&mut w, object) {
         Ok(()) => Ok(()),
@@ -456,10 +506,13 @@ fn check_size(object: &Value, limit: usize) -> Result<(), Refusal> {
     }
 }
 
+/// Applies one patch `text` to `target` (whose serialized size is `size`, when known) and
+/// holds the result to the output policy.
 fn apply_patch(
     plugin: &str,
     index: usize,
     target: Target<'_>,
+    size: Option<usize>,
     text: &str,
     policy: &OutputPolicy,
 ) -> Result<Value, PluginError> {
@@ -486,6 +539,7 @@ fn apply_patch(
             Target::InPlace(o) => o,
         });
     }
+    let size_bound = result_size_bound(size, &patch, text.len());
     let identity = Identity::of(original);
     let site = policy.site.and_then(|p| SiteGuard::of(original, p));
     let mut object = match target {
@@ -497,7 +551,7 @@ fn apply_patch(
     let checked = identity
         .check(&object)
         .and_then(|()| site.as_ref().map_or(Ok(()), |g| g.check(&object)))
-        .and_then(|()| check_size(&object, policy.object_limit_bytes));
+        .and_then(|()| check_size(&object, size_bound, policy.object_limit_bytes));
     let Err(refusal) = checked else {
         return Ok(object);
     };
@@ -609,6 +663,37 @@ mod tests {
             Value::Null,
             "not copied"
         );
+    }
+
+    /// The bound holds where serializing a parsed value grows it most (short floats, `-0`,
+    /// integers past `u64`) and where escapes shrink, and a `copy` gets no bound.
+    #[test]
+    fn size_bound_is_an_upper_bound() {
+        let original = daemonset();
+        let size = original.to_string().len();
+        for text in [
+            r#"[{"op":"add","path":"/n","value":[1e5,1e9,-0,0.5,9e15,1E-7,2e-308]}]"#,
+            r#"[{"op":"add","path":"/big","value":123456789012345678901234567890}]"#,
+            r#"[{"op":"replace","path":"/metadata","value":{"name":"ds","namespace":"ns","x":"\u00e9\/\n\u0001"}}]"#,
+            r#"[{"op":"move","from":"/spec","path":"/a~1b"},{"op":"remove","path":"/a~1b"},{"op":"test","path":"/kind","value":"DaemonSet"}]"#,
+        ] {
+            let patch = crate::patch::parse_patch(text).unwrap();
+            let bound = result_size_bound(Some(size), &patch, text.len()).unwrap();
+            let mut doc = original.clone();
+            json_patch::patch(&mut doc, &patch).unwrap();
+            assert!(doc.to_string().len() <= bound, "{text}");
+        }
+        let copy =
+            crate::patch::parse_patch(r#"[{"op":"copy","from":"/spec","path":"/s"}]"#).unwrap();
+        assert_eq!(result_size_bound(Some(size), &copy, 40), None);
+        // Within the bound nothing is serialized; past it the exact count decides.
+        assert!(check_size(&original, Some(10), 10).is_ok());
+        assert!(matches!(check_size(&original, Some(11), 10), Err(Refusal::TooLarge(n)) if n > 10));
+        assert!(matches!(
+            check_size(&original, None, 10),
+            Err(Refusal::TooLarge(_))
+        ));
+        assert!(check_size(&original, None, size).is_ok());
     }
 
     #[test]
