@@ -1,0 +1,344 @@
+//! NVIDIADriver end to end on `kiln-testcluster` (real API server, DaemonSet controller and
+//! garbage collector; kwok pods), with the operator run in-process on 4 GPU nodes in two pools:
+//! 1. the ClusterPolicy's own driver DaemonSet runs a pod on every GPU node;
+//! 2. `driver.useNvidiaDriverCRD: true`: that DaemonSet is deleted with Orphan propagation, and
+//!    its pods stay (same UIDs), released by the garbage collector (no owner any more);
+//! 3. two NVIDIADrivers with different versions, one per pool: one DaemonSet each, scheduled on
+//!    exactly its pool's nodes, with its own image;
+//! 4. a third NVIDIADriver selecting every GPU node is refused: `ConflictingNodeSelector`
+//!    naming the other two.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kiln_core::spec::ClusterPolicy;
+use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kiln_testcluster::{Options, TestCluster};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const NS: &str = "gpu-operator";
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn install_crd(
+    cluster: &TestCluster,
+    client: &Client,
+    crd: &CustomResourceDefinition,
+) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    crds.patch(
+        &name,
+        &PatchParams::apply("kiln-test").force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    cluster
+        .wait_for("CRD established", TIMEOUT, || async {
+            let c = crds.get(&name).await?;
+            let ok = c
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(if ok {
+                Ok(())
+            } else {
+                Err("not established".to_string())
+            })
+        })
+        .await
+}
+
+fn start_operator(client: Client) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
+    let host = Arc::new(kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig {
+            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
+            ..kiln_plugin_host::HostConfig::default()
+        },
+        kiln_bundled_plugins::BUNDLED,
+    )?);
+    let config = kiln_operator::Config {
+        namespace: NS.into(),
+        metrics_addr: "127.0.0.1:0".into(),
+        ..kiln_operator::Config::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let renderer = kiln_render::Renderer::new(host);
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = rx.await;
+        };
+        if let Err(e) = kiln_operator::run_until(client, renderer, config, stop).await {
+            eprintln!("operator stopped: {e}");
+        }
+    });
+    Ok(tx)
+}
+
+fn nvidia_driver(
+    name: &str,
+    version: &str,
+    selector: Option<Value>,
+) -> anyhow::Result<DynamicObject> {
+    let mut spec = json!({"repository": "nvcr.io/nvidia", "image": "driver", "version": version});
+    if let Some(s) = selector {
+        spec["nodeSelector"] = s;
+    }
+    // As JSON (a DynamicObject): the typed spec writes its empty defaults (`manager.image: ""`),
+    // which the CRD's patterns refuse.
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+        "metadata": {"name": name}, "spec": spec
+    }))?)
+}
+
+/// Driver pods by name → (uid, owner kinds).
+async fn driver_pods(
+    pods: &Api<Pod>,
+    selector: &str,
+) -> anyhow::Result<BTreeMap<String, (String, Vec<String>)>> {
+    Ok(pods
+        .list(&ListParams::default().labels(selector))
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let owners = p
+                .metadata
+                .owner_references
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| o.kind)
+                .collect();
+            (
+                p.name_any(),
+                (p.metadata.uid.clone().unwrap_or_default(), owners),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn pools_and_orphaning_on_a_real_control_plane() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(Options {
+        nodes: 4,
+        gpu_nodes: 4,
+        ..Options::default()
+    })?;
+    let res = scenario(&cluster).await;
+    cluster.with_logs(res)
+}
+
+async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let client = cluster.client().await?;
+    install_crd(cluster, &client, &kiln_operator::crd::crd()).await?;
+    install_crd(cluster, &client, &kiln_operator::crd::nvidia_driver_crd()).await?;
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    // Two pools of two nodes, Ubuntu 22.04 as NFD reports it.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut names: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    for (i, name) in names.iter().enumerate() {
+        let pool = if i < 2 { "a" } else { "b" };
+        nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"pool": pool,
+                    "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+                    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04"}}})),
+            )
+            .await?;
+    }
+    let _stop = start_operator(client.clone())?;
+    let mut doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/samples/clusterpolicy.yaml"
+    ))?)?;
+    doc["metadata"] = json!({"name": "cluster-policy"});
+    doc["spec"]["driver"]["useNvidiaDriverCRD"] = json!(false);
+    // As tests/upgrade.rs: the sample's empty ccManager.defaultMode is refused by the spec check.
+    doc["spec"]["ccManager"] = json!({"defaultMode": "on"});
+    let policies = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
+    );
+    policies
+        .create(&PostParams::default(), &serde_json::from_value(doc)?)
+        .await?;
+
+    // 1. The policy's own driver pods.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let old = "app=nvidia-driver-daemonset";
+    cluster
+        .wait_for("a policy driver pod on every node", TIMEOUT, || async {
+            let n = driver_pods(&pods, old).await?.len();
+            Ok(if n == 4 {
+                Ok(())
+            } else {
+                Err(format!("{n} pods"))
+            })
+        })
+        .await?;
+    let before = driver_pods(&pods, old).await?;
+    eprintln!(
+        "nvidiadriver test: policy driver pods after {:?}",
+        t0.elapsed()
+    );
+
+    // 2. Hand the driver to NVIDIADrivers: DaemonSet gone, pods kept and released.
+    policies
+        .patch(
+            "cluster-policy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"driver": {"useNvidiaDriverCRD": true}}})),
+        )
+        .await?;
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    cluster
+        .wait_for("the policy's driver DaemonSet deleted", TIMEOUT, || async {
+            Ok(match dss.get_opt("nvidia-driver-daemonset").await? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            })
+        })
+        .await?;
+    cluster
+        .wait_for("orphaned pods released by the GC", TIMEOUT, || async {
+            let now = driver_pods(&pods, old).await?;
+            Ok(if now.values().all(|(_, owners)| owners.is_empty()) {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            })
+        })
+        .await?;
+    let after = driver_pods(&pods, old).await?;
+    let uids = |m: &BTreeMap<String, (String, Vec<String>)>| {
+        m.iter()
+            .map(|(n, (u, _))| (n.clone(), u.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        uids(&after),
+        uids(&before),
+        "the driver pods were orphaned, not deleted"
+    );
+
+    // 3. Two pools, two versions.
+    let drivers: Api<NVIDIADriver> = Api::all(client.clone());
+    let create = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<NVIDIADriver>(&()),
+    );
+    create
+        .create(
+            &PostParams::default(),
+            &nvidia_driver("pool-a", "570.172.08", Some(json!({"pool": "a"})))?,
+        )
+        .await?;
+    create
+        .create(
+            &PostParams::default(),
+            &nvidia_driver("pool-b", "580.65.06", Some(json!({"pool": "b"})))?,
+        )
+        .await?;
+    for (cr, version) in [("pool-a", "570.172.08"), ("pool-b", "580.65.06")] {
+        cluster
+            .wait_for(
+                "the NVIDIADriver's DaemonSet scheduled on its pool",
+                TIMEOUT,
+                || async {
+                    let list = dss
+                        .list(&ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}")))
+                        .await?
+                        .items;
+                    let [ds] = list.as_slice() else {
+                        return Ok(Err(format!("{} DaemonSets", list.len())));
+                    };
+                    let pod = ds
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.clone())
+                        .unwrap_or_default();
+                    let image = pod
+                        .containers
+                        .iter()
+                        .find(|c| c.name == "nvidia-driver-ctr")
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default();
+                    let desired = ds.status.as_ref().map_or(0, |s| s.desired_number_scheduled);
+                    Ok(
+                        if image == format!("nvcr.io/nvidia/driver:{version}-ubuntu22.04")
+                            && desired == 2
+                        {
+                            Ok(())
+                        } else {
+                            Err(format!("{}: {image}, {desired} desired", ds.name_any()))
+                        },
+                    )
+                },
+            )
+            .await?;
+    }
+    eprintln!("nvidiadriver test: two pools after {:?}", t0.elapsed());
+
+    // 4. Overlap refused.
+    create
+        .create(
+            &PostParams::default(),
+            &nvidia_driver("everything", "590.1", None)?,
+        )
+        .await?;
+    cluster
+        .wait_for("the overlapping NVIDIADriver refused", TIMEOUT, || async {
+            let d = drivers.get("everything").await?;
+            let err = d
+                .status
+                .unwrap_or_default()
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Error" && c.status == "True");
+            Ok(match err {
+                Some(c)
+                    if c.reason == "ConflictingNodeSelector"
+                        && c.message.contains("pool-a")
+                        && c.message.contains("pool-b") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await?;
+    let everything = dss
+        .list(&ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}=everything")))
+        .await?
+        .items;
+    assert!(
+        everything.is_empty(),
+        "nothing applied for the overlapping CR"
+    );
+    eprintln!("nvidiadriver test: done after {:?}", t0.elapsed());
+    Ok(())
+}
