@@ -47,11 +47,6 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
         "upstream's name; kiln exporter reads KILN_EXPORTER_NODE_NAME, rendered next to it",
     ),
     (
-        "gfd",
-        "NAMESPACE",
-        "NodeFeature namespace upstream; kiln gfd merge-patches the Node",
-    ),
-    (
         "validator",
         "NODE_NAME",
         "set on every step as upstream; the plugin and cc-manager steps read it",
@@ -95,11 +90,6 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
         "validator",
         "DEFAULT_GPU_WORKLOAD_CONFIG",
         "NVIDIA's sandbox validator reads it to pick the node's checks; kiln runs one subcommand per check (vfio-pci, vgpu-manager, vgpu-devices)",
-    ),
-    (
-        "gfd",
-        "POD_NAME",
-        "NVIDIA's GFD reads it (pod templates equal NVIDIA's); kiln gfd does not need it",
     ),
 ];
 

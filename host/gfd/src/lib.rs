@@ -6,21 +6,22 @@
 //!
 //! ```text
 //!  GpuInventory ─┐
-//!  config.yaml ──┼─► make_labels (pure) ─► Output::Node   merge patch of metadata.labels
-//!  /sys (dmi,pci)┘                      ├► Output::File   features.d for nfd-worker
+//!  config.yaml ──┼─► make_labels (pure) ─► Output::NodeFeature  nfd.k8s-sigs.io NodeFeature
+//!  /sys (dmi,pci)┘                      ├► Output::File         features.d for nfd-worker
 //!                                       └► Output::Stdout
 //! ```
 //!
-//! **Output: labels go straight onto the Node** (a JSON merge patch of `metadata.labels`,
-//! never a full update) by default. Why not NFD's NodeFeature, upstream's default since
-//! v0.19: kiln does not deploy NFD, and a NodeFeature only becomes labels when nfd-master
-//! runs with `extraLabelNs: [nvidia.com]`, so GFD's labels would silently depend on another
-//! operator's setup. A direct patch needs only `patch` on `nodes` (kiln's GFD ClusterRole has
-//! it). GFD owns exactly the keys it wrote last, recorded in the
-//! [`OWNED_LABELS_ANNOTATION`] annotation, so a later pass removes labels it no longer
-//! produces (e.g. MIG labels after a strategy change) and never touches the operator's
-//! labels. Labels are kept when GFD exits (upstream's file mode drops them, issue #796). The
-//! features.d file (`--output file`) remains for clusters that run NFD.
+//! **Output: NVIDIA's contract.** Like NVIDIA's GFD (v0.20.0, what GPU Operator v26.7.0 runs),
+//! labels reach the Node through Node Feature Discovery, never by writing the Node: by default
+//! (`USE_NODE_FEATURE_API` unset or true) a NodeFeature `nvidia-features-for-<node>` in GFD's
+//! namespace, owned by GFD's DaemonSet and pod, which nfd-master turns into node labels
+//! ([`write_node_feature`]); with `USE_NODE_FEATURE_API=false` (the operator sets it on
+//! OpenShift) the features.d file `/etc/kubernetes/node-feature-discovery/features.d/gfd`
+//! that the DaemonSet mounts, read by nfd-worker ([`write_features_file`]). So GFD needs
+//! exactly NVIDIA's RBAC (nodes read-only; `nodefeatures` get/list/watch/create/update and
+//! `pods` get in its namespace), and NFD must run with `nvidia.com` among its extra label
+//! namespaces (`extraLabelNs`), as NVIDIA's chart configures it. The file is kept when GFD
+//! exits (NVIDIA's file mode deletes it, issue #796).
 
 mod host;
 mod labels;
@@ -36,7 +37,9 @@ pub use labels::{
 };
 pub use mig::profile_slices;
 pub use output::{
-    OWNED_LABELS_ANNOTATION, make_node_patch, patch_node, render_lines, write_features_file,
+    NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, NODE_NAME_LABEL, NodeFeatureTarget, node_feature,
+    node_feature_differs, node_feature_name, owners_of, render_lines, write_features_file,
+    write_node_feature,
 };
 pub use run::{DEFAULT_SLEEP_INTERVAL, Effective, Options, Output, run, snapshot, write};
 
@@ -69,7 +72,7 @@ pub enum GfdError {
         #[source]
         source: std::io::Error,
     },
-    /// The Node could not be read or patched.
+    /// The NodeFeature (or this pod, its owner) could not be read or written.
     #[error("labelling node {node}")]
     Kube {
         /// The node.

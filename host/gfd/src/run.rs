@@ -44,13 +44,8 @@ pub struct Options {
 /// Where labels are written.
 #[derive(Clone)]
 pub enum Output {
-    /// Merge-patch this node's labels.
-    Node {
-        /// The client.
-        client: kube::Client,
-        /// This node's name.
-        node: String,
-    },
+    /// This node's NodeFeature object (NFD's Node Feature API; NVIDIA's default).
+    NodeFeature(output::NodeFeatureTarget),
     /// An NFD features.d file.
     File(PathBuf),
     /// `key=value` lines on stdout.
@@ -60,7 +55,12 @@ pub enum Output {
 impl std::fmt::Debug for Output {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Node { node, .. } => write!(f, "Node({node})"),
+            Self::NodeFeature(t) => write!(
+                f,
+                "NodeFeature({}/{})",
+                t.namespace,
+                output::node_feature_name(&t.node)
+            ),
             Self::File(p) => write!(f, "File({})", p.display()),
             Self::Stdout => f.write_str("Stdout"),
         }
@@ -175,9 +175,14 @@ pub async fn write(out: &Output, labels: &Labels) -> Result<(), GfdError> {
             Ok(())
         }
         Output::File(p) => output::write_features_file(p, labels),
-        Output::Node { client, node } => {
-            let changed = output::patch_node(client, node, labels).await?;
-            tracing::info!(node, changed, labels = labels.len(), "labelled node");
+        Output::NodeFeature(target) => {
+            let changed = output::write_node_feature(target, labels).await?;
+            tracing::info!(
+                node = target.node,
+                changed,
+                labels = labels.len(),
+                "wrote NodeFeature"
+            );
             Ok(())
         }
     }

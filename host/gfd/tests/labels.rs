@@ -1,12 +1,12 @@
 //! GFD labels from fake GPUs and device-plugin configs: exact values for an H100 node, a
-//! time-sliced node, MIG single/mixed, and the node patch.
+//! time-sliced node, MIG single/mixed, the NodeFeature object and the features.d file.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::Pod;
 use kiln_device_plugin::config::{Config, MigStrategy};
 use kiln_gfd::{
-    GpuMode, LabelInput, Labels, OWNED_LABELS_ANNOTATION, make_labels, make_node_patch,
+    GpuMode, LabelInput, Labels, make_labels, node_feature, node_feature_differs, owners_of,
 };
 use kiln_gpu::{FakeBackend, GpuInventory};
 use serde_json::json;
@@ -218,41 +218,81 @@ fn mig_mixed_labels_each_profile_and_the_full_gpus() {
 }
 
 #[test]
-fn node_patch_sets_changed_labels_and_removes_only_labels_gfd_wrote_before() {
-    let node: Node = serde_json::from_value(json!({
+fn node_feature_is_nvidias_object_owned_by_the_daemonset_and_pod() {
+    let pod: Pod = serde_json::from_value(json!({
         "metadata": {
-            "name": "gpu-1",
-            "labels": {
-                "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                "nvidia.com/mig.strategy": "single",
-                "nvidia.com/gpu.count": "1"
-            },
-            "annotations": {
-                OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.count,nvidia.com/gpu.product,nvidia.com/mig.strategy"
-            }
+            "name": "gpu-feature-discovery-abcde",
+            "namespace": "gpu-operator",
+            "uid": "pod-uid",
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery",
+                "uid": "ds-uid", "controller": true, "blockOwnerDeletion": true
+            }]
         }
     }))
     .unwrap();
-    let new = expect(&[("gpu.count", "2"), ("gpu.product", "NVIDIA-H100-80GB-HBM3")]);
+    let owners = owners_of(&pod);
+    let labels = expect(&[("gpu.count", "2"), ("gpu.product", "NVIDIA-H100-80GB-HBM3")]);
+    let nf = node_feature("gpu-1", "gpu-operator", &labels, &owners);
     assert_eq!(
-        make_node_patch(&node, &new).unwrap(),
-        json!({"metadata": {
-            "labels": {"nvidia.com/gpu.count": "2", "nvidia.com/mig.strategy": null},
-            "annotations": {OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.count,nvidia.com/gpu.product"}
-        }})
+        nf,
+        json!({
+            "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": "nvidia-features-for-gpu-1",
+                "namespace": "gpu-operator",
+                "labels": {"nfd.node.kubernetes.io/node-name": "gpu-1"},
+                "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery",
+                     "uid": "ds-uid", "controller": true},
+                    {"apiVersion": "v1", "kind": "Pod", "name": "gpu-feature-discovery-abcde",
+                     "uid": "pod-uid"}
+                ]
+            },
+            "spec": {
+                "features": {"flags": {}, "attributes": {}, "instances": {}},
+                "labels": {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+            }
+        })
     );
-    let mut applied = node.clone();
-    let l = applied.metadata.labels.as_mut().unwrap();
-    l.insert("nvidia.com/gpu.count".into(), "2".into());
-    l.remove("nvidia.com/mig.strategy");
-    applied.metadata.annotations.as_mut().unwrap().insert(
-        OWNED_LABELS_ANNOTATION.into(),
-        "nvidia.com/gpu.count,nvidia.com/gpu.product".into(),
+    // What the API server returns (with its own metadata) is not written again; a label
+    // change or a new pod (owner) is.
+    let mut live = nf.clone();
+    live["metadata"]["resourceVersion"] = json!("7");
+    live["metadata"]["labels"]["other"] = json!("x");
+    assert!(!node_feature_differs(&live, &nf));
+    let relabelled = node_feature(
+        "gpu-1",
+        "gpu-operator",
+        &expect(&[("gpu.count", "1")]),
+        &owners,
     );
+    assert!(node_feature_differs(&live, &relabelled));
+    let mut new_pod = pod.clone();
+    new_pod.metadata.uid = Some("pod-uid-2".into());
+    let reowned = node_feature("gpu-1", "gpu-operator", &labels, &owners_of(&new_pod));
+    assert!(node_feature_differs(&live, &reowned));
+    // Without a pod name the object is unowned, and an unowned desired object leaves the
+    // live owners alone.
+    let unowned = node_feature("gpu-1", "gpu-operator", &labels, &[]);
+    assert!(unowned["metadata"].get("ownerReferences").is_none());
+    assert!(!node_feature_differs(&live, &unowned));
+}
+
+#[test]
+fn features_file_is_sorted_key_value_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("features.d/gfd");
+    let labels = expect(&[("gpu.product", "NVIDIA-H100-80GB-HBM3"), ("gpu.count", "2")]);
+    kiln_gfd::write_features_file(&path, &labels).unwrap();
     assert_eq!(
-        make_node_patch(&applied, &new),
-        None,
-        "nothing left to change"
+        std::fs::read_to_string(&path).unwrap(),
+        "nvidia.com/gpu.count=2\nnvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o644
     );
 }

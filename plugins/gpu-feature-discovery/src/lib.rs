@@ -7,52 +7,19 @@ use kiln_plugin_sdk::pod::{
     fit_command_to_image, handle_device_plugin_config, pod_spec, set_nri_annotation,
     set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
-    ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
-};
+use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
 
 /// Entrypoint of NVIDIA's GFD image, used when `gfd.*` does not resolve to kiln's image.
 pub const UPSTREAM_ENTRYPOINT: &str = "gpu-feature-discovery";
 
-/// The `gpu-feature-discovery` operand.
+/// The `gpu-feature-discovery` operand. Its RBAC objects stay as the assets have them,
+/// NVIDIA's on every image: `kiln gfd` publishes labels as NVIDIA's GFD does (a NodeFeature
+/// object, or the features.d file), never by patching the Node, so the ClusterRole only reads
+/// nodes.
 pub struct GpuFeatureDiscovery;
 
 impl Operand for GpuFeatureDiscovery {
     const NAME: &'static str = "gpu-feature-discovery";
-    const OBJECT_KINDS: &'static [&'static str] = &["ClusterRole"];
-
-    /// The `nvidia-gpu-feature-discovery` ClusterRole reads nodes (NVIDIA's GFD labels nodes
-    /// through NodeFeature objects); on kiln's image its `nodes` rule also gets `patch`, since
-    /// kiln gfd merge-patches the labels onto the Node.
-    fn object(
-        obj: &mut Value,
-        spec: &ClusterPolicySpec,
-        ctx: &TransformContext,
-    ) -> Result<Decision, TransformError> {
-        // Only the ClusterRole (the ServiceAccount and binding share its name); reading
-        // `obj["rules"]` of another kind would insert a null `rules`.
-        if obj["kind"] != "ClusterRole" || obj["metadata"]["name"] != "nvidia-gpu-feature-discovery"
-        {
-            return Ok(Decision::Keep);
-        }
-        let img = image::resolve_image("spec.gfd", (&spec.gfd).into(), "GFD_IMAGE", ctx)?;
-        if image::is_kiln_image(&img) {
-            let rules = obj
-                .get_mut("rules")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten();
-            for rule in rules.filter(|r| r["resources"] == Value::from(vec!["nodes"])) {
-                if let Some(verbs) = rule["verbs"].as_array_mut()
-                    && !verbs.iter().any(|v| v == "patch")
-                {
-                    verbs.push("patch".into());
-                }
-            }
-        }
-        Ok(Decision::Keep)
-    }
 
     /// Upstream order, on container[0]: validation init containers; image (`gfd.*`, fallback
     /// `GFD_IMAGE`), pull policy, secrets, resources, `gfd.args`; `USE_NODE_FEATURE_API=false`

@@ -1,18 +1,21 @@
-//! `kiln gfd`: GPU feature discovery — writes the `nvidia.com/*` GPU labels onto this node
-//! (or a features.d file, or stdout), once or every `GFD_SLEEP_INTERVAL` (see `kiln_gfd`).
+//! `kiln gfd`: GPU feature discovery — publishes the `nvidia.com/*` GPU labels as NVIDIA's GFD
+//! does, for Node Feature Discovery to put on the node: a NodeFeature object (default), the
+//! features.d file (`USE_NODE_FEATURE_API=false`), or stdout; once or every
+//! `GFD_SLEEP_INTERVAL` (see `kiln_gfd`).
 
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use kiln_device_plugin::config::{MigStrategy, SleepInterval};
-use kiln_gfd::{Options, Output};
+use kiln_gfd::{NodeFeatureTarget, Options, Output};
 use kiln_gpu::BackendSpec;
 
-/// Where `kiln gfd` writes labels.
+/// Where `kiln gfd` writes labels, when `--output` overrides NVIDIA's choice (NodeFeature
+/// unless `--use-node-feature-api=false`, then `--output-file`, stdout when that is empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum OutputKind {
-    /// Merge-patch this node's labels (needs NODE_NAME and `patch` on nodes).
-    Node,
+    /// This node's NodeFeature `nvidia-features-for-<node>` in `--namespace` (needs NODE_NAME).
+    NodeFeature,
     /// An NFD features.d file (`--output-file`).
     File,
     /// `key=value` lines on stdout.
@@ -22,19 +25,34 @@ enum OutputKind {
 /// Flags of `kiln gfd`, with upstream GFD's env vars.
 #[derive(Debug, clap::Args)]
 pub struct GfdArgs {
-    /// Where labels go.
-    #[arg(long, env = "GFD_OUTPUT", value_enum, default_value = "node")]
-    output: OutputKind,
-    /// The features.d file for `--output file`.
+    /// Where labels go; without it, NVIDIA's rule: a NodeFeature, or with
+    /// `--use-node-feature-api=false` the `--output-file` (stdout when empty).
+    #[arg(long, env = "GFD_OUTPUT", value_enum)]
+    output: Option<OutputKind>,
+    /// Publish a NodeFeature object (NFD's Node Feature API; NVIDIA's default since v0.19).
+    /// Also read from `USE_NODE_FEATURE_API` (what the operator sets on OpenShift), as upstream.
+    #[arg(long, env = "GFD_USE_NODE_FEATURE_API", action = clap::ArgAction::Set)]
+    use_node_feature_api: Option<bool>,
+    /// Upstream's second env var for `--use-node-feature-api`.
+    #[arg(long = "use-node-feature-api-env", env = "USE_NODE_FEATURE_API", hide = true, action = clap::ArgAction::Set)]
+    use_node_feature_api_env: Option<bool>,
+    /// The features.d file nfd-worker reads (an empty value means stdout, as upstream).
     #[arg(
         long,
+        short = 'o',
         env = "GFD_OUTPUT_FILE",
         default_value = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     )]
-    output_file: PathBuf,
-    /// This node (downward API); required for `--output node`.
+    output_file: String,
+    /// This node (downward API); required for the NodeFeature.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// The namespace of the NodeFeature (GFD's own, downward API).
+    #[arg(long, env = "NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// This pod (downward API): the NodeFeature is owned by it and its DaemonSet.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
     /// The device-plugin config file (written by config-manager); a file named here must
     /// exist. Also read from `CONFIG_FILE` (what the operator sets), as upstream; default
     /// `/config/config.yaml`, where an absent file means the default config.
@@ -120,6 +138,26 @@ impl GfdArgs {
             .unwrap_or(true)
     }
 
+    /// Where labels go: `--output`, else a NodeFeature unless the Node Feature API is off
+    /// (`--use-node-feature-api`, then `USE_NODE_FEATURE_API`, default true), else the
+    /// features.d file, or stdout when `--output-file` is empty (NVIDIA's rule).
+    fn output_kind(&self) -> OutputKind {
+        if let Some(k) = self.output {
+            return k;
+        }
+        if self
+            .use_node_feature_api
+            .or(self.use_node_feature_api_env)
+            .unwrap_or(true)
+        {
+            OutputKind::NodeFeature
+        } else if self.output_file.is_empty() {
+            OutputKind::Stdout
+        } else {
+            OutputKind::File
+        }
+    }
+
     /// Labels until SIGINT/SIGTERM (or once with `--oneshot`).
     pub fn run(self) -> anyhow::Result<ExitCode> {
         let mig_strategy = self.mig_strategy()?;
@@ -131,6 +169,7 @@ impl GfdArgs {
             }
             Err(e) => return Err(e).context("opening the GPU backend"),
         };
+        let output_kind = self.output_kind();
         let opts = Options {
             config_file: Some(self.config_file()),
             config_file_optional: self.named_config_file().is_none(),
@@ -146,17 +185,22 @@ impl GfdArgs {
             .build()
             .context("starting the async runtime")?;
         rt.block_on(async {
-            let output = match self.output {
+            let output = match output_kind {
                 OutputKind::Stdout => Output::Stdout,
-                OutputKind::File => Output::File(self.output_file),
-                OutputKind::Node => {
-                    let node = self
-                        .node_name
-                        .context("--output node needs --node-name / NODE_NAME")?;
+                OutputKind::File => Output::File(self.output_file.into()),
+                OutputKind::NodeFeature => {
+                    let node = self.node_name.context(
+                        "the NodeFeature output needs --node-name / NODE_NAME (or USE_NODE_FEATURE_API=false for the features.d file)",
+                    )?;
                     let client = kube::Client::try_default()
                         .await
                         .context("connecting to the API server")?;
-                    Output::Node { client, node }
+                    Output::NodeFeature(NodeFeatureTarget {
+                        client,
+                        node,
+                        namespace: self.namespace,
+                        pod: self.pod_name,
+                    })
                 }
             };
             kiln_gfd::run(&opts, gpu, &output, super::termination()).await?;
@@ -216,6 +260,28 @@ mod tests {
         assert_eq!(a.config_file(), PathBuf::from("/cfg/b.yaml"));
         assert_eq!(a.mig_strategy().unwrap(), Some(MigStrategy::Single));
         assert!(a.fail_on_init_error());
+    }
+
+    #[test]
+    fn output_follows_nvidias_rule_unless_named() {
+        assert_eq!(parse(&[]).output_kind(), OutputKind::NodeFeature);
+        let a = parse(&["--use-node-feature-api-env", "false"]);
+        assert_eq!(a.output_kind(), OutputKind::File);
+        assert_eq!(
+            a.output_file,
+            "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+        );
+        let a = parse(&["--use-node-feature-api", "false", "--output-file", ""]);
+        assert_eq!(a.output_kind(), OutputKind::Stdout);
+        let a = parse(&[
+            "--use-node-feature-api",
+            "true",
+            "--use-node-feature-api-env",
+            "false",
+        ]);
+        assert_eq!(a.output_kind(), OutputKind::NodeFeature);
+        let a = parse(&["--output", "stdout"]);
+        assert_eq!(a.output_kind(), OutputKind::Stdout);
     }
 
     #[test]
