@@ -95,3 +95,31 @@ impl OperatorHook {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    /// The args the chart's hook Jobs pass (`templates/hooks.yaml`) parse; a parent flag next
+    /// to a hook does not.
+    #[test]
+    fn the_chart_hook_args_parse() {
+        for args in [
+            &["kiln", "operator", "apply-crds"][..],
+            &["kiln", "operator", "cleanup", "--namespace", "gpu-operator"],
+            &[
+                "kiln",
+                "operator",
+                "cleanup",
+                "--namespace",
+                "gpu-operator",
+                "--delete-crd",
+            ],
+        ] {
+            let parsed = crate::commands::Cli::try_parse_from(args);
+            assert!(parsed.is_ok(), "{args:?}: {parsed:?}");
+        }
+        let mixed = ["kiln", "operator", "--leader-elect", "cleanup"];
+        assert!(crate::commands::Cli::try_parse_from(mixed).is_err());
+    }
+}
