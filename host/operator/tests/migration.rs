@@ -17,6 +17,10 @@
 //! After: the policy belongs to the `kiln` release with its spec unchanged, NVIDIA's
 //! operator Deployment is gone, kiln owns every operand, and no DaemonSet changed (same
 //! generations, templates, ControllerRevisions, pods).
+//!
+//! Rollback (the guide's "after step 4" case): NVIDIA's chart installed again with
+//! `--take-ownership`, kiln's release removed the same way: the policy is NVIDIA's release's
+//! again with the same spec, node labels stay, and still no DaemonSet changed.
 
 #[path = "support/nvidia.rs"]
 mod nvidia;
@@ -48,6 +52,61 @@ fn helm_owner(policy: &Value) -> (String, String, String) {
         s(&m["annotations"]["meta.helm.sh/release-namespace"]),
         s(&m["labels"]["app.kubernetes.io/managed-by"]),
     )
+}
+
+/// The guide's `remove_release`: deletes the objects of `release`'s stored manifest whose live
+/// `meta.helm.sh/release-name` is still `release`, then its release records (no hooks run).
+/// Returns `Kind name` of each deleted object.
+async fn remove_release(
+    cluster: &TestCluster,
+    client: &kube::Client,
+    home: &std::path::Path,
+    release: &str,
+) -> anyhow::Result<Vec<String>> {
+    let ns = nvidia::NS;
+    let manifest = nvidia::helm(
+        cluster,
+        home,
+        &["get", "manifest", release, "--namespace", ns],
+    )
+    .await?;
+    let mut deleted = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&manifest) {
+        let mut obj = Value::deserialize(doc)?;
+        if !obj.is_object() {
+            continue;
+        }
+        if obj["metadata"]["namespace"].is_null() {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let Ok(api) = nvidia::api_for(client, &obj).await else {
+            continue; // a kind this cluster does not serve: nothing was created
+        };
+        let Some(live) = api.get_opt(&name).await? else {
+            continue;
+        };
+        let owner =
+            serde_json::to_value(&live)?["metadata"]["annotations"]["meta.helm.sh/release-name"]
+                .clone();
+        if owner == release {
+            api.delete(&name, &DeleteParams::background()).await?;
+            deleted.push(format!(
+                "{} {name}",
+                obj["kind"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("owner=helm,name={release}")),
+        )
+        .await?;
+    Ok(deleted)
 }
 
 async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
@@ -146,51 +205,12 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     // its stored manifest, the policy kiln's release now owns included (and with it, through
     // the garbage collector, every operand): its objects that are still its own are deleted,
     // then its release records.
-    let manifest = nvidia::helm(
-        cluster,
-        home,
-        &["get", "manifest", NVIDIA_RELEASE, "--namespace", ns],
-    )
-    .await?;
-    let mut deleted = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&manifest) {
-        let mut obj = Value::deserialize(doc)?;
-        if !obj.is_object() {
-            continue;
-        }
-        if obj["metadata"]["namespace"].is_null() {
-            obj["metadata"]["namespace"] = json!(ns);
-        }
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let api = nvidia::api_for(&client, &obj).await?;
-        let Some(live) = api.get_opt(&name).await? else {
-            continue;
-        };
-        let owner =
-            serde_json::to_value(&live)?["metadata"]["annotations"]["meta.helm.sh/release-name"]
-                .clone();
-        if owner == NVIDIA_RELEASE {
-            api.delete(&name, &DeleteParams::background()).await?;
-            deleted.push(format!(
-                "{} {name}",
-                obj["kind"].as_str().unwrap_or_default()
-            ));
-        }
-    }
+    let deleted = remove_release(cluster, &client, home, NVIDIA_RELEASE).await?;
     println!("deleted NVIDIA's release objects: {deleted:?}");
     assert!(
         !deleted.iter().any(|d| d.starts_with("ClusterPolicy")),
         "{deleted:?}"
     );
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&format!("owner=helm,name={NVIDIA_RELEASE}")),
-        )
-        .await?;
     cluster
         .wait_for(
             "NVIDIA's operator Deployment gone",
@@ -233,6 +253,59 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         after.pods.len(),
         started.elapsed().as_secs_f64()
     );
+
+    // Rollback after step 4 (the guide's second case): kiln stops, NVIDIA's chart is installed
+    // over the same objects, kiln's release is removed the same way. The policy goes back to
+    // NVIDIA's release with the same spec, the node labels stay (kiln's cleanup hook does not
+    // run), and still no DaemonSet changed.
     operator.abort();
+    let policy_now = serde_json::to_value(policies.get(POLICY).await?)?;
+    nvidia::helm(
+        cluster,
+        home,
+        &[
+            "install",
+            NVIDIA_RELEASE,
+            "host/operator/tests/data/nvidia-release",
+            "--namespace",
+            ns,
+            "-f",
+            &values,
+            "--take-ownership",
+        ],
+    )
+    .await?;
+    let deleted = remove_release(cluster, &client, home, KILN_RELEASE).await?;
+    println!("rollback: deleted kiln's release objects: {deleted:?}");
+    let back = serde_json::to_value(policies.get(POLICY).await?)?;
+    assert_eq!(
+        helm_owner(&back),
+        (NVIDIA_RELEASE.into(), ns.into(), "Helm".into())
+    );
+    assert_eq!(back["metadata"]["uid"], policy["metadata"]["uid"]);
+    assert_eq!(
+        back["spec"], policy_now["spec"],
+        "rollback changed the spec"
+    );
+    let labelled = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(&gpu_nodes[0])
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labelled
+            .get("nvidia.com/gpu.deploy.driver")
+            .map(String::as_str),
+        Some("true")
+    );
+    let releases = nvidia::helm(cluster, home, &["list", "--namespace", ns, "--short"]).await?;
+    assert_eq!(releases.trim(), NVIDIA_RELEASE, "{releases}");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    nvidia::assert_undisturbed(&before, &nvidia::snapshot(&client).await?);
+    println!(
+        "rollback: policy back with NVIDIA's release, 0 templates changed ({:.1} s in all)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
