@@ -5,7 +5,8 @@
 //!   `metadata.name` and `metadata.namespace` ([`PluginError::IdentityChanged`]); an `apps/v1`
 //!   DaemonSet still parses as one and keeps its `spec.selector`, which the API server holds
 //!   immutable ([`PluginError::InvalidResult`]); and it serializes to at most
-//!   [`crate::HostConfig::object_limit_bytes`] ([`PluginError::ObjectTooLarge`]).
+//!   [`crate::HostConfig::object_limit_bytes`], the `copy` operations of its patch adding at most
+//!   that much together, counted before each is applied ([`PluginError::ObjectTooLarge`]).
 //! * Site plugins (all but the bundled standard ones) also leave RBAC alone: the `rules` and
 //!   `aggregationRule` of Roles/ClusterRoles, the `roleRef` and `subjects` of
 //!   RoleBindings/ClusterRoleBindings ([`PluginError::RbacChanged`]); and, unless the host
@@ -506,6 +507,51 @@ fn check_size(object: &Value, bound: Option<usize>, limit: usize) -> Result<(), 
     }
 }
 
+/// Why [`apply_bounded`] stopped.
+enum Applied {
+    /// An operation failed (json-patch's error, naming the operation by index).
+    Failed(json_patch::PatchError),
+    /// `copy` operations would add more than the limit: the bytes counted so far.
+    TooLarge(usize),
+}
+
+/// Applies `patch` to `object`, refusing before memory is spent when its `copy` operations
+/// together would add more than `limit` bytes (serialized): a `copy` duplicates any subtree,
+/// the root included, so without this a 1 KiB patch of 40 copies of the root asks for 2^40
+/// times the object. Each copied subtree is counted up to what is left of the budget, so the
+/// counting costs at most `limit` bytes of serialization per patch. Patches without `copy`
+/// are applied as they are.
+fn apply_bounded(
+    object: &mut Value,
+    patch: &json_patch::Patch,
+    limit: usize,
+) -> Result<(), Applied> {
+    use json_patch::PatchOperation as Op;
+    if !patch.iter().any(|op| matches!(op, Op::Copy(_))) {
+        return json_patch::patch(object, patch).map_err(Applied::Failed);
+    }
+    let mut copied = 0usize;
+    for (i, op) in patch.iter().enumerate() {
+        if let Op::Copy(c) = op
+            && let Some(source) = object.pointer(c.from.as_str())
+        {
+            let mut w = CountUpTo {
+                count: 0,
+                limit: limit - copied,
+            };
+            if serde_json::to_writer(&mut w, source).is_err() {
+                return Err(Applied::TooLarge(copied + w.count));
+            }
+            copied += w.count;
+        }
+        json_patch::patch(object, std::slice::from_ref(op)).map_err(|mut e| {
+            e.operation = i;
+            Applied::Failed(e)
+        })?;
+    }
+    Ok(())
+}
+
 /// Applies one patch `text` to `target` (whose serialized size is `size`, when known) and
 /// holds the result to the output policy.
 fn apply_patch(
@@ -546,8 +592,19 @@ fn apply_patch(
         Target::Copy(o) => copy_for_patch(o, &patch),
         Target::InPlace(o) => o,
     };
-    json_patch::patch(&mut object, &patch)
-        .map_err(|e| invalid_patch(identity.describe(), e.to_string()))?;
+    match apply_bounded(&mut object, &patch, policy.object_limit_bytes) {
+        Ok(()) => {}
+        Err(Applied::Failed(e)) => return Err(invalid_patch(identity.describe(), e.to_string())),
+        Err(Applied::TooLarge(actual_bytes)) => {
+            return Err(PluginError::ObjectTooLarge {
+                plugin: plugin.to_string(),
+                index,
+                object: identity.describe(),
+                limit_bytes: policy.object_limit_bytes,
+                actual_bytes,
+            });
+        }
+    }
     let checked = identity
         .check(&object)
         .and_then(|()| site.as_ref().map_or(Ok(()), |g| g.check(&object)))
@@ -694,6 +751,39 @@ mod tests {
             Err(Refusal::TooLarge(_))
         ));
         assert!(check_size(&original, None, size).is_ok());
+    }
+
+    /// Copies of the root double the object each time; the host refuses once the copies
+    /// would add more than the object limit, before building anything that large.
+    #[test]
+    fn copies_cannot_blow_up_an_object() {
+        let ops: Vec<String> = (0..40)
+            .map(|i| format!(r#"{{"op":"copy","from":"","path":"/c{i}"}}"#))
+            .collect();
+        let text = format!("[{}]", ops.join(","));
+        let err = apply_outcomes(
+            "p",
+            &[daemonset()],
+            vec![Outcome::Patch(text)],
+            &OutputPolicy::for_tests(1 << 20, true),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, PluginError::ObjectTooLarge { limit_bytes, actual_bytes, .. }
+                if limit_bytes == 1 << 20 && actual_bytes > 1 << 20),
+            "{err:?}"
+        );
+        // A few copies within the budget apply as json-patch applies them, and a failing
+        // operation is still named by its index.
+        let ok = r#"[{"op":"copy","from":"/spec/selector/matchLabels","path":"/metadata/labels"},{"op":"copy","from":"/spec/template/metadata/labels","path":"/metadata/annotations"}]"#;
+        let Rendered::Keep(obj) = &run(vec![Outcome::Patch(ok.into())]).unwrap()[0] else {
+            panic!("omitted")
+        };
+        assert_eq!(obj["metadata"]["labels"], json!({"app": "ds"}));
+        assert_eq!(obj["metadata"]["annotations"], json!({"app": "ds"}));
+        let bad = r#"[{"op":"copy","from":"/kind","path":"/metadata/k"},{"op":"copy","from":"/nope","path":"/x"}]"#;
+        let err = run(vec![Outcome::Patch(bad.into())]).unwrap_err();
+        assert!(err.to_string().contains("operation '/1'"), "{err}");
     }
 
     #[test]
