@@ -224,6 +224,32 @@ fn no_plugin_may_return_an_object_over_1_mib() {
     assert_eq!(out["x-pad"].as_str().unwrap().len(), (1 << 20) - 200);
 }
 
+#[test]
+fn no_plugin_may_blow_an_object_up_with_copies() {
+    // Each copy of the root doubles the object: 40 of them in under 2 KiB of patch.
+    let ops: Vec<String> = (0..40)
+        .map(|i| format!(r#"{{"op":"copy","from":"","path":"/c{i}"}}"#))
+        .collect();
+    let dirs = Dirs::new();
+    dirs.install("bomb", &patcher("bomb", &format!("[{}]", ops.join(","))));
+    let host = host_with_good(&dirs, dirs.config());
+    let err = run(&host, "bomb", config_map("cm")).unwrap_err();
+    match &err {
+        PluginError::ObjectTooLarge {
+            plugin,
+            object,
+            limit_bytes,
+            actual_bytes,
+            ..
+        } => {
+            assert_eq!((plugin.as_str(), object.as_str()), ("bomb", "ConfigMap/cm"));
+            assert_eq!(*limit_bytes, 1 << 20);
+            assert!(*actual_bytes > 1 << 20, "{actual_bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A DaemonSet whose pod already has `hostNetwork`, a privileged container `old` with
 /// `SYS_ADMIN`, and a hostPath volume of `/run`.
 fn privileged_daemonset() -> Value {
