@@ -126,6 +126,9 @@ pub struct Last {
     pub uid: String,
     /// The policy's `metadata.generation` (spec changes bump it; status writes do not).
     pub generation: Option<i64>,
+    /// A hash of the policy's labels and annotations ([`metadata_digest`]): the plugin chains
+    /// live in an annotation, and a metadata change does not bump the generation.
+    pub metadata: u64,
     /// The node facts the render used.
     pub facts: crate::nodes::NodeFacts,
     /// Per state, in order.
@@ -134,6 +137,16 @@ pub struct Last {
     pub note: Option<String>,
     /// When a state failed: render and apply again on the first reconcile after this instant.
     pub retry_at: Option<std::time::Instant>,
+}
+
+/// A hash of `meta`'s labels and annotations (what of a policy's metadata a render may read,
+/// besides name and uid).
+pub fn metadata_digest(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    meta.labels.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    h.finish()
 }
 
 impl Caches {

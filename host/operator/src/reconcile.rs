@@ -5,7 +5,7 @@
 //! 1. A non-active policy (not the oldest) gets `ignored` written, naming the active one, and
 //!    nothing else happens.
 //! 2. When nothing a render depends on changed since the last full reconcile of this policy
-//!    (same uid and generation, same [`NodeFacts`], no applied object deleted or changed by
+//!    (same uid, generation, labels and annotations, same [`NodeFacts`], no applied object deleted or changed by
 //!    someone else, no failed state due for a retry, no [`crate::live::Wake::full`] request),
 //!    only readiness and status are judged again from the caches: a DaemonSet status event or a
 //!    relabelled node costs no request but a status write when the status changes.
@@ -33,7 +33,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
-use crate::context::{Context, Kept, Last};
+use crate::context::{Context, Kept, Last, metadata_digest};
 use crate::nodes::{NodeFacts, label_nodes};
 use crate::status::policy_resource;
 use crate::{Error, Result, facts, readiness};
@@ -150,6 +150,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         !full
             && l.uid == policy.metadata.uid.clone().unwrap_or_default()
             && l.generation == policy.metadata.generation
+            && l.metadata == metadata_digest(&policy.metadata)
             && l.retry_at.is_none_or(|t| Instant::now() < t)
     }) && last.facts == NodeFacts::of(&node_refs)
         && !drifted(ctx).await?
@@ -292,6 +293,7 @@ async fn full_reconcile(
     let last = Last {
         uid: policy.metadata.uid.clone().unwrap_or_default(),
         generation: policy.metadata.generation,
+        metadata: metadata_digest(&policy.metadata),
         facts,
         states,
         note: shadowing_note(ctx, &parsed),

@@ -291,12 +291,17 @@ async fn run_once(
     let sampler = tokio::spawn(sample_rss(pid, samples.clone()));
     let result = async {
         let created = Instant::now();
-        let policy: ClusterPolicy = yaml(&std::fs::read_to_string(
+        // Created as the JSON document: a typed ClusterPolicy would serialize every defaulted
+        // field, which the CRD's patterns refuse for empty images.
+        let policy: DynamicObject = yaml(&std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml"),
         )?)?;
-        Api::<ClusterPolicy>::all(admin.clone())
-            .create(&PostParams::default(), &policy)
-            .await?;
+        Api::<DynamicObject>::all_with(
+            admin.clone(),
+            &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
+        )
+        .create(&PostParams::default(), &policy)
+        .await?;
         let ready_at = wait_ready(&seen, &mut child, Duration::from_secs(1200)).await?;
         // Let the DaemonSet watch catch up before judging which one became ready last.
         tokio::time::sleep(Duration::from_secs(2)).await;
