@@ -550,6 +550,7 @@ fn sandbox_policies() -> Vec<(String, Value, Vec<String>)> {
     let s = &mut kata["spec"];
     s["sandboxWorkloads"] =
         json!({"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kata"});
+    s["vgpuManager"] = kubevirt["spec"]["vgpuManager"].clone();
     s["kataSandboxDevicePlugin"] = json!({"enabled": true});
     s["ccManager"] = json!({"enabled": true});
     vec![
