@@ -156,9 +156,17 @@ async fn run(cluster: &TestCluster, log: &Path, nodes: u32, parallel: u32) -> an
         // The operator's spec check currently refuses the typed default `ccManager.defaultMode: ""`.
         doc["spec"]["ccManager"] = json!({"defaultMode": "on"});
         doc["spec"]["driver"]["upgradePolicy"]["maxParallelUpgrades"] = json!(parallel);
-        Api::<DynamicObject>::all_with(admin.clone(), &kube::api::ApiResource::erase::<ClusterPolicy>(&()))
-            .create(&PostParams::default(), &serde_json::from_value(doc)?)
-            .await?;
+        // Until the CRD is established the resource is not served (404).
+        let raw = Api::<DynamicObject>::all_with(admin.clone(), &kube::api::ApiResource::erase::<ClusterPolicy>(&()));
+        let obj: DynamicObject = serde_json::from_value(doc)?;
+        let mut tries = 0;
+        while let Err(e) = raw.create(&PostParams::default(), &obj).await {
+            tries += 1;
+            if tries > 60 {
+                return Err(e.into());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let t = Instant::now();
         wait_done(&admin, nodes, None, Duration::from_secs(1200), &mut child).await?;
         println!("policy created -> every node upgrade-done in {:.1} s", t.elapsed().as_secs_f64());
