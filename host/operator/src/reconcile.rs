@@ -377,7 +377,13 @@ async fn judge_and_write(
         .verdict(&verdict, summary.gpu_nodes, summary.nfd_present);
     let wrote = ctx.status.write(policy, &verdict).await?;
     ctx.metrics.writes("status", u64::from(wrote));
-    Ok(requeue_after(&verdict).map_or_else(Action::await_change, Action::requeue))
+    // Not ready: judged again within MESSAGE_EVERY (from the caches, no request), so a
+    // deferred message-only change is written.
+    Ok(
+        requeue_after(&verdict).map_or_else(Action::await_change, |after| {
+            Action::requeue(after.min(crate::status::MESSAGE_EVERY))
+        }),
+    )
 }
 
 /// Adds to the Ready condition's message which drop-in plugins of the enabled states' chains

@@ -30,7 +30,14 @@ pub struct StatusWriter {
     namespace: String,
     /// Per policy name: `resourceVersion` after our last write, and what was written.
     written: Mutex<HashMap<String, (String, ClusterPolicyStatus)>>,
+    /// Per policy name: when its status was last written.
+    last_write: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// Least time between two status writes that change only a condition's message (same state
+/// and reason): a rollout's progress counts would otherwise cost one write per DaemonSet
+/// status event. State or reason changes are written at once.
+pub const MESSAGE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `a` is a later `resourceVersion` than `b` (both decimal, as etcd's are; an
 /// unparseable one is never later).
@@ -66,6 +73,7 @@ impl StatusWriter {
             recorder,
             namespace: namespace.to_string(),
             written: Mutex::default(),
+            last_write: Mutex::default(),
         }
     }
 
@@ -109,7 +117,20 @@ impl StatusWriter {
         if !needs_write(current, &new) {
             return Ok(false);
         }
-        if let Some(t) = transition(current, verdict) {
+        let change = transition(current, verdict);
+        // Only the message moved (a rollout's counts): at most one write per MESSAGE_EVERY; the
+        // caller requeues within it, so the last message is written too.
+        if change.is_none()
+            && self
+                .last_write
+                .lock()
+                .expect("last_write lock")
+                .get(&name)
+                .is_some_and(|t| t.elapsed() < MESSAGE_EVERY)
+        {
+            return Ok(false);
+        }
+        if let Some(t) = change {
             let note = kiln_plugin_host::text::bounded(&t.note, NOTE_LIMIT).into_owned();
             let ev = Event {
                 type_: if t.type_ == "Warning" {
@@ -145,6 +166,10 @@ impl StatusWriter {
                 ));
             }
         };
+        self.last_write
+            .lock()
+            .expect("last_write lock")
+            .insert(name.clone(), std::time::Instant::now());
         self.written.lock().expect("written lock").insert(
             name.clone(),
             (written.metadata.resource_version.unwrap_or_default(), new),
