@@ -172,6 +172,7 @@ async fn run(cluster: &TestCluster, log: &Path, nodes: u32, parallel: u32) -> an
         println!("policy created -> every node upgrade-done in {:.1} s", t.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_secs(5)).await;
 
+        let before = new_revision(&admin, "570.10.01", "").await?;
         let (off0, cpu0, load0, t0) = (audit::offset(log), cpu_seconds(pid), loadavg(), Instant::now());
         Api::<ClusterPolicy>::all(admin.clone())
             .patch(
@@ -180,7 +181,7 @@ async fn run(cluster: &TestCluster, log: &Path, nodes: u32, parallel: u32) -> an
                 &Patch::Merge(json!({"spec": {"driver": {"version": "570.20.02"}}})),
             )
             .await?;
-        let revision = new_revision(&admin, "570.20.02").await?;
+        let revision = new_revision(&admin, "570.20.02", &before).await?;
         wait_done(&admin, nodes, Some(&revision), Duration::from_secs(3600), &mut child).await?;
         let (off1, cpu1, load1, t1) = (audit::offset(log), cpu_seconds(pid), loadavg(), Instant::now());
         let secs = t1.duration_since(t0).as_secs_f64();
@@ -213,8 +214,9 @@ async fn run(cluster: &TestCluster, log: &Path, nodes: u32, parallel: u32) -> an
     res
 }
 
-/// The driver DaemonSet's newest revision hash once its template carries `version`.
-async fn new_revision(admin: &kube::Client, version: &str) -> anyhow::Result<String> {
+/// The driver DaemonSet's newest revision hash once its template carries `version` and the
+/// hash is not `not` (the DaemonSet controller writes the revision after the template).
+async fn new_revision(admin: &kube::Client, version: &str, not: &str) -> anyhow::Result<String> {
     let dss: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
     let revs: Api<k8s_openapi::api::apps::v1::ControllerRevision> =
         Api::namespaced(admin.clone(), NS);
@@ -238,8 +240,9 @@ async fn new_revision(admin: &kube::Client, version: &str) -> anyhow::Result<Str
                 .into_iter()
                 .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
                 .max_by_key(|r| r.revision);
-            if let Some(h) =
-                newest.and_then(|r| r.labels().get("controller-revision-hash").cloned())
+            if let Some(h) = newest
+                .and_then(|r| r.labels().get("controller-revision-hash").cloned())
+                .filter(|h| h != not)
             {
                 return Ok(h);
             }
