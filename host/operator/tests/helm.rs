@@ -375,11 +375,20 @@ async fn check_least_privilege(
             })
         })
         .await?;
-    let spec = Patch::Merge(json!({"spec": {"unschedulable": true}}));
+    // Cordoning (the driver upgrade controller) is the one spec change allowed; taints are not.
+    let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
     assert_eq!(
-        code("", nodes.patch(&node, &dry_patch, &spec).await)?,
+        code("", nodes.patch(&node, &dry_patch, &cordon).await)?,
+        200,
+        "cordon"
+    );
+    let taint = Patch::Merge(json!({"spec": {"taints": [
+        {"key": "example.com/kiln-test", "value": "x", "effect": "NoSchedule"}
+    ]}}));
+    assert_eq!(
+        code("", nodes.patch(&node, &dry_patch, &taint).await)?,
         403,
-        "node spec"
+        "node taints"
     );
     assert_eq!(
         code(
