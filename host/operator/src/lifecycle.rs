@@ -25,6 +25,8 @@ use crate::{Error, Result};
 
 /// Name of the ClusterPolicy CRD.
 pub const CRD_NAME: &str = "clusterpolicies.nvidia.com";
+/// The NVIDIADriver CRD's name, also applied by [`apply_crds`].
+pub const NVIDIA_DRIVER_CRD_NAME: &str = "nvidiadrivers.nvidia.com";
 
 /// Label selector of the operator's pods (the chart's Deployment template label).
 pub const OPERATOR_POD_SELECTOR: &str = "app.kubernetes.io/name=kiln-operator";
@@ -53,23 +55,33 @@ fn removal_patch(keys: &[String]) -> Value {
     serde_json::json!({"metadata": {"labels": labels}})
 }
 
-/// Server-side apply the ClusterPolicy CRD of this binary (field manager `kiln`, forced, so
-/// it takes over the fields Helm's install wrote). Returns the CRD's `metadata.generation`.
+/// Server-side apply the CRDs of this binary — ClusterPolicy ([`CRD_NAME`]) and NVIDIADriver
+/// ([`NVIDIA_DRIVER_CRD_NAME`]) — with field manager `kiln`, forced, so they take over the
+/// fields Helm's install wrote (Helm installs `crds/` once and never upgrades them). Returns
+/// the ClusterPolicy CRD's `metadata.generation`.
 ///
 /// # Errors
-/// [`Error::Kube`] when the apply is refused.
+/// [`Error::Kube`] when an apply is refused.
 pub async fn apply_crds(client: &Client) -> Result<i64> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crate::crd::crd();
-    let applied = api
-        .patch(
-            CRD_NAME,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .map_err(|e| Error::kube(format!("apply CustomResourceDefinition {CRD_NAME}"), e))?;
-    Ok(applied.metadata.generation.unwrap_or_default())
+    let mut generation = 0;
+    for (name, crd) in [
+        (CRD_NAME, crate::crd::crd()),
+        (NVIDIA_DRIVER_CRD_NAME, crate::crd::nvidia_driver_crd()),
+    ] {
+        let applied = api
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .map_err(|e| Error::kube(format!("apply CustomResourceDefinition {name}"), e))?;
+        if name == CRD_NAME {
+            generation = applied.metadata.generation.unwrap_or_default();
+        }
+    }
+    Ok(generation)
 }
 
 /// What [`cleanup`] does.

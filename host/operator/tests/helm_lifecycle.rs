@@ -37,7 +37,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_operator::lifecycle::{self, CRD_NAME, CleanupOptions};
+use kiln_operator::lifecycle::{self, CRD_NAME, CleanupOptions, NVIDIA_DRIVER_CRD_NAME};
 use kiln_testcluster::{TestCluster, shared, shared_access};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -367,7 +367,7 @@ fn the_chart_renders_its_hooks() -> anyhow::Result<()> {
         rules(&defaults, "kiln-upgrade-crd"),
         Some(json!([{"apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
-            "resourceNames": [CRD_NAME], "verbs": ["get", "patch"]}]))
+            "resourceNames": [CRD_NAME, NVIDIA_DRIVER_CRD_NAME], "verbs": ["get", "patch"]}]))
     );
     assert_eq!(
         rules(&defaults, "kiln-cleanup"),
