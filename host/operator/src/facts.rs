@@ -112,6 +112,42 @@ pub fn config_map_keys(cm: &ConfigMap) -> ConfigMapKeys {
     }
 }
 
+/// Reads the ConfigMaps (keys) and Secrets (existence, metadata only) that `spec` names into
+/// the transform context. A missing object is simply left out (the plugin that needs it then
+/// fails its state naming the field); a failed read is logged and treated as missing, so one
+/// unreadable object cannot stop the other states.
+/// Used by the ClusterPolicy reconcile and the NVIDIADriver controller alike.
+pub(crate) async fn read_references(
+    client: &kube::Client,
+    ns: &str,
+    spec: &ClusterPolicySpec,
+    tctx: &mut TransformContext,
+) {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    let refs = references(spec);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    for name in &refs.config_maps {
+        match config_maps.get_opt(name).await {
+            Ok(Some(cm)) => tctx.config_maps.push(config_map_keys(&cm)),
+            Ok(None) => tracing::debug!(configmap = %name, %ns, "referenced ConfigMap not found"),
+            Err(e) => {
+                tracing::warn!(configmap = %name, %ns, error = %e, "cannot read a referenced ConfigMap")
+            }
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    for name in &refs.secrets {
+        match secrets.get_metadata_opt(name).await {
+            Ok(Some(_)) => tctx.secrets.push(name.clone()),
+            Ok(None) => tracing::debug!(secret = %name, %ns, "referenced Secret not found"),
+            Err(e) => {
+                tracing::warn!(secret = %name, %ns, error = %e, "cannot read a referenced Secret")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,18 +22,17 @@ use std::time::Duration;
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kiln_core::State;
-use kiln_core::context::TransformContext;
 use kiln_core::labels::Labels;
 use kiln_core::plan::{ObjectKey, desired_object};
 use kiln_core::singleton::active_policy;
+use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{
     DriverType, NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState,
     NvidiaDriverStatus, node_pools, overlaps,
 };
-use kiln_core::spec::{ClusterPolicy, ClusterPolicySpec};
 use kiln_core::status::{ConditionSpec, StateResult, set_condition};
 use kiln_render::{Policy, Renderer};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -461,7 +460,7 @@ pub async fn render(
     for (env, image) in &ctx.images {
         kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
-    read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
+    facts::read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
     let pools = node_pools(&cr.spec, nodes);
     let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
     let rendered = tokio::task::spawn_blocking(move || {
@@ -498,29 +497,6 @@ async fn policy_owner(policy: &Policy, ctx: &DriverContext) -> Option<Value> {
         .flatten()?;
     cp.controller_owner_ref(&())
         .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"))
-}
-
-/// The ConfigMaps (keys) and Secrets (existence) the derived spec names, as the ClusterPolicy
-/// reconcile reads them ([`facts::references`]); a missing or unreadable one is left out.
-async fn read_references(
-    client: &Client,
-    ns: &str,
-    spec: &ClusterPolicySpec,
-    tctx: &mut TransformContext,
-) {
-    let refs = facts::references(spec);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    for name in &refs.config_maps {
-        if let Ok(Some(cm)) = config_maps.get_opt(name).await {
-            tctx.config_maps.push(facts::config_map_keys(&cm));
-        }
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    for name in &refs.secrets {
-        if let Ok(Some(_)) = secrets.get_metadata_opt(name).await {
-            tctx.secrets.push(name.clone());
-        }
-    }
 }
 
 /// Delete the CR's DaemonSets (by [`NVIDIADRIVER_LABEL`]) that this reconcile did not apply

@@ -211,7 +211,7 @@ async fn full_reconcile(
     let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
     let mut tctx = facts::transform_context(&base, &nodes);
-    read_references(ctx, &parsed.spec, &mut tctx).await;
+    facts::read_references(&ctx.client, &ctx.config.namespace, &parsed.spec, &mut tctx).await;
     crate::psa::reconcile_hook(ctx, &parsed.spec, tctx.openshift_version.is_some()).await;
     let owner = policy
         .controller_owner_ref(&policy_resource())
@@ -425,40 +425,6 @@ async fn base_context(ctx: &Context) -> Result<TransformContext> {
         kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
     Ok(base)
-}
-
-/// Reads the ConfigMaps (keys) and Secrets (existence, metadata only) that `spec` names into
-/// the transform context. A missing object is simply left out (the plugin that needs it then
-/// fails its state naming the field); a failed read is logged and treated as missing, so one
-/// unreadable object cannot stop the other states.
-async fn read_references(
-    ctx: &Context,
-    spec: &kiln_core::spec::ClusterPolicySpec,
-    tctx: &mut TransformContext,
-) {
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    let refs = facts::references(spec);
-    let ns = &ctx.config.namespace;
-    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    for name in &refs.config_maps {
-        match config_maps.get_opt(name).await {
-            Ok(Some(cm)) => tctx.config_maps.push(facts::config_map_keys(&cm)),
-            Ok(None) => tracing::debug!(configmap = %name, %ns, "referenced ConfigMap not found"),
-            Err(e) => {
-                tracing::warn!(configmap = %name, %ns, error = %e, "cannot read a referenced ConfigMap")
-            }
-        }
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    for name in &refs.secrets {
-        match secrets.get_metadata_opt(name).await {
-            Ok(Some(_)) => tctx.secrets.push(name.clone()),
-            Ok(None) => tracing::debug!(secret = %name, %ns, "referenced Secret not found"),
-            Err(e) => {
-                tracing::warn!(secret = %name, %ns, error = %e, "cannot read a referenced Secret")
-            }
-        }
-    }
 }
 
 async fn render(

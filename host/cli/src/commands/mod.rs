@@ -189,18 +189,7 @@ pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
 /// of the long-running agents (exporter, gfd, validator hold). Where SIGTERM cannot be watched,
 /// SIGINT alone.
 pub(crate) async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    kiln_operator::run::shutdown_signal().await;
 }
 
 #[cfg(test)]
