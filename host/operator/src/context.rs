@@ -100,7 +100,7 @@ pub struct Caches {
     pub wake: Wake,
     /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
     /// set; else readiness lists them).
-    pub pods: OnceLock<crate::readiness::PodWatches>,
+    pub pods: OnceLock<Arc<crate::readiness::PodWatches>>,
 }
 
 /// One state as the last full reconcile left it.

@@ -57,6 +57,7 @@ pub fn asset_kinds() -> BTreeSet<(String, String)> {
 #[derive(Clone, Default)]
 pub struct Wake {
     tx: Option<mpsc::UnboundedSender<()>>,
+    upgrade: Arc<tokio::sync::Notify>,
     full: Arc<AtomicBool>,
     gone: Arc<Mutex<HashSet<ObjectKey>>>,
 }
@@ -79,6 +80,17 @@ impl Wake {
         if let Some(tx) = &self.tx {
             let _ = tx.unbounded_send(());
         }
+    }
+
+    /// Ask the driver upgrade loop for a pass soon ([`crate::upgrade::run_cluster_policy`]: a
+    /// driver or validator pod, a DaemonSet, a node's upgrade state or the policy changed).
+    pub fn upgrade(&self) {
+        self.upgrade.notify_one();
+    }
+
+    /// What [`Wake::upgrade`] notifies (the upgrade loop waits on it).
+    pub fn upgrade_notify(&self) -> Arc<tokio::sync::Notify> {
+        self.upgrade.clone()
     }
 
     /// Ask for a full reconcile (render, label, apply) and trigger it.
@@ -275,13 +287,30 @@ fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<Daem
             Ok(watcher::Event::Delete(d)) => {
                 wake.gone(live_object_of(&ar, &d.metadata).key);
                 wake.reconcile();
+                if is_driver(&d) {
+                    wake.upgrade();
+                }
             }
-            Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => wake.reconcile(),
+            Ok(watcher::Event::Apply(d)) => {
+                wake.reconcile();
+                if is_driver(&d) {
+                    wake.upgrade();
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                wake.reconcile();
+                wake.upgrade();
+            }
             Ok(_) => {}
         }
         futures::future::ready(())
     }));
     store
+}
+
+/// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
+fn is_driver(ds: &DaemonSet) -> bool {
+    ds.metadata.name.as_deref() == Some(crate::upgrade::DRIVER_DAEMONSET)
 }
 
 /// `m` (of kind `ar`) as the plan sees it.

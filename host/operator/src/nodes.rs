@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kiln_core::context::{ContainerRuntime, NodeOs};
 use kiln_core::labels::{
@@ -123,32 +123,88 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<Node>> {
 /// `status.nodeInfo.containerRuntimeVersion`. Everything else (managed fields, annotations,
 /// conditions, images, capacity) is dropped, so a 500-node list costs a fraction of the memory.
 pub fn slim(node: Node) -> Node {
-    let runtime = node
-        .status
-        .and_then(|s| s.node_info)
-        .map(|i| i.container_runtime_version);
+    let (runtime, ready) = node.status.map_or((None, None), |s| {
+        (
+            s.node_info.map(|i| i.container_runtime_version),
+            s.conditions.map(|cs| {
+                cs.into_iter()
+                    .filter(|c| c.type_ == "Ready")
+                    .collect::<Vec<_>>()
+            }),
+        )
+    });
     // GFD's own labels (counts, memory, CUDA versions, timestamp) are not kept: nothing
     // reads them, and at thousands of nodes they are most of the store.
     let labels = node.metadata.labels.map(|l| {
         l.into_iter()
-            .filter(|(k, _)| reads_label(k) || !k.starts_with("nvidia.com/"))
+            .filter(|(k, _)| reads_label(k) || is_upgrade_key(k) || !k.starts_with("nvidia.com/"))
             .collect()
     });
+    let annotations = node
+        .metadata
+        .annotations
+        .map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| is_upgrade_key(k))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|a| !a.is_empty());
+    let unschedulable = node.spec.and_then(|s| s.unschedulable);
     Node {
         metadata: ObjectMeta {
             name: node.metadata.name,
             labels,
+            annotations,
+            resource_version: node.metadata.resource_version,
             ..ObjectMeta::default()
         },
-        spec: None,
-        status: runtime.map(|v| NodeStatus {
-            node_info: Some(NodeSystemInfo {
+        spec: unschedulable.map(|u| NodeSpec {
+            unschedulable: Some(u),
+            ..NodeSpec::default()
+        }),
+        status: (runtime.is_some() || ready.is_some()).then(|| NodeStatus {
+            node_info: runtime.map(|v| NodeSystemInfo {
                 container_runtime_version: v,
                 ..NodeSystemInfo::default()
             }),
+            conditions: ready,
             ..NodeStatus::default()
         }),
     }
+}
+
+/// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,
+/// requested, start times; [`kiln_core::upgrade`]), kept by [`slim`] for the upgrade loop.
+pub fn is_upgrade_key(key: &str) -> bool {
+    key.starts_with("nvidia.com/gpu-driver-upgrade")
+}
+
+/// A hash of what the driver upgrade reads of a node: its upgrade labels and annotations
+/// ([`is_upgrade_key`]), `spec.unschedulable` and the `Ready` condition's status.
+pub fn upgrade_hash(node: &Node) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    for m in [&node.metadata.labels, &node.metadata.annotations]
+        .into_iter()
+        .flatten()
+    {
+        m.iter()
+            .filter(|(k, _)| is_upgrade_key(k))
+            .for_each(|kv| kv.hash(&mut h));
+        0xffu8.hash(&mut h);
+    }
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .hash(&mut h);
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_ == "Ready")
+        .for_each(|c| c.status.hash(&mut h));
+    h.finish()
 }
 
 /// Label one node per `policy` when it needs it. Returns whether a patch was sent.
@@ -228,7 +284,8 @@ pub async fn follow_nodes<S>(
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, reflector, watcher};
     let stream = stream.modify(|n: &mut Node| *n = slim(std::mem::take(n)));
-    let mut seen: HashMap<String, u64> = HashMap::new();
+    // Per node: (relevant_hash, upgrade_hash).
+    let mut seen: HashMap<String, (u64, u64)> = HashMap::new();
     let mut events = std::pin::pin!(reflector::reflector(writer, stream));
     while let Some(ev) = events.next().await {
         match ev {
@@ -236,19 +293,27 @@ pub async fn follow_nodes<S>(
             Ok(watcher::Event::InitApply(n)) => {
                 seen.insert(
                     n.metadata.name.clone().unwrap_or_default(),
-                    relevant_hash(&n),
+                    (relevant_hash(&n), upgrade_hash(&n)),
                 );
             }
-            Ok(watcher::Event::InitDone) => w.wake.reconcile(),
+            Ok(watcher::Event::InitDone) => {
+                w.wake.reconcile();
+                w.wake.upgrade();
+            }
             Ok(watcher::Event::Init) => seen.clear(),
             Ok(watcher::Event::Delete(n)) => {
                 seen.remove(n.metadata.name.as_deref().unwrap_or_default());
                 w.wake.reconcile();
+                w.wake.upgrade();
             }
             Ok(watcher::Event::Apply(n)) => {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                let h = relevant_hash(&n);
-                if seen.insert(name.clone(), h) == Some(h) {
+                let (h, u) = (relevant_hash(&n), upgrade_hash(&n));
+                let before = seen.insert(name.clone(), (h, u));
+                if before.is_none_or(|(_, bu)| bu != u) {
+                    w.wake.upgrade();
+                }
+                if before.is_some_and(|(bh, _)| bh == h) {
                     continue;
                 }
                 let rules = w.labels.lock().expect("labels lock").clone();
@@ -387,36 +452,77 @@ mod tests {
     }
 
     #[test]
-    fn slim_keeps_name_labels_and_runtime_only() {
+    fn slim_keeps_what_labelling_and_the_driver_upgrade_read() {
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": "gpu-node-1",
-                "labels": {"nvidia.com/gpu.present": "true"},
-                "annotations": {"a": "b"},
+                "resourceVersion": "42",
+                "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gfd.timestamp": "9",
+                    "nvidia.com/gpu-driver-upgrade-state": "upgrade-done"},
+                "annotations": {"a": "b",
+                    "nvidia.com/gpu-driver-upgrade-validation-start-time": "1700000000"},
                 "managedFields": [{"manager": "kwok", "operation": "Update"}],
             },
-            "spec": {"podCIDR": "10.0.0.0/24"},
+            "spec": {"podCIDR": "10.0.0.0/24", "unschedulable": true},
             "status": {
                 "nodeInfo": {"containerRuntimeVersion": "containerd://1.7.0", "kernelVersion": "6.8.0",
                     "architecture": "amd64", "bootID": "", "kubeProxyVersion": "", "kubeletVersion": "",
                     "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
                 "capacity": {"nvidia.com/gpu": "1"},
+                "conditions": [{"type": "MemoryPressure", "status": "False"},
+                    {"type": "Ready", "status": "True"}],
             },
         }))
         .unwrap();
-        let slim = serde_json::to_value(slim(node)).unwrap();
+        let before = upgrade_hash(&node);
+        let slim = slim(node);
+        assert_eq!(upgrade_hash(&slim), before);
+        let slim = serde_json::to_value(slim).unwrap();
         assert_eq!(
             slim["metadata"],
             serde_json::json!({
-            "name": "gpu-node-1", "labels": {"nvidia.com/gpu.present": "true"}})
+            "name": "gpu-node-1", "resourceVersion": "42",
+            "labels": {"nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu-driver-upgrade-state": "upgrade-done"},
+            "annotations": {"nvidia.com/gpu-driver-upgrade-validation-start-time": "1700000000"}})
         );
-        assert_eq!(slim.get("spec"), None);
-        assert_eq!(slim["status"].as_object().unwrap().len(), 1);
+        assert_eq!(slim["spec"], serde_json::json!({"unschedulable": true}));
+        assert_eq!(slim["status"].as_object().unwrap().len(), 2);
+        assert_eq!(
+            slim["status"]["conditions"],
+            serde_json::json!([{"type": "Ready", "status": "True"}])
+        );
         assert_eq!(
             slim["status"]["nodeInfo"]["containerRuntimeVersion"],
             "containerd://1.7.0"
         );
         assert_eq!(slim["status"]["nodeInfo"]["kernelVersion"], "");
+    }
+
+    #[test]
+    fn the_upgrade_hash_ignores_what_the_upgrade_does_not_read() {
+        let n = |labels: serde_json::Value, unschedulable: bool| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": labels},
+                "spec": {"unschedulable": unschedulable}}))
+            .unwrap()
+        };
+        let base = upgrade_hash(&n(serde_json::json!({"a": "1"}), false));
+        assert_eq!(
+            base,
+            upgrade_hash(&n(
+                serde_json::json!({"a": "2", "nvidia.com/gfd.timestamp": "9"}),
+                false
+            ))
+        );
+        assert_ne!(base, upgrade_hash(&n(serde_json::json!({"a": "1"}), true)));
+        assert_ne!(
+            base,
+            upgrade_hash(&n(
+                serde_json::json!({"a": "1", "nvidia.com/gpu-driver-upgrade.skip": "true"}),
+                false
+            ))
+        );
     }
 
     #[test]

@@ -386,11 +386,15 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     };
     let mut not_ready = Vec::new();
     let mut applied = BTreeSet::new();
+    let mut lives = Vec::new();
     for obj in &desired {
         let key = key_of(obj)?;
         let (_, live) = ctx.applier.apply(obj).await?;
         if key.kind == "DaemonSet" {
             applied.insert(key.name.clone());
+            if let Some(l) = &live {
+                lives.push(as_daemonset(&key.name, l)?);
+            }
             if let Some(why) =
                 readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), &nodes)
                     .await?
@@ -402,15 +406,15 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     delete_stale(ctx, &name, &applied).await?;
     let mut upgrading = false;
     if let Some(upgrader) = &ctx.upgrader {
-        for ds in &applied {
+        for ds in &lives {
             let scope = crate::upgrade::UpgradeScope {
                 namespace: ctx.namespace.clone(),
-                daemonset: ds.clone(),
+                daemonset: ds.name_any(),
                 policy: policy.spec.driver.upgrade_policy.clone(),
                 owner: cr.object_ref(&()),
                 validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
             };
-            upgrading |= upgrader.pass(&scope).await?.active;
+            upgrading |= upgrader.pass(&scope, ds).await?.active;
         }
     }
     let verdict = if applied.is_empty() {
@@ -429,6 +433,16 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
         )
     };
     Ok((verdict, upgrading))
+}
+
+/// The applied DaemonSet `name` as returned by the apply.
+fn as_daemonset(name: &str, live: &DynamicObject) -> Result<DaemonSet> {
+    serde_json::to_value(live)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Error::Json {
+            action: format!("read DaemonSet {name}"),
+            source: e,
+        })
 }
 
 /// A verdict with no upgrade under way.

@@ -6,7 +6,7 @@
 //! first need, each event waking the controller), or, without them, listed.
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -27,14 +27,15 @@ use crate::{Error, Result};
 /// revision watches to list.
 pub const POD_WATCH_READY_LIMIT: Duration = Duration::from_secs(10);
 
-/// A ControllerRevision reduced to what the `OnDelete` rule reads (name, namespace, labels,
-/// revision; not its template data).
+/// A ControllerRevision reduced to what the `OnDelete` rule and the driver upgrade read (name,
+/// namespace, labels, owner references, revision; not its template data).
 pub fn slim_revision(r: ControllerRevision) -> ControllerRevision {
     ControllerRevision {
         metadata: ObjectMeta {
             name: r.metadata.name,
             namespace: r.metadata.namespace,
             labels: r.metadata.labels,
+            owner_references: r.metadata.owner_references,
             ..ObjectMeta::default()
         },
         revision: r.revision,
@@ -45,7 +46,7 @@ pub fn slim_revision(r: ControllerRevision) -> ControllerRevision {
 struct Watched {
     selector: String,
     pods: Store<Pod>,
-    revisions: Store<ControllerRevision>,
+    revisions: Option<Store<ControllerRevision>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -102,7 +103,10 @@ where
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
         match ev {
             Err(e) => tracing::warn!(error = %e, "watch of OnDelete DaemonSet pods"),
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => wake.reconcile(),
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                wake.reconcile();
+                wake.upgrade();
+            }
             Ok(_) => {}
         }
         futures::future::ready(())
@@ -125,45 +129,71 @@ impl PodWatches {
     pub async fn of(&self, ds: &DaemonSet) -> (Vec<Pod>, Vec<ControllerRevision>) {
         let ns = ds.metadata.namespace.clone().unwrap_or_default();
         let name = ds.metadata.name.clone().unwrap_or_default();
-        let selector = selector_of(ds);
-        let (pods, revisions) = {
-            let mut watched = self.watched.lock().expect("watched lock");
-            let key = (ns.clone(), name);
-            if watched.get(&key).is_none_or(|w| w.selector != selector) {
-                let (pods, t1) = spawn_reflector(
-                    Api::<Pod>::namespaced(self.client.clone(), &ns),
-                    &selector,
-                    slim_pod,
-                    self.wake.clone(),
-                );
-                let (revisions, t2) = spawn_reflector(
-                    Api::<ControllerRevision>::namespaced(self.client.clone(), &ns),
-                    &selector,
-                    slim_revision,
-                    self.wake.clone(),
-                );
-                watched.insert(
-                    key.clone(),
-                    Watched {
-                        selector,
-                        pods,
-                        revisions,
-                        tasks: vec![t1, t2],
-                    },
-                );
-            }
-            let w = &watched[&key];
-            (w.pods.clone(), w.revisions.clone())
-        };
+        let (pods, revisions) = self.watch(&ns, name, &selector_of(ds), true);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, async {
             let _ = pods.wait_until_ready().await;
-            let _ = revisions.wait_until_ready().await;
+            if let Some(r) = &revisions {
+                let _ = r.wait_until_ready().await;
+            }
         })
         .await;
         (
             pods.state().iter().map(|o| (**o).clone()).collect(),
-            revisions.state().iter().map(|o| (**o).clone()).collect(),
+            revisions
+                .map(|r| r.state().iter().map(|o| (**o).clone()).collect())
+                .unwrap_or_default(),
         )
+    }
+
+    /// The pods in `namespace` matching the label selector `selector` (the driver upgrade's
+    /// validator pods), from a watch of their own started on first need, then waited for at
+    /// most [`POD_WATCH_READY_LIMIT`].
+    pub async fn matching(&self, namespace: &str, selector: &str) -> Vec<Pod> {
+        let (pods, _) = self.watch(namespace, format!("selector {selector}"), selector, false);
+        let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, pods.wait_until_ready()).await;
+        pods.state().iter().map(|o| (**o).clone()).collect()
+    }
+
+    /// The stores of watch `key` in `ns` (started, or restarted when its selector changed).
+    fn watch(
+        &self,
+        ns: &str,
+        key: String,
+        selector: &str,
+        with_revisions: bool,
+    ) -> (Store<Pod>, Option<Store<ControllerRevision>>) {
+        let mut watched = self.watched.lock().expect("watched lock");
+        let key = (ns.to_string(), key);
+        if watched.get(&key).is_none_or(|w| w.selector != selector) {
+            let (pods, t1) = spawn_reflector(
+                Api::<Pod>::namespaced(self.client.clone(), ns),
+                selector,
+                slim_pod,
+                self.wake.clone(),
+            );
+            let mut tasks = vec![t1];
+            let revisions = with_revisions.then(|| {
+                let (revisions, t2) = spawn_reflector(
+                    Api::<ControllerRevision>::namespaced(self.client.clone(), ns),
+                    selector,
+                    slim_revision,
+                    self.wake.clone(),
+                );
+                tasks.push(t2);
+                revisions
+            });
+            watched.insert(
+                key.clone(),
+                Watched {
+                    selector: selector.to_string(),
+                    pods,
+                    revisions,
+                    tasks,
+                },
+            );
+        }
+        let w = &watched[&key];
+        (w.pods.clone(), w.revisions.clone())
     }
 }
 
@@ -248,12 +278,37 @@ async fn list_pods_and_revisions(
 /// response body however large the cluster is.
 pub const POD_PAGE: u32 = 100;
 
-/// A pod reduced to what the `OnDelete` rule reads: name, namespace, labels, owner references,
-/// phase and container statuses (spec, managed fields and conditions are dropped).
+/// A pod reduced to what the `OnDelete` rule and the driver upgrade read
+/// ([`kiln_core::upgrade::DriverPodFacts`], the validator's readiness): name, namespace,
+/// labels, owner references, deletion timestamp, the node it is bound to, the containers'
+/// `DRIVER_CONFIG_DIGEST` (containers keep their name and that variable only), phase, the
+/// `Ready` condition and the container statuses. Annotations, managed fields and the rest of
+/// the spec are dropped: at thousands of nodes these stores hold two pods a node.
 pub fn slim_pod(pod: Pod) -> Pod {
+    let digest_only = |c: Container| Container {
+        name: c.name,
+        env: c.env.map(|env| {
+            env.into_iter()
+                .filter(|e| e.name == kiln_core::driver_digest::ENV)
+                .collect()
+        }),
+        ..Container::default()
+    };
+    let spec = pod.spec.map(|s| PodSpec {
+        node_name: s.node_name,
+        containers: s.containers.into_iter().map(digest_only).collect(),
+        init_containers: s
+            .init_containers
+            .map(|cs| cs.into_iter().map(digest_only).collect()),
+        ..PodSpec::default()
+    });
     let status = pod.status.map(|s| PodStatus {
         phase: s.phase,
+        conditions: s
+            .conditions
+            .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
         container_statuses: s.container_statuses,
+        init_container_statuses: s.init_container_statuses,
         ..PodStatus::default()
     });
     Pod {
@@ -262,9 +317,10 @@ pub fn slim_pod(pod: Pod) -> Pod {
             namespace: pod.metadata.namespace,
             labels: pod.metadata.labels,
             owner_references: pod.metadata.owner_references,
+            deletion_timestamp: pod.metadata.deletion_timestamp,
             ..ObjectMeta::default()
         },
-        spec: None,
+        spec,
         status,
     }
 }

@@ -304,6 +304,8 @@ async fn full_reconcile(
         .lock()
         .expect("last lock")
         .insert(name, last.clone());
+    // The policy or its inputs changed: the driver upgrade loop looks again.
+    ctx.caches.wake.upgrade();
     judge_and_write(ctx, policy, &last, &node_refs).await
 }
 
@@ -324,7 +326,7 @@ async fn judge_and_write(
         .map(|n| n.metadata.labels.as_ref().unwrap_or(&empty))
         .collect();
     let source = match ctx.caches.pods.get() {
-        Some(w) => readiness::PodSource::Watches(w),
+        Some(w) => readiness::PodSource::Watches(w.as_ref()),
         None => readiness::PodSource::List(&ctx.client),
     };
     let ns = &ctx.config.namespace;

@@ -171,11 +171,13 @@ pub async fn run_until(
         metrics.clone(),
         ctx.recorder.clone(),
     ));
-    let _ = ctx.caches.pods.set(crate::readiness::PodWatches::new(
+    let pod_watches = Arc::new(crate::readiness::PodWatches::new(
         client.clone(),
         wake.clone(),
     ));
+    let _ = ctx.caches.pods.set(pod_watches.clone());
     let node_writer = kube::runtime::reflector::store::Writer::<Node>::default();
+    let node_writer_reader = node_writer.as_reader();
     ctx.caches.set_nodes(node_writer.as_reader());
     tokio::spawn(crate::nodes::watch_nodes(
         crate::nodes::NodeWatch {
@@ -195,7 +197,8 @@ pub async fn run_until(
     let policy_deletes = watcher(policies.clone(), watcher::Config::default())
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());
-    // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::upgrade`]).
+    // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::upgrade`]), reading the
+    // reconciler's caches.
     let upgrader = crate::upgrade::Upgrader::start(
         client.clone(),
         crate::upgrade::UpgradeConfig {
@@ -203,11 +206,15 @@ pub async fn run_until(
             identity: config.identity.clone(),
             namespace: config.namespace.clone(),
         },
+        crate::upgrade::Sources {
+            nodes: node_writer_reader,
+            pods: pod_watches,
+            changed: wake.upgrade_notify(),
+        },
     );
     tokio::spawn(crate::upgrade::run_cluster_policy(
         upgrader.clone(),
-        config.namespace.clone(),
-        metrics.clone(),
+        ctx.clone(),
         shutdown.clone(),
     ));
     // NVIDIADriver CRs (a driver per node pool; [`crate::nvidiadriver`]), when the CRD is served.

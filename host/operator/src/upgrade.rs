@@ -3,13 +3,20 @@
 //!
 //! ```text
 //! UpgradeScope (driver DaemonSet + upgrade policy + who to report on)
-//!   ├─ GET DaemonSet, LIST its ControllerRevisions (current revision hash)
-//!   ├─ LIST Nodes (fresh: slot counting must see this operator's own last writes)
-//!   ├─ pods from a reflector store (driver pods, workloads, validators per node)
+//!   ├─ nodes from the reconciler's node store (slimmed: upgrade labels/annotations, cordon, Ready)
+//!   ├─ driver pods + ControllerRevisions, validator pods: PodWatches (label-selected, slimmed)
+//!   ├─ workload pods: LIST ?fieldSelector=spec.nodeName=… only for nodes in
+//!   │  wait-for-jobs / pod-deletion / drain (the only states that read them)
 //!   ▼
 //! kiln_core::upgrade::plan ─► per node: evictions, driver pod delete, ONE node merge patch
 //!                              (state label + annotations + spec.unschedulable), Events
 //! ```
+//!
+//! A pass at rest reads nothing from the API server: every input is a cache, and the loop
+//! wakes only on what can start or move an upgrade ([`crate::live::Wake::upgrade`]: the driver
+//! DaemonSet, a driver or validator pod, a node's upgrade labels/annotations/cordon/Ready, a
+//! full reconcile of the policy). Its own node patches are waited for in the store before the
+//! next pass plans (slot counting must see them).
 //!
 //! A node's progress is its state label and annotations, so a restarted operator resumes where
 //! the last one stopped. The state machine is scoped to one driver DaemonSet and the nodes that
@@ -26,7 +33,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -36,14 +42,17 @@ use kiln_core::upgrade::{
     self, Action, Counts, DriverPodFacts, Inputs, NodeFacts, NodePlan, PodFacts, Selector,
     UpgradeState,
 };
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
+use crate::context::Context;
 use crate::metrics::{Metrics, UpgradeCensus};
+use crate::readiness::PodWatches;
 use crate::{Error, Result, is_not_found};
 
 /// The ClusterPolicy's driver DaemonSet (assets/state-driver).
@@ -108,88 +117,95 @@ impl Default for UpgradeConfig {
     }
 }
 
+/// Where the upgrade controller reads the cluster: the reconciler's caches.
+#[derive(Clone)]
+pub struct Sources {
+    /// The nodes, slimmed by [`crate::nodes::slim`] (which keeps the upgrade labels and
+    /// annotations, `spec.unschedulable` and the `Ready` condition).
+    pub nodes: Store<Node>,
+    /// Driver pods and revisions (by the driver DaemonSet's selector) and validator pods.
+    pub pods: Arc<PodWatches>,
+    /// What wakes the loop ([`crate::live::Wake::upgrade_notify`]).
+    pub changed: Arc<Notify>,
+}
+
+/// How long a pass waits for the node store to show this controller's own last patches.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(3);
+
 /// The upgrade controller's cluster view and writer; one per operator, shared by the
 /// ClusterPolicy loop and the NVIDIADriver controller.
 pub struct Upgrader {
     client: Client,
-    pods: Store<Pod>,
-    changed: Arc<Notify>,
+    sources: Sources,
     config: UpgradeConfig,
     /// Node → when its last progress Event went out (unix seconds).
     progress: std::sync::Mutex<HashMap<String, i64>>,
+    /// Node → the `resourceVersion` this controller's last patch of it returned: the next pass
+    /// waits until the store holds at least that ([`Upgrader::catch_up`]).
+    patched: std::sync::Mutex<HashMap<String, String>>,
+    /// Driver pods (`namespace/name`) this controller deleted whose deletion the pod store
+    /// has not shown yet: judged terminating meanwhile, so they are not deleted twice.
+    deleted: std::sync::Mutex<std::collections::HashSet<String>>,
     writes: AtomicU64,
-    /// The watch tasks, stopped when the upgrader goes.
-    tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
-    /// An upgrade is under way: every pod change wakes the loop (at rest only pods in
-    /// [`UpgradeConfig::namespace`] do, so a quiet cluster costs no requests).
-    active: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Upgrader {
-    fn drop(&mut self) {
-        for t in self.tasks.lock().expect("tasks lock").drain(..) {
-            t.abort();
-        }
-    }
 }
 
 impl Upgrader {
-    /// Start the pod reflector (all namespaces; managed fields dropped) and return the
-    /// upgrader; [`Upgrader::changed`] fires on every pod change.
-    pub fn start(client: Client, config: UpgradeConfig) -> Arc<Upgrader> {
-        let (reader, writer) = reflector::store::<Pod>();
-        let changed = Arc::new(Notify::new());
-        let notify = changed.clone();
-        let active = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let busy = active.clone();
-        let ns = config.namespace.clone();
-        let api: Api<Pod> = Api::all(client.clone());
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default()).modify(|p| {
-                p.managed_fields_mut().clear();
-            }),
-        )
-        .default_backoff()
-        .touched_objects();
-        let task = tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                let wake = match &ev {
-                    Ok(p) => {
-                        busy.load(Ordering::Relaxed)
-                            || p.metadata.namespace.as_deref() == Some(ns.as_str())
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "upgrade pod watch");
-                        false
-                    }
-                };
-                if wake {
-                    notify.notify_one();
-                }
-            }
-        });
+    /// An upgrader reading `sources`.
+    pub fn start(client: Client, config: UpgradeConfig, sources: Sources) -> Arc<Upgrader> {
         Arc::new(Upgrader {
             client,
-            pods: reader,
-            changed,
+            sources,
             config,
             progress: Default::default(),
+            patched: Default::default(),
+            deleted: Default::default(),
             writes: AtomicU64::new(0),
-            tasks: std::sync::Mutex::new(vec![task.abort_handle()]),
-            active,
         })
     }
 
-    /// Fires when a pod changes (and when [`Upgrader::poke`] is called).
+    /// Fires when something the upgrade reads changed (and on [`Upgrader::poke`]).
     pub fn changed(&self) -> &Notify {
-        &self.changed
+        &self.sources.changed
     }
 
-    /// Ask for a pass soon (a node, DaemonSet or policy changed).
+    /// Ask for a pass soon.
     pub fn poke(&self) {
-        self.changed.notify_one();
+        self.sources.changed.notify_one();
+    }
+
+    /// Wait (at most [`CATCH_UP_LIMIT`]) until the node store holds every node at or past the
+    /// `resourceVersion` this controller's last patch of it returned. Resource versions are
+    /// compared as numbers where both parse (etcd's), else for equality.
+    async fn catch_up(&self) {
+        let deadline = tokio::time::Instant::now() + CATCH_UP_LIMIT;
+        loop {
+            {
+                let mut patched = self.patched.lock().expect("patched lock");
+                patched.retain(|name, rv| {
+                    let Some(node) = self.sources.nodes.get(&ObjectRef::new(name)) else {
+                        return false;
+                    };
+                    let have = node
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .unwrap_or_default();
+                    match (have.parse::<u64>(), rv.parse::<u64>()) {
+                        (Ok(h), Ok(w)) => h < w,
+                        _ => have != rv,
+                    }
+                });
+                if patched.is_empty() {
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::debug!("node store behind this controller's patches; planning anyway");
+                self.patched.lock().expect("patched lock").clear();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// API writes sent so far (node patches, evictions, pod deletes, Events, status).
@@ -201,40 +217,64 @@ impl Upgrader {
         self.writes.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// One pass over `scope`: read, plan, apply.
+    /// One pass over `scope` and its driver DaemonSet `ds` (as the caller's cache holds it):
+    /// read the caches, plan, apply. Reads from the API server only the pods bound to nodes in
+    /// `wait-for-jobs-required`, `pod-deletion-required` or `drain-required`.
     ///
     /// # Errors
-    /// [`Error::Kube`] when a read fails or a node patch fails; evictions that the API refuses
-    /// (a PodDisruptionBudget) are retried next pass.
-    pub async fn pass(&self, scope: &UpgradeScope) -> Result<PassReport> {
-        self.pods.wait_until_ready().await.ok();
-        let dss: Api<DaemonSet> = Api::namespaced(self.client.clone(), &scope.namespace);
-        let Some(ds) = dss
-            .get_opt(&scope.daemonset)
-            .await
-            .map_err(|e| Error::kube(format!("get DaemonSet {}", scope.daemonset), e))?
-        else {
-            return Ok(PassReport::default());
-        };
+    /// [`Error::Kube`] when listing a node's pods or a node patch fails; evictions that the API
+    /// refuses (a PodDisruptionBudget) are retried next pass.
+    pub async fn pass(&self, scope: &UpgradeScope, ds: &DaemonSet) -> Result<PassReport> {
+        self.catch_up().await;
+        let _ = self.sources.nodes.wait_until_ready().await;
         let policy = scope.policy.as_ref().filter(|p| p.auto_upgrade);
-        let nodes = Api::<Node>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| Error::kube("list nodes", e))?
-            .items;
+        let nodes = self.sources.nodes.state();
+        let (drivers, revisions) = self.sources.pods.of(ds).await;
+        let validators = self
+            .sources
+            .pods
+            .matching(&scope.namespace, &scope.validator_selector)
+            .await;
         let desired = if policy.is_some() {
-            self.current_revision(&ds).await?
+            current_revision(ds, &revisions)
         } else {
             None
         };
-        let facts = node_facts(
-            &self.pods.state(),
+        let mut workloads = HashMap::new();
+        if policy.is_some() {
+            for n in &nodes {
+                let state = UpgradeState::from_label(
+                    n.labels().get(upgrade::STATE_LABEL).map(String::as_str),
+                );
+                if reads_workloads(state) {
+                    let name = n.name_any();
+                    let pods = self.pods_on(&name).await?;
+                    workloads.insert(name, pods);
+                }
+            }
+        }
+        tracing::debug!(
+            daemonset = %scope.daemonset,
+            nodes = nodes.len(),
+            drivers = drivers.len(),
+            revisions = revisions.len(),
+            validators = validators.len(),
+            desired = ?desired,
+            "upgrade pass"
+        );
+        let mut facts = node_facts(
+            &Pods {
+                drivers: &drivers,
+                validators: &validators,
+                workloads: &workloads,
+            },
             scope,
-            &ds,
+            ds,
             &nodes,
             desired.as_deref(),
             policy.is_none(),
         );
+        self.mark_deleted(&drivers, &mut facts);
         let Some(policy) = policy else {
             let plans = upgrade::disabled(&facts);
             let writes = self.apply(scope, &plans, 0).await?;
@@ -273,44 +313,34 @@ impl Upgrader {
         })
     }
 
-    /// The DaemonSet's current template revision: the `controller-revision-hash` of its
-    /// newest ControllerRevision, and the template's `DRIVER_CONFIG_DIGEST`.
-    async fn current_revision(&self, ds: &DaemonSet) -> Result<Option<String>> {
-        let Some(uid) = ds.metadata.uid.as_deref() else {
-            return Ok(None);
-        };
-        let selector = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.as_ref())
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
-        let ns = ds.metadata.namespace.clone().unwrap_or_default();
-        let revisions = Api::<ControllerRevision>::namespaced(self.client.clone(), &ns)
-            .list(&ListParams::default().labels(&selector))
+    /// The pods bound to `node` (all namespaces), for the states that wait for, delete or
+    /// drain them.
+    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        Ok(Api::<Pod>::all(self.client.clone())
+            .list(&lp)
             .await
-            .map_err(|e| Error::kube("list controllerrevisions", e))?;
-        let newest = revisions
-            .items
+            .map_err(|e| Error::kube(format!("list pods on node {node}"), e))?
+            .items)
+    }
+
+    /// Driver pods this controller deleted count as terminating until the store shows it.
+    fn mark_deleted(&self, drivers: &[Pod], facts: &mut [NodeFacts]) {
+        let mut deleted = self.deleted.lock().expect("deleted lock");
+        if deleted.is_empty() {
+            return;
+        }
+        let still: std::collections::HashSet<String> = drivers
             .iter()
-            .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
-            .max_by_key(|r| r.revision);
-        let name = ds.name_any();
-        Ok(newest.and_then(|r| {
-            r.labels()
-                .get(upgrade::REVISION_HASH_LABEL)
-                .cloned()
-                .or_else(|| {
-                    r.name_any()
-                        .strip_prefix(&format!("{name}-"))
-                        .map(str::to_string)
-                })
-        }))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        deleted.retain(|k| still.contains(k));
+        for d in facts.iter_mut().filter_map(|f| f.driver.as_mut()) {
+            if deleted.contains(&format!("{}/{}", d.namespace, d.name)) {
+                d.terminating = true;
+            }
+        }
     }
 
     /// Apply the plans; returns the writes sent.
@@ -344,7 +374,13 @@ impl Upgrader {
                     Action::DeleteDriverPod { namespace, name } => {
                         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
                         match api.delete(name, &DeleteParams::default()).await {
-                            Ok(_) => writes += 1,
+                            Ok(_) => {
+                                writes += 1;
+                                self.deleted
+                                    .lock()
+                                    .expect("deleted lock")
+                                    .insert(format!("{namespace}/{name}"));
+                            }
                             Err(e) if is_not_found(&e) => {}
                             Err(e) => {
                                 return Err(Error::kube(
@@ -376,7 +412,7 @@ impl Upgrader {
                 body.insert("spec".into(), json!({"unschedulable": u}));
             }
             if !body.is_empty() {
-                nodes
+                let patched = nodes
                     .patch(
                         &np.node,
                         &PatchParams::default(),
@@ -385,6 +421,12 @@ impl Upgrader {
                     .await
                     .map_err(|e| Error::kube(format!("patch node {}", np.node), e))?;
                 writes += 1;
+                if let Some(rv) = patched.metadata.resource_version {
+                    self.patched
+                        .lock()
+                        .expect("patched lock")
+                        .insert(np.node.clone(), rv);
+                }
             }
             for (warning, progress, note) in events {
                 writes += self
@@ -492,14 +534,56 @@ impl Upgrader {
     }
 }
 
+/// The pods a pass reads, by where they come from.
+pub struct Pods<'a> {
+    /// The driver DaemonSet's pods (by its selector: owned ones and orphans it would select).
+    pub drivers: &'a [Pod],
+    /// The validator pods ([`UpgradeScope::validator_selector`]).
+    pub validators: &'a [Pod],
+    /// Per node, every pod bound to it (listed only for nodes whose state reads them:
+    /// [`reads_workloads`]); driver pods among them are skipped.
+    pub workloads: &'a HashMap<String, Vec<Pod>>,
+}
+
+/// The states whose step reads a node's other pods (waits for them, deletes or drains them).
+pub fn reads_workloads(state: UpgradeState) -> bool {
+    matches!(
+        state,
+        UpgradeState::WaitForJobsRequired
+            | UpgradeState::PodDeletionRequired
+            | UpgradeState::DrainRequired
+    )
+}
+
+/// The DaemonSet's current template revision: the `controller-revision-hash` of the newest of
+/// `revisions` it owns (else the suffix of that revision's name after `<daemonset>-`).
+pub fn current_revision(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+    let uid = ds.metadata.uid.as_deref()?;
+    let name = ds.name_any();
+    revisions
+        .iter()
+        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+        .max_by_key(|r| r.revision)
+        .and_then(|r| {
+            r.labels()
+                .get(upgrade::REVISION_HASH_LABEL)
+                .cloned()
+                .or_else(|| {
+                    r.name_any()
+                        .strip_prefix(&format!("{name}-"))
+                        .map(str::to_string)
+                })
+        })
+}
+
 /// The managed nodes' facts: nodes running a pod of the DaemonSet (or an orphaned driver
 /// pod it would select), and nodes mid-upgrade that its nodeSelector matches (with `sweep`,
 /// every such node that carries a state).
 pub fn node_facts(
-    pods: &[Arc<Pod>],
+    pods: &Pods<'_>,
     scope: &UpgradeScope,
     ds: &DaemonSet,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     desired: Option<&str>,
     sweep: bool,
 ) -> Vec<NodeFacts> {
@@ -514,36 +598,43 @@ pub fn node_facts(
         .and_then(|t| t.node_selector.clone())
         .unwrap_or_default();
     let validator = Selector::parse(&scope.validator_selector).unwrap_or_default();
-    let mut by_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
-    let mut drivers: HashMap<&str, DriverPodFacts> = HashMap::new();
-    for p in pods {
-        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
-            continue;
-        };
-        let in_ns = p.metadata.namespace.as_deref() == Some(scope.namespace.as_str());
-        let owners = p.owner_references();
-        let owned = owners.iter().any(|o| o.uid == uid);
-        let orphan = in_ns
-            && owners.is_empty()
+    let in_ns = |p: &Pod| p.metadata.namespace.as_deref() == Some(scope.namespace.as_str());
+    let owned = |p: &Pod| in_ns(p) && p.owner_references().iter().any(|o| o.uid == uid);
+    let orphan = |p: &Pod| {
+        in_ns(p)
+            && p.owner_references().is_empty()
             && !match_labels.is_empty()
             && match_labels
                 .iter()
-                .all(|(k, v)| p.labels().get(k) == Some(v));
-        if in_ns && owned {
+                .all(|(k, v)| p.labels().get(k) == Some(v))
+    };
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let mut drivers: HashMap<String, DriverPodFacts> = HashMap::new();
+    for p in pods.drivers {
+        let Some(node) = node_of(p) else { continue };
+        if owned(p) {
             let f = DriverPodFacts::from_pod(p, desired.map(|h| (h, digest)));
             // Prefer the live pod over one already terminating.
             let keep = drivers
-                .get(node)
+                .get(&node)
                 .is_some_and(|d| !d.orphaned && !d.terminating && f.terminating);
             if !keep {
                 drivers.insert(node, f);
             }
-        } else if orphan {
+        } else if orphan(p) {
             drivers
                 .entry(node)
                 .or_insert_with(|| DriverPodFacts::from_pod(p, None));
-        } else {
-            by_node.entry(node).or_default().push(p);
+        }
+    }
+    let mut validators: HashMap<String, Vec<&Pod>> = HashMap::new();
+    for p in pods
+        .validators
+        .iter()
+        .filter(|p| validator.matches(&labels_of(p)))
+    {
+        if let Some(node) = node_of(p) {
+            validators.entry(node).or_default().push(p);
         }
     }
     let mut out = Vec::new();
@@ -562,17 +653,17 @@ pub fn node_facts(
         if !keep {
             continue;
         }
-        let here = by_node.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        let validators: Vec<&&Pod> = here
-            .iter()
-            .filter(|p| validator.matches(&labels_of(p)))
+        f.validator_ready = validators
+            .get(name.as_str())
+            .map(|vs| vs.iter().any(|p| pod_ready(p)));
+        f.pods = pods
+            .workloads
+            .get(name.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|p| !owned(p) && !orphan(p))
+            .map(PodFacts::from_pod)
             .collect();
-        f.validator_ready = if validators.is_empty() {
-            None
-        } else {
-            Some(validators.iter().any(|p| pod_ready(p)))
-        };
-        f.pods = here.iter().map(|p| PodFacts::from_pod(p)).collect();
         out.push(f);
     }
     out
@@ -638,32 +729,25 @@ pub fn cluster_policy_scope(policy: &ClusterPolicy, namespace: &str) -> Option<U
 }
 
 /// The upgrade loop of the ClusterPolicy's driver, until `shutdown` resolves: a pass on every
-/// change (debounced by [`DEBOUNCE`]) and every [`ACTIVE_INTERVAL`] while an upgrade runs. At
-/// rest only changes that can start one wake it — a DaemonSet in `namespace`, a pod there (a
-/// new driver pod), a ClusterPolicy, a node's upgrade label or annotation — so a quiet cluster
-/// costs no requests; `status.driverUpgrade` and the gauges ([`set_metrics`]) follow each pass.
+/// change ([`Upgrader::changed`], debounced by [`DEBOUNCE`]) and every [`ACTIVE_INTERVAL`]
+/// while an upgrade runs. The policy comes from the controller's store, the driver DaemonSet
+/// from the cache of labelled objects ([`Context::live`]), so a pass with nothing to do sends
+/// no request; `status.driverUpgrade` and the gauges ([`set_metrics`]) follow each pass.
 pub async fn run_cluster_policy(
     upgrader: Arc<Upgrader>,
-    namespace: String,
-    metrics: Arc<Metrics>,
+    ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let client = upgrader.client.clone();
-    spawn_pokes(&upgrader, &client, &namespace);
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let body = async {
-        let mut last_status = None;
+        let mut status = StatusState::default();
         loop {
-            let pass =
-                cluster_policy_pass(&upgrader, &policies, &namespace, &metrics, &mut last_status);
-            let active = match pass.await {
+            let active = match cluster_policy_pass(&upgrader, &ctx, &mut status).await {
                 Ok(active) => active,
                 Err(e) => {
                     tracing::warn!(error = %e, "driver upgrade pass failed");
                     true
                 }
             };
-            upgrader.active.store(active, Ordering::Relaxed);
             if active {
                 let _ = tokio::time::timeout(ACTIVE_INTERVAL, upgrader.changed().notified()).await;
             } else {
@@ -678,31 +762,50 @@ pub async fn run_cluster_policy(
     }
 }
 
+/// What the loop last wrote to `status.driverUpgrade` and when (the store may not show a
+/// write yet when the next pass runs).
+#[derive(Default)]
+struct StatusState {
+    at: Option<std::time::Instant>,
+    written: Option<Option<DriverUpgradeStatus>>,
+}
+
+/// A written status still missing from the store is written again after this long.
+const STATUS_REWRITE_AFTER: Duration = Duration::from_secs(30);
+
 async fn cluster_policy_pass(
     upgrader: &Upgrader,
-    policies: &Api<ClusterPolicy>,
-    namespace: &str,
-    metrics: &Metrics,
-    last_status: &mut Option<std::time::Instant>,
+    ctx: &Context,
+    last: &mut StatusState,
 ) -> Result<bool> {
-    let list = policies
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list clusterpolicies", e))?;
-    let active = kiln_core::singleton::active_policy(list.items.iter().map(|p| &p.metadata));
-    let Some(policy) = list
-        .items
+    let metrics = &ctx.metrics;
+    // Not waited for: the controller's store does not report readiness (kube-runtime 5), and
+    // the policy's first full reconcile wakes this loop anyway.
+    let Some(store) = ctx.caches.policies() else {
+        return Ok(false);
+    };
+    let objects = store.state();
+    let active = kiln_core::singleton::active_policy(objects.iter().map(|p| &p.metadata));
+    let Some(object) = objects
         .iter()
         .find(|p| p.metadata.name.as_deref() == active)
     else {
         set_metrics(metrics, None);
         return Ok(false);
     };
-    let Some(scope) = cluster_policy_scope(policy, namespace) else {
+    let policy: ClusterPolicy = parse_policy(object)?;
+    let Some(scope) = cluster_policy_scope(&policy, &ctx.config.namespace) else {
         set_metrics(metrics, None);
         return Ok(false);
     };
-    let report = upgrader.pass(&scope).await?;
+    let live = ctx.live().await?;
+    let _ = live.ready(crate::reconcile::LIVE_READY_LIMIT).await;
+    let Some(ds) = live.daemonset(&scope.namespace, &scope.daemonset) else {
+        tracing::debug!(daemonset = %scope.daemonset, "no driver DaemonSet yet");
+        set_metrics(metrics, None);
+        return Ok(false);
+    };
+    let report = upgrader.pass(&scope, &ds).await?;
     set_metrics(metrics, report.counts.as_ref());
     let want = report.counts.as_ref().map(DriverUpgradeStatus::from);
     let have = policy
@@ -710,12 +813,16 @@ async fn cluster_policy_pass(
         .as_ref()
         .and_then(|s| s.driver_upgrade.clone());
     // Every status write wakes the ClusterPolicy's reconcile: while nodes move, at most one
-    // every STATUS_EVERY; the final counts always.
-    let due = !report.active || last_status.is_none_or(|t| t.elapsed() >= STATUS_EVERY);
-    if want != have && due {
-        *last_status = Some(std::time::Instant::now());
+    // every STATUS_EVERY; the final counts always. A write the store does not show yet is not
+    // repeated (for STATUS_REWRITE_AFTER).
+    let due = !report.active || last.at.is_none_or(|t| t.elapsed() >= STATUS_EVERY);
+    let pending = last.written.as_ref() == Some(&want)
+        && last.at.is_some_and(|t| t.elapsed() < STATUS_REWRITE_AFTER);
+    if want != have && due && !pending {
+        last.at = Some(std::time::Instant::now());
+        last.written = Some(want.clone());
         let body = json!({"status": {"driverUpgrade": want}});
-        policies
+        Api::<ClusterPolicy>::all(ctx.client.clone())
             .patch_status(
                 &policy.name_any(),
                 &PatchParams::default(),
@@ -728,69 +835,14 @@ async fn cluster_policy_pass(
     Ok(report.active)
 }
 
-/// A hash of a node's `nvidia.com/gpu-driver-upgrade*` labels and annotations.
-fn upgrade_meta_hash(
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
-) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for m in [labels, annotations] {
-        for (k, v) in m
-            .iter()
-            .filter(|(k, _)| k.starts_with("nvidia.com/gpu-driver-upgrade"))
-        {
-            (k, v).hash(&mut h);
-        }
-        0xffu8.hash(&mut h);
-    }
-    h.finish()
-}
-
-/// Wake the loop on node, DaemonSet and ClusterPolicy changes (pods wake it through the store).
-fn spawn_pokes(upgrader: &Upgrader, client: &Client, namespace: &str) {
-    let notify = upgrader.changed.clone();
-    let nodes = watcher(
-        Api::<kube::core::PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let dss = watcher(
-        Api::<DaemonSet>::namespaced(client.clone(), namespace),
-        watcher::Config::default(),
-    )
-    .map(|e| e.map(|_| ()));
-    let policies = watcher(
-        Api::<ClusterPolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .map(|e| e.map(|_| ()));
-    // Only a change of what the state machine reads on a node wakes the loop (not heartbeats).
-    let mut last: HashMap<String, u64> = HashMap::new();
-    let nodes = nodes
-        .default_backoff()
-        .touched_objects()
-        .filter_map(move |e| {
-            let wake = e.ok().is_some_and(|n| {
-                let h = upgrade_meta_hash(n.labels(), n.annotations());
-                last.insert(n.name_any(), h) != Some(h)
-            });
-            std::future::ready(wake.then_some(Ok::<(), watcher::Error>(())))
-        });
-    let all = futures::stream::select(
-        nodes,
-        futures::stream::select(dss, policies).default_backoff(),
-    );
-    let task = tokio::spawn(async move {
-        futures::pin_mut!(all);
-        while all.next().await.is_some() {
-            notify.notify_one();
-        }
-    });
-    upgrader
-        .tasks
-        .lock()
-        .expect("tasks lock")
-        .push(task.abort_handle());
+/// A ClusterPolicy of the controller's store as the typed spec.
+fn parse_policy(object: &DynamicObject) -> Result<ClusterPolicy> {
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Error::Json {
+            action: format!("read ClusterPolicy {}", object.name_any()),
+            source: e,
+        })
 }
 
 #[cfg(test)]
@@ -822,7 +874,7 @@ mod tests {
 
     const STATE_LABEL_KEY: &str = upgrade::STATE_LABEL;
 
-    fn pod(ns: &str, name: &str, node: &str, extra: Value) -> Arc<Pod> {
+    fn pod(ns: &str, name: &str, node: &str, extra: Value) -> Pod {
         let mut p = json!({
             "metadata": {"name": name, "namespace": ns, "labels": {}},
             "spec": {"nodeName": node, "containers": [{"name": "c"}]},
@@ -830,7 +882,7 @@ mod tests {
                 "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": ""}]}
         });
         json_merge(&mut p, extra);
-        Arc::new(obj(p))
+        obj(p)
     }
 
     fn json_merge(a: &mut Value, b: Value) {
@@ -844,7 +896,7 @@ mod tests {
         }
     }
 
-    fn driver(name: &str, node: &str, hash: &str) -> Arc<Pod> {
+    fn driver(name: &str, node: &str, hash: &str) -> Pod {
         pod(
             "gpu-operator",
             name,
@@ -872,7 +924,7 @@ mod tests {
 
     #[test]
     fn facts_per_node_from_the_driver_pods_workloads_and_validators() {
-        let pods = vec![
+        let drivers = vec![
             driver("drv-a", "a", "new"),
             driver("drv-b", "b", "old"),
             // An orphaned driver pod (its DaemonSet was replaced) on c.
@@ -882,21 +934,33 @@ mod tests {
                 "c",
                 json!({"metadata": {"labels": {"app": "nvidia-driver-daemonset"}}}),
             ),
-            pod(
-                "gpu-operator",
-                "val-a",
-                "a",
-                json!({"metadata": {"labels": {"app": "nvidia-operator-validator"}},
-                "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
-            ),
-            pod(
-                "jobs",
-                "train",
-                "b",
-                json!({"metadata": {"labels": {"app": "trainer"}},
-                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
-            ),
         ];
+        let validators = vec![pod(
+            "gpu-operator",
+            "val-a",
+            "a",
+            json!({"metadata": {"labels": {"app": "nvidia-operator-validator"}},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        )];
+        // Node b's pods as listed by node name: its own driver pod is not a workload.
+        let workloads = HashMap::from([(
+            "b".to_string(),
+            vec![
+                driver("drv-b", "b", "old"),
+                pod(
+                    "jobs",
+                    "train",
+                    "b",
+                    json!({"metadata": {"labels": {"app": "trainer"}},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+                ),
+            ],
+        )]);
+        let pods = Pods {
+            drivers: &drivers,
+            validators: &validators,
+            workloads: &workloads,
+        };
         let nodes = [
             node("a", Some("upgrade-done")),
             node("b", None),
@@ -907,7 +971,8 @@ mod tests {
             node("e", Some("upgrade-done")),
             // No driver pod, no state: not a driver node.
             node("f", None),
-        ];
+        ]
+        .map(Arc::new);
         let f = node_facts(&pods, &scope(), &ds(), &nodes, Some("new"), false);
         let names: Vec<&str> = f.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c", "d"]);
@@ -964,25 +1029,44 @@ mod tests {
     }
 
     #[test]
-    fn only_upgrade_metadata_changes_the_wake_hash() {
-        let l = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let base = upgrade_meta_hash(&l(&[("a", "1")]), &l(&[]));
+    fn the_current_revision_is_the_newest_the_daemonset_owns() {
+        let rev =
+            |name: &str, revision: i64, owner: &str, hash: Option<&str>| -> ControllerRevision {
+                let mut labels = json!({});
+                if let Some(h) = hash {
+                    labels["controller-revision-hash"] = json!(h);
+                }
+                obj(json!({"metadata": {"name": name, "labels": labels,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "nvidia-driver-daemonset", "uid": owner}]},
+                "revision": revision}))
+            };
+        let revisions = [
+            rev("nvidia-driver-daemonset-aaa", 1, "ds1", Some("aaa")),
+            rev("nvidia-driver-daemonset-bbb", 2, "ds1", Some("bbb")),
+            // Newer, but another DaemonSet's (a replaced one of the same name).
+            rev("nvidia-driver-daemonset-zzz", 3, "other", Some("zzz")),
+        ];
+        assert_eq!(current_revision(&ds(), &revisions).as_deref(), Some("bbb"));
+        // No hash label: the name's suffix.
+        let unlabelled = [rev("nvidia-driver-daemonset-ccc", 4, "ds1", None)];
+        assert_eq!(current_revision(&ds(), &unlabelled).as_deref(), Some("ccc"));
+        assert_eq!(current_revision(&ds(), &[]), None);
+    }
+
+    #[test]
+    fn only_waiting_deleting_and_draining_read_a_nodes_pods() {
+        let reading: Vec<UpgradeState> = UpgradeState::ALL
+            .into_iter()
+            .filter(|s| reads_workloads(*s))
+            .collect();
         assert_eq!(
-            base,
-            upgrade_meta_hash(&l(&[("a", "2")]), &l(&[("gfd.timestamp", "9")]))
-        );
-        assert_ne!(
-            base,
-            upgrade_meta_hash(&l(&[(upgrade::SKIP_LABEL, "true")]), &l(&[]))
-        );
-        assert_ne!(
-            base,
-            upgrade_meta_hash(&l(&[]), &l(&[(upgrade::UPGRADE_REQUESTED, "true")]))
+            reading,
+            [
+                UpgradeState::WaitForJobsRequired,
+                UpgradeState::PodDeletionRequired,
+                UpgradeState::DrainRequired
+            ]
         );
     }
 }
