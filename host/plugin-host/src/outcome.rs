@@ -523,12 +523,16 @@ enum Applied {
 /// are applied as they are.
 fn apply_bounded(
     object: &mut Value,
-    patch: &json_patch::Patch,
+    patch: json_patch::Patch,
     limit: usize,
 ) -> Result<(), Applied> {
     use json_patch::PatchOperation as Op;
+    let patch = match apply_top_level(object, patch) {
+        Ok(()) => return Ok(()),
+        Err(patch) => patch,
+    };
     if !patch.iter().any(|op| matches!(op, Op::Copy(_))) {
-        return json_patch::patch(object, patch).map_err(Applied::Failed);
+        return json_patch::patch(object, &patch).map_err(Applied::Failed);
     }
     let mut copied = 0usize;
     for (i, op) in patch.iter().enumerate() {
@@ -548,6 +552,67 @@ fn apply_bounded(
             e.operation = i;
             Applied::Failed(e)
         })?;
+    }
+    Ok(())
+}
+
+/// Applies `patch` to the JSON object `object` by moving each operation's `value` into place,
+/// when every operation is an `add`, `replace` or `remove` of a top-level member and each
+/// would succeed (a `replace` or `remove` names a member present at that point): what the
+/// standard plugins answer. `json_patch::patch` would clone each `value` (a DaemonSet's whole
+/// `spec`) out of the borrowed patch. Any other patch is handed back untouched, for
+/// `json_patch::patch` to apply (and to report the failing operation exactly as it does).
+fn apply_top_level(object: &mut Value, patch: json_patch::Patch) -> Result<(), json_patch::Patch> {
+    use json_patch::PatchOperation as Op;
+    let Value::Object(members) = object else {
+        return Err(patch);
+    };
+    // A dry run over the keys first, so that nothing is changed unless every operation
+    // applies: `changed` holds each key an earlier operation added or removed, with whether it
+    // is present after it.
+    let mut changed: Vec<(String, bool)> = Vec::with_capacity(patch.len());
+    let mut keys = Vec::with_capacity(patch.len());
+    for op in patch.iter() {
+        let path = match op {
+            Op::Add(a) => &a.path,
+            Op::Replace(r) => &r.path,
+            Op::Remove(r) => &r.path,
+            _ => return Err(patch),
+        };
+        let mut tokens = path.tokens();
+        let (Some(token), None) = (tokens.next(), tokens.next()) else {
+            return Err(patch);
+        };
+        let key = token.decoded().into_owned();
+        let was = changed
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .map_or_else(|| members.contains_key(&key), |(_, p)| *p);
+        let now = match op {
+            Op::Add(_) => true,
+            Op::Replace(_) if was => true,
+            Op::Remove(_) if was => false,
+            _ => return Err(patch),
+        };
+        if now != was {
+            changed.push((key.clone(), now));
+        }
+        keys.push(key);
+    }
+    for (op, key) in patch.0.into_iter().zip(keys) {
+        match op {
+            Op::Add(a) => {
+                members.insert(key, a.value);
+            }
+            Op::Replace(r) => {
+                members.insert(key, r.value);
+            }
+            Op::Remove(_) => {
+                members.remove(&key);
+            }
+            _ => unreachable!("checked above"),
+        }
     }
     Ok(())
 }
@@ -592,7 +657,7 @@ fn apply_patch(
         Target::Copy(o) => copy_for_patch(o, &patch),
         Target::InPlace(o) => o,
     };
-    match apply_bounded(&mut object, &patch, policy.object_limit_bytes) {
+    match apply_bounded(&mut object, patch, policy.object_limit_bytes) {
         Ok(()) => {}
         Err(Applied::Failed(e)) => return Err(invalid_patch(identity.describe(), e.to_string())),
         Err(Applied::TooLarge(actual_bytes)) => {
@@ -720,6 +785,46 @@ mod tests {
             Value::Null,
             "not copied"
         );
+    }
+
+    /// Moving top-level values into place gives what `json_patch::patch` gives; a patch it
+    /// does not take, or one with a failing operation, comes back with the object untouched.
+    #[test]
+    fn top_level_moves_patch_like_json_patch() {
+        let original = daemonset();
+        let taken = [
+            r#"[{"op":"add","path":"/spec","value":{"a":1}},{"op":"add","path":"/metadata","value":{"name":"ds"}}]"#,
+            r#"[{"op":"replace","path":"/metadata","value":{"name":"ds"}},{"op":"remove","path":"/spec"},{"op":"add","path":"/spec","value":7}]"#,
+            r#"[{"op":"add","path":"/status","value":{}},{"op":"replace","path":"/status","value":2},{"op":"remove","path":"/status"}]"#,
+            r#"[{"op":"add","path":"/a~1b~0c","value":"x"}]"#,
+            "[]",
+        ];
+        for text in taken {
+            let patch = crate::patch::parse_patch(text).unwrap();
+            let mut expected = original.clone();
+            json_patch::patch(&mut expected, &patch).unwrap();
+            let mut moved = original.clone();
+            assert!(apply_top_level(&mut moved, patch).is_ok(), "{text}");
+            assert_eq!(moved, expected, "{text}");
+        }
+        let refused = [
+            r#"[{"op":"replace","path":"/status","value":1}]"#,
+            r#"[{"op":"remove","path":"/spec"},{"op":"remove","path":"/spec"}]"#,
+            r#"[{"op":"add","path":"/spec","value":1},{"op":"remove","path":"/status"}]"#,
+            r#"[{"op":"add","path":"/spec/x","value":1}]"#,
+            r#"[{"op":"add","path":"","value":{}}]"#,
+            r#"[{"op":"test","path":"/kind","value":"DaemonSet"}]"#,
+        ];
+        for text in refused {
+            let patch = crate::patch::parse_patch(text).unwrap();
+            let mut object = original.clone();
+            let back = apply_top_level(&mut object, patch.clone()).expect_err(text);
+            assert_eq!(back, patch, "{text}");
+            assert_eq!(object, original, "{text}");
+        }
+        let mut not_an_object = json!([1]);
+        let patch = crate::patch::parse_patch(r#"[{"op":"add","path":"/0","value":2}]"#).unwrap();
+        assert!(apply_top_level(&mut not_an_object, patch).is_err());
     }
 
     /// The bound holds where serializing a parsed value grows it most (short floats, `-0`,
