@@ -104,17 +104,19 @@ fn main() -> anyhow::Result<()> {
         "\n== summary (targets: at rest with GFD churn 0 requests/min; change: writes <= objects changed + status + Events, reads <= 10; ready latency <= 1000 ms; RSS <= 40 MiB at 5,000 nodes)"
     );
     println!(
-        "nodes  gpu  ready-latency  rest req/min (writes)  change: reads writes  CPU s  rollout s  change-ready-latency  RSS steady  RSS peak  load"
+        "nodes  gpu  ready-latency  rest req/min (watch renewals, writes)  change: reads watches writes  CPU s  rollout s  change-ready-latency  RSS steady  RSS peak  load"
     );
     for r in &rows {
         println!(
-            "{:>5} {:>4} {:>11} ms {:>13.1} ({:>5.1}) {:>13} {:>6} {:>6.2} {:>10.1} {:>18} ms {:>7.1} MiB {:>5.1} MiB  {}",
+            "{:>5} {:>4} {:>11} ms {:>13.1} ({:>5.1}, {:>5.1}) {:>21} {:>7} {:>6} {:>6.2} {:>10.1} {:>18} ms {:>7.1} MiB {:>5.1} MiB  {}",
             r.nodes,
             r.gpu_nodes,
             r.latency_ms,
             r.requests_per_min,
+            r.watches_per_min,
             r.writes_per_min,
             r.change.reads,
+            r.change.watches,
             r.change.writes,
             r.change.cpu_s,
             r.change.rollout_s,
@@ -194,6 +196,7 @@ struct Row {
     gpu_nodes: u32,
     latency_ms: i64,
     change: Change,
+    watches_per_min: f64,
     writes_per_min: f64,
     requests_per_min: f64,
     rss_steady: u64,
@@ -397,6 +400,7 @@ async fn run_once(
             gpu_nodes,
             latency_ms,
             change,
+            watches_per_min: verbs.get("watch").copied().unwrap_or(0) as f64 / minutes,
             writes_per_min: writes as f64 / minutes,
             requests_per_min: total as f64 / minutes,
             rss_steady,
@@ -462,7 +466,11 @@ async fn gfd_churn(admin: kube::Client) {
 /// What one policy change cost the operator.
 #[derive(Debug, Default)]
 struct Change {
+    /// `get` and `list` requests.
     reads: u64,
+    /// Watch (re)connections: each watch is renewed when the API server ends it (every
+    /// 290 s, kube-runtime's timeout), whether anything changed or not.
+    watches: u64,
     writes: u64,
     cpu_s: f64,
     rollout_s: f64,
@@ -528,7 +536,20 @@ async fn policy_change(
     let tally = audit::tally(audit_log, off0, off1, USER)?;
     let verbs = tally.verbs_of(USER);
     let writes = tally.writes_of(USER);
-    let reads = verbs.values().sum::<u64>() - writes;
+    let watches = verbs.get("watch").copied().unwrap_or(0);
+    let reads = verbs.values().sum::<u64>() - writes - watches;
+    let (mut status_writes, mut event_writes) = (0, 0);
+    for (what, n) in &tally.user_detail {
+        let Some((verb, resource)) = what.split_once(' ') else { continue };
+        if audit::WRITE_VERBS.contains(&verb) {
+            if resource.ends_with("/status") {
+                status_writes += n;
+            } else if resource == "events" {
+                event_writes += n;
+            }
+        }
+    }
+    let object_writes = writes - status_writes - event_writes;
     let latency_ms = if policy_ready >= last_ds {
         i64::try_from(policy_ready.duration_since(last_ds).as_millis())?
     } else {
@@ -536,15 +557,16 @@ async fn policy_change(
     };
     let change = Change {
         reads,
+        watches,
         writes,
         cpu_s: cpu1 - cpu0,
         rollout_s: policy_ready.duration_since(t0).as_secs_f64(),
         latency_ms,
     };
     println!(
-        "policy change rolled out in {:.1} s; operator requests {} ({reads} reads incl. watches, {writes} writes; targets: reads <= 10, writes <= objects changed + status + Events), CPU {:.2} s; ready latency after the last DaemonSet {latency_ms} ms",
+        "policy change rolled out in {:.1} s; operator requests {} ({reads} reads (get/list), {watches} watch renewals, {writes} writes = {object_writes} objects + {status_writes} status + {event_writes} Events; targets: reads <= 10, writes <= objects changed + status + Events), CPU {:.2} s; ready latency after the last DaemonSet {latency_ms} ms",
         change.rollout_s,
-        reads + writes,
+        reads + watches + writes,
         change.cpu_s,
     );
     println!("  by verb: {verbs:?}");
