@@ -540,7 +540,9 @@ async fn policy_change(
     let reads = verbs.values().sum::<u64>() - writes - watches;
     let (mut status_writes, mut event_writes) = (0, 0);
     for (what, n) in &tally.user_detail {
-        let Some((verb, resource)) = what.split_once(' ') else { continue };
+        let Some((verb, resource)) = what.split_once(' ') else {
+            continue;
+        };
         if audit::WRITE_VERBS.contains(&verb) {
             if resource.ends_with("/status") {
                 status_writes += n;
