@@ -291,3 +291,55 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         })
         .ok_or(())
 }
+
+#[test]
+fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples");
+    let out = Command::new(KILN)
+        .arg("render")
+        .arg("--policy")
+        .arg(dir.join("clusterpolicy.yaml"))
+        .arg("--nvidia-driver")
+        .arg(dir.join("nvidiadriver.yaml"))
+        .args(["-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let docs: Vec<Value> = serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let items: Vec<&Value> = docs
+        .iter()
+        .flat_map(|d| match d.get("items").and_then(Value::as_array) {
+            Some(items) => items.iter().collect::<Vec<_>>(),
+            None => vec![d],
+        })
+        .collect();
+    let drivers: Vec<&Value> = items
+        .iter()
+        .copied()
+        .filter(|o| {
+            o["kind"] == "DaemonSet"
+                && o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("nvidia-gpu-driver-"))
+        })
+        .collect();
+    assert_eq!(drivers.len(), 1, "{text}");
+    let selector = &drivers[0]["spec"]["template"]["spec"]["nodeSelector"];
+    assert_eq!(selector["pool"], "a", "{selector}");
+    let images: Vec<&str> = drivers[0]["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["image"].as_str())
+        .collect();
+    assert!(
+        images
+            .iter()
+            .any(|i| i.starts_with("nvcr.io/nvidia/driver:595.91.07")),
+        "{images:?}"
+    );
+}

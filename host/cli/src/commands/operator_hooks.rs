@@ -12,8 +12,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 /// The chart-hook subcommands of `kiln operator`.
 #[derive(Debug, Subcommand)]
 pub enum OperatorHook {
-    /// Server-side apply the ClusterPolicy CRD built into this binary (the chart's pre-upgrade
-    /// hook with `operator.upgradeCRD`).
+    /// Server-side apply the CRDs built into this binary, ClusterPolicy and NVIDIADriver (the
+    /// chart's pre-upgrade hook with `operator.upgradeCRD`).
     ApplyCrds(ApplyCrdsArgs),
     /// After uninstall: wait for the operator's pods to be gone, remove the node labels it
     /// wrote (`nvidia.com/gpu.present`, `nvidia.com/gpu.deploy.<component>`) and, with
