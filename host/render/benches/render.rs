@@ -222,18 +222,21 @@ fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
         states.len(),
         n / ROUNDS
     );
-    if std::env::var_os("KILN_BENCH_CPU_ONLY").is_some_and(|v| v == "wasm") {
-        // Profiling the Wasm path alone.
+    // Profiling the Wasm path, or the native one, alone.
+    let only = std::env::var("KILN_BENCH_CPU_ONLY").unwrap_or_default();
+    if only == "wasm" || only == "native" {
         let (cpu, wall) = median(
             (0..ROUNDS)
-                .map(|_| per_render(&|| wasm(&renderer)))
+                .map(|_| {
+                    if only == "wasm" {
+                        per_render(&|| wasm(&renderer))
+                    } else {
+                        per_render(&native)
+                    }
+                })
                 .collect(),
         );
-        eprintln!(
-            "{what}: wasm {:.2} ms CPU ({:.2} ms wall)",
-            ms(cpu),
-            ms(wall)
-        );
+        eprintln!("{what}: {only} {:.2} ms CPU ({:.2} ms wall)", ms(cpu), ms(wall));
         return;
     }
     // Rounds alternate between the three so that a noisy neighbour on a shared machine hits all

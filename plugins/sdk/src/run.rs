@@ -109,10 +109,9 @@ pub fn run_operand<O: Operand>(
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            let kind = if text.starts_with(DAEMONSET_PREFIX) {
-                Some(Cow::Borrowed("DaemonSet"))
-            } else {
-                peek_kind(i, text)?
+            let kind = match compact_kind(text) {
+                Some(kind) => Some(Cow::Borrowed(kind)),
+                None => peek_kind(i, text)?,
             };
             match kind.as_deref() {
                 Some("DaemonSet") => edit_daemonset::<O>(i, text, &spec, ctx),
@@ -140,6 +139,23 @@ const EMPTY_PATCH: &str = "[]";
 fn parse_spec(spec_json: &str) -> Result<ClusterPolicySpec, TransformError> {
     ClusterPolicySpec::from_json_str(spec_json)
         .map_err(|e| TransformError::field(e.path, e.message))
+}
+
+/// The `kind` of an object whose text starts `{"apiVersion":"…","kind":"…",` (members sorted,
+/// compact, as the kiln host writes objects; no escapes in either string), read off that
+/// prefix; `None` for any other text, which [`peek_kind`] then reads.
+fn compact_kind(text: &str) -> Option<&str> {
+    if text.starts_with(DAEMONSET_PREFIX) {
+        return Some("DaemonSet");
+    }
+    let rest = text.strip_prefix(r#"{"apiVersion":""#)?;
+    let rest = &rest[rest.find('"')?..];
+    let rest = rest.strip_prefix(r#"","kind":""#)?;
+    let kind = &rest[..rest.find('"')?];
+    let after = rest.as_bytes().get(kind.len() + 1);
+    let plain = |s: &str| !s.contains('\\');
+    (plain(&text[..text.len() - rest.len()]) && plain(kind) && matches!(after, Some(b',' | b'}')))
+        .then_some(kind)
 }
 
 /// The object's `kind`, read without building the object (other members are skipped).
@@ -184,12 +200,145 @@ fn edit_daemonset<O: Operand>(
     let mut ds: DaemonSet = serde_json::from_str(text).map_err(|e| {
         TransformError::InvalidObject(format!("object #{index} is not a DaemonSet: {e}"))
     })?;
-    let before = ds.clone();
+    // Text as the kiln host writes it (compact, members sorted) is compared section by section
+    // with what the edited object serializes to, so the object need not be copied first; any
+    // other text is compared as typed objects, against a copy.
+    let sections = text
+        .starts_with(DAEMONSET_PREFIX)
+        .then(|| top_level_members(text))
+        .flatten();
+    let before = match sections {
+        Some(_) => None,
+        None => Some(ds.clone()),
+    };
     apply_common_config(&mut ds, spec)?;
     apply_host_paths(&mut ds, spec);
     O::daemonset(&mut ds, spec, ctx)?;
     apply_common_metadata(&mut ds, spec);
-    section_patch(&before, &ds, text.len())
+    match (&before, &sections) {
+        (Some(before), _) => section_patch(before, &ds, text.len()),
+        (None, Some(sections)) => text_section_patch(sections, &ds, text.len()),
+        (None, None) => unreachable!("one of the two is set"),
+    }
+}
+
+/// The top-level members of the JSON object `text` as (key, value text) slices, in order; `None`
+/// when `text` is not a compact JSON object (no whitespace between tokens, keys without escapes),
+/// so that a caller falls back to comparing parsed values. Only the structure is checked here:
+/// the caller has parsed `text` already.
+fn top_level_members(text: &str) -> Option<Vec<(&str, &str)>> {
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'{') || bytes.last() != Some(&b'}') {
+        return None;
+    }
+    let mut members = Vec::with_capacity(5);
+    let mut i = 1;
+    while i < bytes.len() - 1 {
+        // A key: `"name":`, without escapes.
+        if bytes[i] != b'"' {
+            return None;
+        }
+        let key_end = i + 1 + text[i + 1..].find('"')?;
+        let key = &text[i + 1..key_end];
+        if key.contains('\\') || bytes.get(key_end + 1) != Some(&b':') {
+            return None;
+        }
+        // Its value: up to the `,` or `}` that ends it at depth 0.
+        let start = key_end + 2;
+        let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+        let mut end = None;
+        for (j, &b) in bytes.iter().enumerate().skip(start) {
+            if in_string {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' if depth > 0 => depth -= 1,
+                b',' | b'}' if depth == 0 => {
+                    end = Some(j);
+                    break;
+                }
+                b' ' | b'\n' | b'\r' | b'\t' => return None,
+                _ => {}
+            }
+        }
+        let end = end?;
+        members.push((key, &text[start..end]));
+        i = end + 1;
+    }
+    Some(members)
+}
+
+/// [`section_patch`] for an object whose input text's top-level members are `sections` (see
+/// [`top_level_members`]): a section is answered when what `after` serializes it to differs
+/// from its input text (`add`), or when it became absent (`remove`).
+fn text_section_patch(
+    sections: &[(&str, &str)],
+    after: &DaemonSet,
+    capacity: usize,
+) -> Result<Outcome, TransformError> {
+    let failed =
+        |e: serde_json::Error| TransformError::Failed(format!("cannot serialize patch: {e}"));
+    let mut out = Vec::with_capacity(capacity + 64);
+    out.push(b'[');
+    let mut section = |key: &str, path: &str, value: Option<&dyn erased::Section>| {
+        let input = sections.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let mark = out.len();
+        if mark > 1 {
+            out.push(b',');
+        }
+        match value {
+            Some(value) => {
+                out.extend_from_slice(br#"{"op":"add","path":""#);
+                out.extend_from_slice(path.as_bytes());
+                out.extend_from_slice(br#"","value":"#);
+                let at = out.len();
+                value.write(&mut out)?;
+                if input.is_some_and(|t| t.as_bytes() == &out[at..]) {
+                    out.truncate(mark);
+                } else {
+                    out.push(b'}');
+                }
+            }
+            None if input.is_some() => {
+                out.extend_from_slice(br#"{"op":"remove","path":""#);
+                out.extend_from_slice(path.as_bytes());
+                out.extend_from_slice(br#""}"#);
+            }
+            None => out.truncate(mark),
+        }
+        Ok::<(), serde_json::Error>(())
+    };
+    section("metadata", "/metadata", Some(&after.metadata)).map_err(failed)?;
+    section("spec", "/spec", after.spec.as_ref().map(|s| s as _)).map_err(failed)?;
+    section("status", "/status", after.status.as_ref().map(|s| s as _)).map_err(failed)?;
+    out.push(b']');
+    // serde_json writes UTF-8 only, and the rest is ASCII.
+    String::from_utf8(out)
+        .map(Outcome::Patch)
+        .map_err(|e| TransformError::Failed(format!("cannot serialize patch: {e}")))
+}
+
+/// Serializing a DaemonSet section without knowing its type.
+mod erased {
+    /// A section that writes itself as compact JSON.
+    pub(super) trait Section {
+        /// Appends the section's JSON to `out`.
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+    }
+
+    impl<T: serde::Serialize> Section for T {
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+            serde_json::to_writer(out, self)
+        }
+    }
 }
 
 /// One operation of a [`section_patch`].

@@ -164,3 +164,67 @@ fn debug_builds_catch_an_unlisted_kind_that_object_edits() {
     let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}});
     let _ = run_operand::<Forgetful>(&[svc.to_string()], "{}", &ctx());
 }
+
+/// Compact text (the kiln host's) is compared section by section as text, any other text as
+/// typed objects: both answer the same patch, also with strings that hold JSON punctuation and
+/// a `status` that stays.
+#[test]
+fn text_and_typed_comparisons_agree() {
+    let mut ds = daemonset();
+    ds["metadata"]["annotations"] = json!({"tricky": "a}\"b,{[\\", "n": "x\ny"});
+    ds["status"] = json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 2,
+        "numberMisscheduled": 0, "numberReady": 1});
+    let compact = ds.to_string();
+    assert!(compact.starts_with(DAEMONSET_PREFIX), "{compact}");
+    let members = top_level_members(&compact).unwrap();
+    let keys: Vec<&str> = members.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys, ["apiVersion", "kind", "metadata", "spec", "status"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(members[2].1).unwrap(),
+        ds["metadata"]
+    );
+    let pretty = serde_json::to_string_pretty(&ds).unwrap();
+    assert!(top_level_members(&pretty).is_none());
+    for spec in [
+        "{}",
+        r#"{"daemonsets": {"priorityClassName": "gpu-critical"}}"#,
+    ] {
+        let text =
+            ops(&run_operand::<Labeler>(std::slice::from_ref(&compact), spec, &ctx()).unwrap()[0]);
+        let typed =
+            ops(&run_operand::<Labeler>(std::slice::from_ref(&pretty), spec, &ctx()).unwrap()[0]);
+        assert_eq!(text, typed, "{spec}");
+        assert!(
+            text.as_array()
+                .unwrap()
+                .iter()
+                .all(|op| op["path"] != "/status"),
+            "{text}"
+        );
+    }
+}
+
+/// The kind of compact sorted text is read off its start; anything else is left to the parse.
+#[test]
+fn compact_kind_reads_only_plain_prefixes() {
+    assert_eq!(
+        compact_kind(r#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{}}"#),
+        Some("ServiceAccount")
+    );
+    assert_eq!(
+        compact_kind(r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"Role"}"#),
+        Some("Role")
+    );
+    assert_eq!(compact_kind(&daemonset().to_string()), Some("DaemonSet"));
+    for other in [
+        r#"{"kind":"Role","apiVersion":"v1"}"#,
+        r#"{"apiVersion":"v\"1","kind":"Role"}"#,
+        r#"{"apiVersion":"v1","kind":"Ro\u006ce"}"#,
+        r#"{"apiVersion":"v1","kind":"Role"x}"#,
+        r#"{"apiVersion": "v1", "kind": "Role"}"#,
+        r#"{"apiVersion":"v1"}"#,
+        "[1]",
+    ] {
+        assert_eq!(compact_kind(other), None, "{other}");
+    }
+}
