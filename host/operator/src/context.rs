@@ -98,6 +98,8 @@ pub struct Caches {
     pub labels: Arc<Mutex<Option<LabelPolicy>>>,
     /// Wakes the controller (a no-op until `run` wires a channel).
     pub wake: Wake,
+    /// When the last reconcile of the active policy started ([`crate::reconcile::RECONCILE_EVERY`]).
+    pub paced: Mutex<Option<std::time::Instant>>,
     /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
     /// set; else readiness lists them).
     pub pods: OnceLock<Arc<crate::readiness::PodWatches>>,

@@ -53,6 +53,13 @@ enum Rendered {
 /// controller's requeue while not ready is 30 s; a little less, so that requeue is the full one).
 pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(25);
 
+/// Reconciles start at most this often: during a rollout every
+/// DaemonSet status event wakes the controller, and a reconcile that starts less than this
+/// after the previous one waits out the rest first (the events meanwhile fold into it, since
+/// the controller never queues a policy twice). A lone event is handled at once; the policy's
+/// `ready` follows the last DaemonSet by at most this much more.
+pub const RECONCILE_EVERY: Duration = Duration::from_millis(200);
+
 /// Reconcile `policy`: the controller's reconcile function. On an API failure the status gets
 /// `ReconcileFailed` (best effort) and the error goes to the controller's error policy.
 ///
@@ -121,6 +128,16 @@ async fn nodes_now(ctx: &Context) -> Result<Vec<Arc<Node>>> {
 
 async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> {
     let name = arg.name_any();
+    let since = ctx
+        .caches
+        .paced
+        .lock()
+        .expect("paced lock")
+        .map(|t| t.elapsed());
+    if let Some(wait) = since.and_then(|s| RECONCILE_EVERY.checked_sub(s)) {
+        tokio::time::sleep(wait).await;
+    }
+    *ctx.caches.paced.lock().expect("paced lock") = Some(Instant::now());
     let all = policies(ctx).await?;
     // The freshest copy: the store's (the queued one may be older).
     let policy = all
