@@ -236,7 +236,11 @@ fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
                 })
                 .collect(),
         );
-        eprintln!("{what}: {only} {:.2} ms CPU ({:.2} ms wall)", ms(cpu), ms(wall));
+        eprintln!(
+            "{what}: {only} {:.2} ms CPU ({:.2} ms wall)",
+            ms(cpu),
+            ms(wall)
+        );
         return;
     }
     // Rounds alternate between the three so that a noisy neighbour on a shared machine hits all
