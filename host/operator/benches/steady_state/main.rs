@@ -6,6 +6,7 @@
 //! KILN_BENCH_SIZES=8:5 KILN_BENCH_WINDOW_S=30 cargo bench -p kiln-operator --bench steady_state
 //! KILN_BENCH_WRAP="heaptrack -o /tmp/op" …   # the operator under a profiler (RSS figures then
 //!                                            # are the wrapper's)
+//! KILN_BENCH_SIZES=5000:5000 KILN_BENCH_POLICY_PATCH='{"spec":{…}}' …  # the sample, merge-patched
 //! ```
 //!
 //! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
@@ -296,9 +297,17 @@ async fn run_once(
         let created = Instant::now();
         // Created as the JSON document: a typed ClusterPolicy would serialize every defaulted
         // field, which the CRD's patterns refuse for empty images.
-        let policy: DynamicObject = yaml(&std::fs::read_to_string(
+        let mut doc: Value = yaml(&std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml"),
         )?)?;
+        // `KILN_BENCH_POLICY_PATCH`: a JSON merge patch on the sample (say, fewer operands and
+        // a wider `daemonsets.rollingUpdate.maxUnavailable` for 5,000 nodes on a small machine).
+        if let Ok(patch) = std::env::var("KILN_BENCH_POLICY_PATCH") {
+            let patch: Value = serde_json::from_str(&patch).context("KILN_BENCH_POLICY_PATCH")?;
+            json_patch::merge(&mut doc, &patch);
+            println!("policy: the sample with {patch}");
+        }
+        let policy: DynamicObject = serde_json::from_value(doc)?;
         Api::<DynamicObject>::all_with(
             admin.clone(),
             &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
