@@ -295,39 +295,48 @@ fn which(name: &str) -> Result<PathBuf, ()> {
 #[test]
 fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples");
-    let out = Command::new(KILN)
-        .arg("render")
-        .arg("--policy")
-        .arg(dir.join("clusterpolicy.yaml"))
-        .arg("--nvidia-driver")
-        .arg(dir.join("nvidiadriver.yaml"))
-        .args(["-o", "json"])
-        .output()
-        .unwrap();
+    let render = |policy: &Path| {
+        Command::new(KILN)
+            .arg("render")
+            .arg("--policy")
+            .arg(policy)
+            .arg("--nvidia-driver")
+            .arg(dir.join("nvidiadriver.yaml"))
+            .args(["-o", "json"])
+            .output()
+            .unwrap()
+    };
+    // The sample policy keeps its own driver: an NVIDIADriver would be Disabled there.
+    let refused = render(&dir.join("clusterpolicy.yaml"));
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("driver.useNvidiaDriverCRD: true"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(refused.stdout.is_empty());
+    // Handed to the CR, as the sample's comment says.
+    let text = std::fs::read_to_string(dir.join("clusterpolicy.yaml"))
+        .unwrap()
+        .replace("useNvidiaDriverCRD: false", "useNvidiaDriverCRD: true");
+    assert!(text.contains("useNvidiaDriverCRD: true"));
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = tmp.path().join("policy.yaml");
+    std::fs::write(&policy, text).unwrap();
+    let out = render(&policy);
     assert!(out.status.success(), "{}", stderr(&out));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let docs: Vec<Value> = serde_json::Deserializer::from_str(&text)
-        .into_iter::<Value>()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let items: Vec<&Value> = docs
-        .iter()
-        .flat_map(|d| match d.get("items").and_then(Value::as_array) {
-            Some(items) => items.iter().collect::<Vec<_>>(),
-            None => vec![d],
-        })
-        .collect();
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = list["items"].as_array().expect("a List");
     let drivers: Vec<&Value> = items
         .iter()
-        .copied()
         .filter(|o| {
             o["kind"] == "DaemonSet"
-                && o["metadata"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with("nvidia-gpu-driver-"))
+                && o["metadata"]["labels"]["app.kubernetes.io/component"] == "nvidia-driver"
         })
         .collect();
-    assert_eq!(drivers.len(), 1, "{text}");
+    assert_eq!(drivers.len(), 1, "{}", list);
+    let name = drivers[0]["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("nvidia-gpu-driver-ubuntu22.04-"), "{name}");
     let selector = &drivers[0]["spec"]["template"]["spec"]["nodeSelector"];
     assert_eq!(selector["pool"], "a", "{selector}");
     let images: Vec<&str> = drivers[0]["spec"]["template"]["spec"]["containers"]

@@ -62,7 +62,7 @@ pub struct RenderArgs {
     /// An NVIDIADriver YAML file (`nvidia.com/v1alpha1`): also print its driver objects, as
     /// the operator applies them with this policy for GPU nodes of `--os` that its
     /// `nodeSelector` selects (the DaemonSet name hashes `metadata.uid`, empty when the file has
-    /// none). Repeatable.
+    /// none). The policy must set `driver.useNvidiaDriverCRD: true`. Repeatable.
     #[arg(long = "nvidia-driver", value_name = "FILE")]
     nvidia_drivers: Vec<PathBuf>,
     /// Kernel of the GPU nodes (NFD `kernel-version.full`), for NVIDIADrivers with
@@ -181,6 +181,19 @@ impl RenderArgs {
         for key in &policy.pruned {
             eprintln!(
                 "warning: {file}: spec.{key} is not a ClusterPolicy field; it is ignored (the API server prunes it)"
+            );
+        }
+        // The operator runs NVIDIADriver CRs only when the policy hands the driver to them
+        // (it marks them Disabled otherwise): rendering both drivers would show what no
+        // cluster applies.
+        if let Some(cr) = self.nvidia_drivers.first()
+            && !kiln_core::plan::hands_off(kiln_core::State::Driver, &policy.spec)
+        {
+            bail!(
+                "{}: an NVIDIADriver runs only when the ClusterPolicy sets \
+                 driver.useNvidiaDriverCRD: true (the operator marks it Disabled otherwise, \
+                 and runs the policy's own driver); set it in {file}",
+                cr.display()
             );
         }
         let ctx = self.context()?;
