@@ -401,6 +401,16 @@ fn helm_template_renders_a_valid_policy() {
         Some("Single".into())
     );
     assert_eq!(policy.spec.dcgm.common.enabled, Some(false));
+    // NVIDIA's chart defaults for rolling driver upgrades (its values.yaml `driver.upgradePolicy`,
+    // `gpuPodDeletion` rendered as the policy's `podDeletion`).
+    assert_eq!(
+        cp["spec"]["driver"]["upgradePolicy"],
+        json!({"autoUpgrade": true, "maxParallelUpgrades": 1, "maxUnavailable": "25%",
+            "waitForCompletion": {"timeoutSeconds": 0, "podSelector": ""},
+            "podDeletion": {"force": false, "timeoutSeconds": 300, "deleteEmptyDir": false},
+            "drain": {"enable": false, "force": false, "podSelector": "", "timeoutSeconds": 300,
+                "deleteEmptyDir": false}})
+    );
     // deploy/rbac and deploy/rbac/node-patch-policy.yaml are the chart's objects, verbatim.
     let copies: Vec<Value> = docs(&read("deploy/rbac/kiln-operator.yaml"))
         .into_iter()
