@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -49,6 +50,8 @@ struct Watched {
     selector: String,
     pods: Store<SlimPod>,
     revisions: Option<Store<ControllerRevision>>,
+    /// Events either watch has seen.
+    changes: Arc<AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -68,7 +71,14 @@ pub struct PodWatches {
     client: Client,
     wake: Wake,
     watched: Mutex<HashMap<(String, String), Watched>>,
+    /// Per DaemonSet (`namespace`, `name`): the readiness last judged, with the DaemonSet's
+    /// `resourceVersion` and its watches' change count it was judged at (while neither moves
+    /// — another DaemonSet's rollout — the pods are not read again).
+    judged: Mutex<HashMap<(String, String), Judged>>,
 }
+
+/// A judged readiness with the DaemonSet `resourceVersion` and watch change count it is for.
+type Judged = (Option<String>, u64, Readiness);
 
 fn selector_of(ds: &DaemonSet) -> String {
     ds.spec
@@ -86,6 +96,7 @@ fn spawn_reflector<K>(
     selector: &str,
     slim: fn(K) -> K,
     wake: Wake,
+    changes: Arc<AtomicU64>,
 ) -> (Store<K>, tokio::task::JoinHandle<()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -103,6 +114,9 @@ where
         .default_backoff()
         .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+        if ev.is_ok() {
+            changes.fetch_add(1, Ordering::Relaxed);
+        }
         match ev {
             Err(e) => tracing::warn!(error = %e, "watch of OnDelete DaemonSet pods"),
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
@@ -123,15 +137,19 @@ impl PodWatches {
             client,
             wake,
             watched: Mutex::default(),
+            judged: Mutex::default(),
         }
     }
 
     /// The pods and revisions of `ds` as its watches hold them (started on first need, then
-    /// waited for at most [`POD_WATCH_READY_LIMIT`]).
-    pub async fn of(&self, ds: &DaemonSet) -> (Vec<Pod>, Vec<ControllerRevision>) {
+    /// waited for at most [`POD_WATCH_READY_LIMIT`]), with the watches' change count.
+    pub async fn slim_of(
+        &self,
+        ds: &DaemonSet,
+    ) -> (Vec<Arc<SlimPod>>, Vec<Arc<ControllerRevision>>, u64) {
         let ns = ds.metadata.namespace.clone().unwrap_or_default();
         let name = ds.metadata.name.clone().unwrap_or_default();
-        let (pods, revisions) = self.watch(&ns, name, &selector_of(ds), true);
+        let (pods, revisions, changes) = self.watch(&ns, name, &selector_of(ds), true);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, async {
             let _ = pods.wait_until_ready().await;
             if let Some(r) = &revisions {
@@ -139,21 +157,46 @@ impl PodWatches {
             }
         })
         .await;
+        let version = changes.load(Ordering::Relaxed);
         (
-            pods.state().iter().map(|p| p.to_pod()).collect(),
-            revisions
-                .map(|r| r.state().iter().map(|o| (**o).clone()).collect())
-                .unwrap_or_default(),
+            pods.state(),
+            revisions.map(|r| r.state()).unwrap_or_default(),
+            version,
         )
+    }
+
+    /// [`daemonset_readiness`] of the `OnDelete` DaemonSet `ds` over its watched pods and
+    /// revisions; judged again only when `ds` or its watches changed since the last call.
+    pub async fn readiness(&self, ds: &DaemonSet) -> Readiness {
+        let key = (
+            ds.metadata.namespace.clone().unwrap_or_default(),
+            ds.metadata.name.clone().unwrap_or_default(),
+        );
+        let (pods, revisions, version) = self.slim_of(ds).await;
+        let rv = ds.metadata.resource_version.clone();
+        if let Some((r, v, judged)) = self.judged.lock().expect("judged lock").get(&key)
+            && *r == rv
+            && *v == version
+        {
+            return judged.clone();
+        }
+        let pods: Vec<Pod> = pods.iter().map(|p| p.to_pod()).collect();
+        let revisions: Vec<ControllerRevision> = revisions.iter().map(|r| (**r).clone()).collect();
+        let judged = daemonset_readiness(Some(ds), &pods, &revisions);
+        self.judged
+            .lock()
+            .expect("judged lock")
+            .insert(key, (rv, version, judged.clone()));
+        judged
     }
 
     /// The pods in `namespace` matching the label selector `selector` (the driver upgrade's
     /// validator pods), from a watch of their own started on first need, then waited for at
     /// most [`POD_WATCH_READY_LIMIT`].
-    pub async fn matching(&self, namespace: &str, selector: &str) -> Vec<Pod> {
-        let (pods, _) = self.watch(namespace, format!("selector {selector}"), selector, false);
+    pub async fn matching(&self, namespace: &str, selector: &str) -> Vec<Arc<SlimPod>> {
+        let (pods, _, _) = self.watch(namespace, format!("selector {selector}"), selector, false);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, pods.wait_until_ready()).await;
-        pods.state().iter().map(|p| p.to_pod()).collect()
+        pods.state()
     }
 
     /// The stores of watch `key` in `ns` (started, or restarted when its selector changed).
@@ -163,15 +206,21 @@ impl PodWatches {
         key: String,
         selector: &str,
         with_revisions: bool,
-    ) -> (Store<SlimPod>, Option<Store<ControllerRevision>>) {
+    ) -> (
+        Store<SlimPod>,
+        Option<Store<ControllerRevision>>,
+        Arc<AtomicU64>,
+    ) {
         let mut watched = self.watched.lock().expect("watched lock");
         let key = (ns.to_string(), key);
         if watched.get(&key).is_none_or(|w| w.selector != selector) {
+            let changes = Arc::new(AtomicU64::new(0));
             let (pods, t1) = spawn_reflector(
                 Api::<SlimPod>::namespaced(self.client.clone(), ns),
                 selector,
                 SlimPod::trim,
                 self.wake.clone(),
+                changes.clone(),
             );
             let mut tasks = vec![t1];
             let revisions = with_revisions.then(|| {
@@ -180,6 +229,7 @@ impl PodWatches {
                     selector,
                     slim_revision,
                     self.wake.clone(),
+                    changes.clone(),
                 );
                 tasks.push(t2);
                 revisions
@@ -190,12 +240,13 @@ impl PodWatches {
                     selector: selector.to_string(),
                     pods,
                     revisions,
+                    changes,
                     tasks,
                 },
             );
         }
         let w = &watched[&key];
-        (w.pods.clone(), w.revisions.clone())
+        (w.pods.clone(), w.revisions.clone(), w.changes.clone())
     }
 }
 
@@ -228,14 +279,15 @@ pub async fn judge_daemonset(
     {
         return Ok(Some(format!("{name}: {}", NotReady::NotObserved)));
     }
-    let (mut pods, mut revisions) = (Vec::new(), Vec::new());
-    if let Some(ds) = ds.filter(|d| is_on_delete(d) && d.status.is_some()) {
-        (pods, revisions) = match source {
-            PodSource::Watches(w) => w.of(ds).await,
-            PodSource::List(client) => list_pods_and_revisions(client, name, ds).await?,
-        };
-    }
-    Ok(match daemonset_readiness(ds, &pods, &revisions) {
+    let readiness = match (ds.filter(|d| is_on_delete(d) && d.status.is_some()), source) {
+        (Some(ds), PodSource::Watches(w)) => w.readiness(ds).await,
+        (Some(ds), PodSource::List(client)) => {
+            let (pods, revisions) = list_pods_and_revisions(client, name, ds).await?;
+            daemonset_readiness(Some(ds), &pods, &revisions)
+        }
+        (None, _) => daemonset_readiness(ds, &[], &[]),
+    };
+    Ok(match readiness {
         Readiness::NotReady(why) => Some(format!("{name}: {why}")),
         Readiness::Ready => ds
             .and_then(|d| uncovered_nodes(d, nodes.iter().copied()))

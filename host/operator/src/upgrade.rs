@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 
 use crate::context::Context;
 use crate::metrics::{Metrics, UpgradeCensus};
-use crate::readiness::PodWatches;
+use crate::readiness::{PodWatches, SlimPod};
 use crate::{Error, Result, is_not_found};
 
 /// The ClusterPolicy's driver DaemonSet (assets/state-driver).
@@ -229,7 +229,7 @@ impl Upgrader {
         let _ = self.sources.nodes.wait_until_ready().await;
         let policy = scope.policy.as_ref().filter(|p| p.auto_upgrade);
         let nodes = self.sources.nodes.state();
-        let (drivers, revisions) = self.sources.pods.of(ds).await;
+        let (drivers, revisions, _) = self.sources.pods.slim_of(ds).await;
         let validators = self
             .sources
             .pods
@@ -325,7 +325,7 @@ impl Upgrader {
     }
 
     /// Driver pods this controller deleted count as terminating until the store shows it.
-    fn mark_deleted(&self, drivers: &[Pod], facts: &mut [NodeFacts]) {
+    fn mark_deleted(&self, drivers: &[Arc<SlimPod>], facts: &mut [NodeFacts]) {
         let mut deleted = self.deleted.lock().expect("deleted lock");
         if deleted.is_empty() {
             return;
@@ -333,7 +333,13 @@ impl Upgrader {
         let still: std::collections::HashSet<String> = drivers
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
             .collect();
         deleted.retain(|k| still.contains(k));
         for d in facts.iter_mut().filter_map(|f| f.driver.as_mut()) {
@@ -534,12 +540,13 @@ impl Upgrader {
     }
 }
 
-/// The pods a pass reads, by where they come from.
+/// The pods a pass reads, by where they come from (the stores' slim pods are read one at a
+/// time, so a pass never holds every driver pod as a full `Pod`).
 pub struct Pods<'a> {
     /// The driver DaemonSet's pods (by its selector: owned ones and orphans it would select).
-    pub drivers: &'a [Pod],
+    pub drivers: &'a [Arc<SlimPod>],
     /// The validator pods ([`UpgradeScope::validator_selector`]).
-    pub validators: &'a [Pod],
+    pub validators: &'a [Arc<SlimPod>],
     /// Per node, every pod bound to it (listed only for nodes whose state reads them:
     /// [`reads_workloads`]); driver pods among them are skipped.
     pub workloads: &'a HashMap<String, Vec<Pod>>,
@@ -557,11 +564,15 @@ pub fn reads_workloads(state: UpgradeState) -> bool {
 
 /// The DaemonSet's current template revision: the `controller-revision-hash` of the newest of
 /// `revisions` it owns (else the suffix of that revision's name after `<daemonset>-`).
-pub fn current_revision(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+pub fn current_revision<R: std::borrow::Borrow<ControllerRevision>>(
+    ds: &DaemonSet,
+    revisions: &[R],
+) -> Option<String> {
     let uid = ds.metadata.uid.as_deref()?;
     let name = ds.name_any();
     revisions
         .iter()
+        .map(std::borrow::Borrow::borrow)
         .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
         .max_by_key(|r| r.revision)
         .and_then(|r| {
@@ -611,6 +622,7 @@ pub fn node_facts(
     let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let mut drivers: HashMap<String, DriverPodFacts> = HashMap::new();
     for p in pods.drivers {
+        let p = &p.to_pod();
         let Some(node) = node_of(p) else { continue };
         if owned(p) {
             let f = DriverPodFacts::from_pod(p, desired.map(|h| (h, digest)));
@@ -627,14 +639,15 @@ pub fn node_facts(
                 .or_insert_with(|| DriverPodFacts::from_pod(p, None));
         }
     }
-    let mut validators: HashMap<String, Vec<&Pod>> = HashMap::new();
-    for p in pods
-        .validators
-        .iter()
-        .filter(|p| validator.matches(&labels_of(p)))
-    {
+    // Per node: whether any of its validator pods is ready.
+    let mut validators: HashMap<String, bool> = HashMap::new();
+    for p in pods.validators {
+        let p = &p.to_pod();
+        if !validator.matches(&labels_of(p)) {
+            continue;
+        }
         if let Some(node) = node_of(p) {
-            validators.entry(node).or_default().push(p);
+            *validators.entry(node).or_default() |= pod_ready(p);
         }
     }
     let mut out = Vec::new();
@@ -653,9 +666,7 @@ pub fn node_facts(
         if !keep {
             continue;
         }
-        f.validator_ready = validators
-            .get(name.as_str())
-            .map(|vs| vs.iter().any(|p| pod_ready(p)));
+        f.validator_ready = validators.get(name.as_str()).copied();
         f.pods = pods
             .workloads
             .get(name.as_str())
@@ -956,6 +967,15 @@ mod tests {
                 ),
             ],
         )]);
+        let slim = |ps: Vec<Pod>| -> Vec<Arc<SlimPod>> {
+            ps.iter()
+                .map(|p| {
+                    let v = serde_json::to_value(p).unwrap();
+                    Arc::new(serde_json::from_value::<SlimPod>(v).unwrap().trim())
+                })
+                .collect()
+        };
+        let (drivers, validators) = (slim(drivers), slim(validators));
         let pods = Pods {
             drivers: &drivers,
             validators: &validators,
@@ -1051,7 +1071,7 @@ mod tests {
         // No hash label: the name's suffix.
         let unlabelled = [rev("nvidia-driver-daemonset-ccc", 4, "ds1", None)];
         assert_eq!(current_revision(&ds(), &unlabelled).as_deref(), Some("ccc"));
-        assert_eq!(current_revision(&ds(), &[]), None);
+        assert_eq!(current_revision::<ControllerRevision>(&ds(), &[]), None);
     }
 
     #[test]
