@@ -70,9 +70,9 @@ enum Command {
     Version(version::VersionArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(completion::CompletionArgs),
-    /// Run the ClusterPolicy reconciler (`--kubeconfig FILE` out of cluster).
+    /// Run the ClusterPolicy and NVIDIADriver reconcilers (`--kubeconfig FILE` out of cluster).
     Operator(operator::OperatorArgs),
-    /// Print the ClusterPolicy CRD generated from the Rust types.
+    /// Print the ClusterPolicy CRD generated from the Rust types (`--nvidia-driver`: the NVIDIADriver CRD).
     Crdgen(crdgen::CrdgenArgs),
     /// Serve DCGM-compatible GPU metrics from NVML, with stable pod attribution.
     Exporter(exporter::ExporterArgs),
