@@ -218,16 +218,24 @@ pub async fn label_node(client: &Client, node: &Node, policy: &LabelPolicy) -> R
         return Ok(false);
     }
     let name = node.metadata.name.clone().unwrap_or_default();
-    Api::<Node>::all(client.clone())
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(merge_patch_body(&patch)),
-        )
-        .await
-        .map_err(|e| Error::kube(format!("patch labels of node {name}"), e))?;
-    tracing::info!(node = %name, changes = ?patch, "labelled node");
+    patch_labels(&Api::all(client.clone()), &name, &patch).await?;
     Ok(true)
+}
+
+/// Send `patch` to node `name`'s labels (a JSON merge patch) and log it.
+///
+/// # Errors
+/// [`Error::Kube`] naming the node when the patch fails.
+async fn patch_labels(api: &Api<Node>, name: &str, patch: &LabelPatch) -> Result<()> {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(merge_patch_body(patch)),
+    )
+    .await
+    .map_err(|e| Error::kube(format!("patch labels of node {name}"), e))?;
+    tracing::info!(node = %name, changes = ?patch, "labelled node");
+    Ok(())
 }
 
 /// What node events need: the client (to label), the wake, the active policy's labelling
@@ -356,16 +364,9 @@ pub async fn label_nodes(
         .collect();
     let done: Vec<(usize, LabelPatch)> = futures::stream::iter(patches)
         .map(|(i, name, patch)| {
-            let api = api.clone();
+            let api = &api;
             async move {
-                api.patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(merge_patch_body(&patch)),
-                )
-                .await
-                .map_err(|e| Error::kube(format!("patch labels of node {name}"), e))?;
-                tracing::info!(node = %name, changes = ?patch, "labelled node");
+                patch_labels(api, &name, &patch).await?;
                 Ok::<_, Error>((i, patch))
             }
         })

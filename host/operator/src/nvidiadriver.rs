@@ -393,7 +393,7 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
         if key.kind == "DaemonSet" {
             applied.insert(key.name.clone());
             if let Some(l) = &live {
-                lives.push(as_daemonset(&key.name, l)?);
+                lives.push(readiness::as_daemonset(&key.name, l)?);
             }
             if let Some(why) =
                 readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), &nodes)
@@ -433,16 +433,6 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
         )
     };
     Ok((verdict, upgrading))
-}
-
-/// The applied DaemonSet `name` as returned by the apply.
-fn as_daemonset(name: &str, live: &DynamicObject) -> Result<DaemonSet> {
-    serde_json::to_value(live)
-        .and_then(serde_json::from_value)
-        .map_err(|e| Error::Json {
-            action: format!("read DaemonSet {name}"),
-            source: e,
-        })
 }
 
 /// A verdict with no upgrade under way.

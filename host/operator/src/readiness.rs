@@ -529,18 +529,22 @@ pub async fn daemonset_not_ready(
     live: Option<&DynamicObject>,
     nodes: &[BTreeMap<String, String>],
 ) -> Result<Option<String>> {
-    let ds: Option<DaemonSet> = live
-        .map(|o| {
-            serde_json::to_value(o)
-                .and_then(serde_json::from_value)
-                .map_err(|e| Error::Json {
-                    action: format!("read DaemonSet {name}"),
-                    source: e,
-                })
-        })
-        .transpose()?;
+    let ds = live.map(|o| as_daemonset(name, o)).transpose()?;
     let nodes: Vec<&BTreeMap<String, String>> = nodes.iter().collect();
     judge_daemonset(name, ds.as_ref(), 0, PodSource::List(client), &nodes).await
+}
+
+/// The DaemonSet `name` as an apply or a watch returned it.
+///
+/// # Errors
+/// [`Error::Json`] when the object is not a DaemonSet.
+pub fn as_daemonset(name: &str, live: &DynamicObject) -> Result<DaemonSet> {
+    serde_json::to_value(live)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Error::Json {
+            action: format!("read DaemonSet {name}"),
+            source: e,
+        })
 }
 
 #[cfg(test)]
