@@ -5,9 +5,11 @@
 //! ```text
 //! missing ─► notReady      desired 0 ─► ready (once observed)      numberUnavailable ≠ 0 ─► notReady
 //! RollingUpdate: observedGeneration ≥ generation ∧ updated = desired ∧ available = desired
-//! OnDelete: every owned pod on the newest ControllerRevision, Running, all containers ready
+//! OnDelete: every owned pod on the current ControllerRevision (current_revision), Running,
+//!           all containers ready
 //! ```
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -115,7 +117,7 @@ pub fn is_on_delete(ds: &DaemonSet) -> bool {
 /// Judge a DaemonSet (`None` = not found) by upstream's rules. `pods` and `revisions` may hold
 /// more than the DaemonSet's own (say, every pod of the namespace): they are filtered by the
 /// DaemonSet's `spec.selector.matchLabels` (not its template labels), pods further by their
-/// first ownerReference UID, revisions by the name prefix `<ds-name>-`.
+/// first ownerReference UID, revisions as [`current_revision`] says.
 pub fn daemonset_readiness(
     ds: Option<&DaemonSet>,
     pods: &[Pod],
@@ -172,19 +174,73 @@ fn matches(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<String,
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// The current revision hash: the matching revision with the highest `.revision`, name minus
-/// `<ds-name>-`.
-fn current_revision_hash(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+/// Which ControllerRevision of `ds` is current, as its template hash: the one rule for both
+/// the `OnDelete` readiness check and the driver upgrade's "is this pod on the current
+/// revision". Pure; `revisions` may hold more than the DaemonSet's own (every revision of the
+/// namespace, or `Arc`s from a watch store).
+///
+/// Follows upstream's rule (GPU Operator `isDaemonSetReady`, the upgrade library's revision
+/// hash lookup): among the DaemonSet's revisions, the highest `.revision` is current, and its
+/// hash is its name minus `<ds-name>-`. A revision counts as the DaemonSet's when
+/// - one of its ownerReferences carries the DaemonSet's UID (what the DaemonSet controller
+///   writes), or
+/// - it has no ownerReferences, sits in the DaemonSet's namespace, its labels match
+///   `spec.selector.matchLabels` and its name starts with `<ds-name>-` (upstream's test; an
+///   orphan the controller would adopt).
+///
+/// Deliberately narrower than upstream: a revision owned by another UID (a deleted DaemonSet
+/// of the same name, awaiting garbage collection) is never current, however new. The hash is
+/// read from the revision's `controller-revision-hash` label when present (the value the
+/// controller also stamps on pods; equal to the name suffix unless the name was truncated),
+/// else from the name. A revision with neither is skipped.
+///
+/// ```text
+/// ds  nvidia-driver-daemonset  uid U  selector app=nvidia-driver-daemonset
+/// revisions  nvidia-driver-daemonset-aaa  revision 1  owner U
+///            nvidia-driver-daemonset-bbb  revision 2  owner U          ─► Some("bbb")
+///            nvidia-driver-daemonset-zzz  revision 3  owner V (other)  (ignored)
+/// no revision of the DaemonSet ─► None
+/// ```
+pub fn current_revision<R: Borrow<ControllerRevision>>(
+    ds: &DaemonSet,
+    revisions: &[R],
+) -> Option<String> {
     let name = ds.metadata.name.as_deref().unwrap_or_default();
     let prefix = format!("{name}-");
+    let uid = ds.metadata.uid.as_deref();
     let sel = selector(ds);
+    let ours = |r: &ControllerRevision| match r.metadata.owner_references.as_deref() {
+        Some(owners) if !owners.is_empty() => owners.iter().any(|o| Some(o.uid.as_str()) == uid),
+        _ => {
+            !name.is_empty()
+                && r.metadata.namespace == ds.metadata.namespace
+                && matches(&sel, r.metadata.labels.as_ref())
+                && r.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+        }
+    };
     revisions
         .iter()
-        .filter(|r| r.metadata.namespace == ds.metadata.namespace)
-        .filter(|r| matches(&sel, r.metadata.labels.as_ref()))
+        .map(Borrow::borrow)
+        .filter(|r| ours(r))
         .filter_map(|r| {
-            let hash = r.metadata.name.as_deref()?.strip_prefix(&prefix)?;
-            Some((r.revision, hash.to_string()))
+            let label = r
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(REVISION_HASH_LABEL));
+            let hash = match label {
+                Some(h) => h.clone(),
+                None => r
+                    .metadata
+                    .name
+                    .as_deref()?
+                    .strip_prefix(&prefix)?
+                    .to_string(),
+            };
+            Some((r.revision, hash))
         })
         .max_by_key(|(rev, _)| *rev)
         .map(|(_, hash)| hash)
@@ -209,7 +265,7 @@ fn on_delete_readiness(
     if owned.is_empty() {
         return Readiness::NotReady(NotReady::NoPods);
     }
-    let Some(want) = current_revision_hash(ds, revisions) else {
+    let Some(want) = current_revision(ds, revisions) else {
         return Readiness::NotReady(NotReady::NoRevision);
     };
     for pod in owned {

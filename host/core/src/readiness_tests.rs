@@ -174,3 +174,77 @@ fn on_delete_edges() {
         })
     );
 }
+
+/// A revision of `nvidia-driver-daemonset` as the upgrade's watch holds it: owned by `owner`,
+/// no namespace or selector labels, the hash label only when given.
+fn owned_revision(hash: &str, rev: i64, owner: &str, label: Option<&str>) -> ControllerRevision {
+    let mut labels = json!({});
+    if let Some(h) = label {
+        labels[REVISION_HASH_LABEL] = json!(h);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("nvidia-driver-daemonset-{hash}"), "labels": labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "nvidia-driver-daemonset", "uid": owner}]},
+        "revision": rev
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_current_revision_is_the_newest_the_daemonset_owns() {
+    let d = driver_ds();
+    let revisions = [
+        owned_revision("aaa", 1, DS_UID, Some("aaa")),
+        owned_revision("bbb", 2, DS_UID, Some("bbb")),
+        // Newer, but another DaemonSet's (a replaced one of the same name).
+        owned_revision("zzz", 3, "other", Some("zzz")),
+    ];
+    assert_eq!(current_revision(&d, &revisions).as_deref(), Some("bbb"));
+    // No hash label: the name's suffix.
+    let unlabelled = [owned_revision("ccc", 4, DS_UID, None)];
+    assert_eq!(current_revision(&d, &unlabelled).as_deref(), Some("ccc"));
+    // The label wins over the name (a truncated name).
+    let truncated = [owned_revision("cut", 1, DS_UID, Some("full"))];
+    assert_eq!(current_revision(&d, &truncated).as_deref(), Some("full"));
+    // Arcs, as a watch store hands them out.
+    let arcs: Vec<std::sync::Arc<ControllerRevision>> =
+        revisions.iter().cloned().map(std::sync::Arc::new).collect();
+    assert_eq!(current_revision(&d, &arcs).as_deref(), Some("bbb"));
+    assert_eq!(current_revision::<ControllerRevision>(&d, &[]), None);
+    // Only another DaemonSet's revisions: none.
+    let foreign = [owned_revision("zzz", 3, "other", Some("zzz"))];
+    assert_eq!(current_revision(&d, &foreign), None);
+}
+
+#[test]
+fn an_unowned_revision_counts_by_upstreams_test() {
+    let d = driver_ds();
+    // Namespace, selector and name prefix all match: the highest `.revision` wins, in any order.
+    let revs = [revision("new", 2), revision("old", 1)];
+    assert_eq!(current_revision(&d, &revs).as_deref(), Some("new"));
+    let mut elsewhere = revision("ns", 3);
+    elsewhere.metadata.namespace = Some("default".into());
+    let mut unselected = revision("sel", 4);
+    unselected.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+    let mut unprefixed = revision("x", 5);
+    unprefixed.metadata.name = Some("nvidia-device-plugin-daemonset-x".into());
+    let revs = [revision("new", 2), elsewhere, unselected, unprefixed];
+    assert_eq!(current_revision(&d, &revs).as_deref(), Some("new"));
+    // Owned and unowned revisions together: the highest of both.
+    let mixed = [revision("old", 1), owned_revision("bbb", 2, DS_UID, None)];
+    assert_eq!(current_revision(&d, &mixed).as_deref(), Some("bbb"));
+}
+
+#[test]
+fn on_delete_ignores_a_newer_revision_of_a_replaced_daemonset() {
+    let pods = [driver_pod("driver-a", "new", true)];
+    let revs = [
+        owned_revision("new", 2, DS_UID, Some("new")),
+        owned_revision("gone", 7, "replaced", Some("gone")),
+    ];
+    assert_eq!(
+        daemonset_readiness(Some(&driver_ds()), &pods, &revs),
+        Readiness::Ready
+    );
+}

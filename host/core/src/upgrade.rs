@@ -91,8 +91,9 @@ pub const VALIDATOR_SELECTOR: &str = "app=nvidia-operator-validator";
 /// Resource name prefixes that make a pod a GPU pod (`nvidia.com/gpu`, `nvidia.com/gpu.shared`,
 /// MIG profiles `nvidia.com/mig-1g.5gb`).
 pub const GPU_RESOURCE_PREFIXES: [&str; 2] = ["nvidia.com/gpu", "nvidia.com/mig-"];
-/// Pod label the DaemonSet controller sets to the pod's template revision.
-pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+/// Pod label the DaemonSet controller sets to the pod's template revision (one constant, kept
+/// in [`crate::readiness`]).
+pub use crate::readiness::REVISION_HASH_LABEL;
 
 /// A node's upgrade state (the label value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

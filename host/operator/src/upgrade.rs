@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -236,7 +236,7 @@ impl Upgrader {
             .matching(&scope.namespace, &scope.validator_selector)
             .await;
         let desired = if policy.is_some() {
-            current_revision(ds, &revisions)
+            kiln_core::readiness::current_revision(ds, &revisions)
         } else {
             None
         };
@@ -560,31 +560,6 @@ pub fn reads_workloads(state: UpgradeState) -> bool {
             | UpgradeState::PodDeletionRequired
             | UpgradeState::DrainRequired
     )
-}
-
-/// The DaemonSet's current template revision: the `controller-revision-hash` of the newest of
-/// `revisions` it owns (else the suffix of that revision's name after `<daemonset>-`).
-pub fn current_revision<R: std::borrow::Borrow<ControllerRevision>>(
-    ds: &DaemonSet,
-    revisions: &[R],
-) -> Option<String> {
-    let uid = ds.metadata.uid.as_deref()?;
-    let name = ds.name_any();
-    revisions
-        .iter()
-        .map(std::borrow::Borrow::borrow)
-        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
-        .max_by_key(|r| r.revision)
-        .and_then(|r| {
-            r.labels()
-                .get(upgrade::REVISION_HASH_LABEL)
-                .cloned()
-                .or_else(|| {
-                    r.name_any()
-                        .strip_prefix(&format!("{name}-"))
-                        .map(str::to_string)
-                })
-        })
 }
 
 /// The managed nodes' facts: nodes running a pod of the DaemonSet (or an orphaned driver
@@ -1046,32 +1021,6 @@ mod tests {
                 .policy
                 .is_none()
         );
-    }
-
-    #[test]
-    fn the_current_revision_is_the_newest_the_daemonset_owns() {
-        let rev =
-            |name: &str, revision: i64, owner: &str, hash: Option<&str>| -> ControllerRevision {
-                let mut labels = json!({});
-                if let Some(h) = hash {
-                    labels["controller-revision-hash"] = json!(h);
-                }
-                obj(json!({"metadata": {"name": name, "labels": labels,
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                    "name": "nvidia-driver-daemonset", "uid": owner}]},
-                "revision": revision}))
-            };
-        let revisions = [
-            rev("nvidia-driver-daemonset-aaa", 1, "ds1", Some("aaa")),
-            rev("nvidia-driver-daemonset-bbb", 2, "ds1", Some("bbb")),
-            // Newer, but another DaemonSet's (a replaced one of the same name).
-            rev("nvidia-driver-daemonset-zzz", 3, "other", Some("zzz")),
-        ];
-        assert_eq!(current_revision(&ds(), &revisions).as_deref(), Some("bbb"));
-        // No hash label: the name's suffix.
-        let unlabelled = [rev("nvidia-driver-daemonset-ccc", 4, "ds1", None)];
-        assert_eq!(current_revision(&ds(), &unlabelled).as_deref(), Some("ccc"));
-        assert_eq!(current_revision::<ControllerRevision>(&ds(), &[]), None);
     }
 
     #[test]
