@@ -8,8 +8,9 @@
 //!   are gone (so no reconcile re-labels a node), removes the node labels the operator wrote —
 //!   `nvidia.com/gpu.present` and every deploy label of [`kiln_core::labels::known_deploy_keys`]
 //!   (`nvidia.com/gpu.deploy.operands`, the user's opt-out, stays) — and with `--delete-crd`
-//!   (`operator.cleanupCRD`) deletes the CRD, which deletes every ClusterPolicy, whose
-//!   operands the garbage collector then removes.
+//!   (`operator.cleanupCRD`) deletes both CRDs ([`CRDS`]: ClusterPolicy, then NVIDIADriver,
+//!   each when present), which deletes every ClusterPolicy and NVIDIADriver, whose operands
+//!   the garbage collector then removes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,6 +28,8 @@ use crate::{Error, Result};
 pub const CRD_NAME: &str = "clusterpolicies.nvidia.com";
 /// The NVIDIADriver CRD's name, also applied by [`apply_crds`].
 pub const NVIDIA_DRIVER_CRD_NAME: &str = "nvidiadrivers.nvidia.com";
+/// The CRDs this binary serves, in the order `cleanup --delete-crd` deletes them.
+pub const CRDS: [&str; 2] = [CRD_NAME, NVIDIA_DRIVER_CRD_NAME];
 
 /// Label selector of the operator's pods (the chart's Deployment template label).
 pub const OPERATOR_POD_SELECTOR: &str = "app.kubernetes.io/name=kiln-operator";
@@ -91,14 +94,14 @@ pub struct CleanupOptions {
     pub namespace: String,
     /// Their label selector ([`OPERATOR_POD_SELECTOR`]).
     pub operator_selector: String,
-    /// Delete the CRD (and with it every ClusterPolicy).
+    /// Delete the CRDs ([`CRDS`]; and with them every ClusterPolicy and NVIDIADriver).
     pub delete_crd: bool,
-    /// How long to wait for the operator's pods, and for the CRD, to be gone.
+    /// How long to wait for the operator's pods, and for each CRD, to be gone.
     pub timeout: Duration,
 }
 
 impl CleanupOptions {
-    /// Defaults for `namespace`: the chart's selector, keep the CRD, wait 120 s.
+    /// Defaults for `namespace`: the chart's selector, keep the CRDs, wait 120 s.
     pub fn new(namespace: &str) -> Self {
         CleanupOptions {
             namespace: namespace.into(),
@@ -114,26 +117,29 @@ impl CleanupOptions {
 pub struct CleanupReport {
     /// Nodes whose labels were changed.
     pub nodes_relabelled: usize,
-    /// Whether the CRD was deleted (false when it was absent or kept).
-    pub crd_deleted: bool,
+    /// The CRDs deleted, in [`CRDS`] order (none when kept; an absent one is left out).
+    pub crds_deleted: Vec<String>,
 }
 
 /// Undo what the operator wrote outside its operands (see the module docs).
 ///
 /// # Errors
 /// [`Error::Kube`] on a refused request; [`Error::Timeout`] when the operator's pods or the
-/// CRD are still there after `opts.timeout`.
+/// CRDs are still there after `opts.timeout` (each CRD gets its own `opts.timeout`).
 pub async fn cleanup(client: &Client, opts: &CleanupOptions) -> Result<CleanupReport> {
     wait_for_no_operator(client, opts).await?;
     let nodes_relabelled = remove_node_labels(client).await?;
-    let crd_deleted = if opts.delete_crd {
-        delete_crd(client, opts.timeout).await?
-    } else {
-        false
-    };
+    let mut crds_deleted = Vec::new();
+    if opts.delete_crd {
+        for name in CRDS {
+            if delete_crd(client, name, opts.timeout).await? {
+                crds_deleted.push(name.to_string());
+            }
+        }
+    }
     Ok(CleanupReport {
         nodes_relabelled,
-        crd_deleted,
+        crds_deleted,
     })
 }
 
@@ -193,30 +199,31 @@ pub async fn remove_node_labels(client: &Client) -> Result<usize> {
     Ok(changed)
 }
 
-/// Delete the CRD and wait until it is gone; `Ok(false)` when it was absent.
+/// Delete the CRD `name` (one of [`CRDS`]) and wait until it is gone; `Ok(false)` when it
+/// was absent.
 ///
 /// # Errors
 /// [`Error::Kube`] on a refused request; [`Error::Timeout`] when it is still there after
-/// `timeout` (a ClusterPolicy finalizer, say).
-pub async fn delete_crd(client: &Client, timeout: Duration) -> Result<bool> {
+/// `timeout` (a finalizer on one of its objects, say).
+pub async fn delete_crd(client: &Client, name: &str, timeout: Duration) -> Result<bool> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match api.delete(CRD_NAME, &DeleteParams::default()).await {
+    match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(e) if crate::is_not_found(&e) => return Ok(false),
-        Err(e) => return Err(Error::kube(format!("delete CRD {CRD_NAME}"), e)),
+        Err(e) => return Err(Error::kube(format!("delete CRD {name}"), e)),
     }
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let left = api
-            .get_metadata_opt(CRD_NAME)
+            .get_metadata_opt(name)
             .await
-            .map_err(|e| Error::kube(format!("get CRD {CRD_NAME}"), e))?;
+            .map_err(|e| Error::kube(format!("get CRD {name}"), e))?;
         if left.is_none() {
-            tracing::info!(crd = CRD_NAME, "deleted");
+            tracing::info!(crd = name, "deleted");
             return Ok(true);
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(Error::Timeout(format!("CRD {CRD_NAME} still present")));
+            return Err(Error::Timeout(format!("CRD {name} still present")));
         }
         tokio::time::sleep(POLL).await;
     }
@@ -254,5 +261,23 @@ mod tests {
             Value::Null
         );
         assert!(labels_to_remove(&BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn the_crds_deleted_are_the_crds_served() {
+        let served = [crate::crd::crd(), crate::crd::nvidia_driver_crd()];
+        let names: Vec<Option<&str>> = served.iter().map(|c| c.metadata.name.as_deref()).collect();
+        assert_eq!(
+            names,
+            [
+                Some("clusterpolicies.nvidia.com"),
+                Some("nvidiadrivers.nvidia.com")
+            ]
+        );
+        assert_eq!(
+            CRDS.map(Some).to_vec(),
+            names,
+            "cleanup --delete-crd deletes what apply-crds applies"
+        );
     }
 }

@@ -19,7 +19,7 @@
 //! apply-crds`) restores a drifted CRD with only the rights the chart gives that hook; after
 //! `helm uninstall`, operands are garbage-collected and the post-delete hook's command
 //! (`kiln operator cleanup --delete-crd`, rights from the chart) removes the operator's node
-//! labels and the CRD. kwok "completes" the hook Jobs without running them, so their
+//! labels and both CRDs. kwok "completes" the hook Jobs without running them, so their
 //! commands are run here, against the same cluster, with tokens of ServiceAccounts bound to
 //! the hook RBAC the chart renders.
 
@@ -396,7 +396,7 @@ fn the_chart_renders_its_hooks() -> anyhow::Result<()> {
         Some(json!([
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-             "resourceNames": [CRD_NAME], "verbs": ["get", "delete"]}
+             "resourceNames": [CRD_NAME, NVIDIA_DRIVER_CRD_NAME], "verbs": ["get", "delete"]}
         ]))
     );
     Ok(())
@@ -785,7 +785,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     )
     .await?;
     assert_eq!(report.nodes_relabelled, 5);
-    assert!(report.crd_deleted);
+    assert_eq!(report.crds_deleted, [CRD_NAME, NVIDIA_DRIVER_CRD_NAME]);
     for node in Api::<Node>::all(admin.clone())
         .list(&ListParams::default())
         .await?
@@ -801,6 +801,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         assert!(left.is_empty(), "{:?}: {left:?}", node.metadata.name);
     }
     assert!(crds.get_opt(CRD_NAME).await?.is_none());
+    assert!(crds.get_opt(NVIDIA_DRIVER_CRD_NAME).await?.is_none());
 
     kubelet_task.abort();
     kubelet.stop_all().await;

@@ -17,7 +17,7 @@ pub enum OperatorHook {
     ApplyCrds(ApplyCrdsArgs),
     /// After uninstall: wait for the operator's pods to be gone, remove the node labels it
     /// wrote (`nvidia.com/gpu.present`, `nvidia.com/gpu.deploy.<component>`) and, with
-    /// `--delete-crd`, the CRD (the chart's post-delete hook).
+    /// `--delete-crd`, the ClusterPolicy and NVIDIADriver CRDs (the chart's post-delete hook).
     Cleanup(CleanupArgs),
 }
 
@@ -38,10 +38,11 @@ pub struct CleanupArgs {
     /// Namespace of the operator's pods.
     #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "gpu-operator")]
     namespace: String,
-    /// Also delete the ClusterPolicy CRD, and with it every ClusterPolicy (`operator.cleanupCRD`).
+    /// Also delete the ClusterPolicy and NVIDIADriver CRDs (each when present, waiting until it
+    /// is gone), and with them every ClusterPolicy and NVIDIADriver (`operator.cleanupCRD`).
     #[arg(long)]
     delete_crd: bool,
-    /// Seconds to wait for the operator's pods, and the CRD, to be gone.
+    /// Seconds to wait for the operator's pods, and for each CRD, to be gone.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
 }
@@ -86,9 +87,14 @@ impl OperatorHook {
                         ..kiln_operator::lifecycle::CleanupOptions::new(&a.namespace)
                     };
                     let report = kiln_operator::lifecycle::cleanup(&c, &opts).await?;
+                    let crds = if report.crds_deleted.is_empty() {
+                        "none".to_string()
+                    } else {
+                        report.crds_deleted.join(", ")
+                    };
                     super::write_stdout(&format!(
-                        "labels removed from {} node(s); CRD deleted: {}\n",
-                        report.nodes_relabelled, report.crd_deleted
+                        "labels removed from {} node(s); CRDs deleted: {crds}\n",
+                        report.nodes_relabelled
                     ))?;
                 }
             }
