@@ -62,9 +62,9 @@ pub const OS_VERSION_LABEL: &str = "feature.node.kubernetes.io/system-os_release
 impl NodeOs {
     /// A node's OS from its NFD labels ([`OS_ID_LABEL`], [`OS_VERSION_LABEL`]); `rhel`, `rocky`
     /// and `ol` keep only the major version (upstream rule). `None` without both labels.
-    pub fn from_labels(labels: &std::collections::BTreeMap<String, String>) -> Option<NodeOs> {
-        let id = labels.get(OS_ID_LABEL)?.clone();
-        let mut version_id = labels.get(OS_VERSION_LABEL)?.clone();
+    pub fn from_labels(labels: &impl crate::labels::LabelLookup) -> Option<NodeOs> {
+        let id = labels.label(OS_ID_LABEL)?.to_string();
+        let mut version_id = labels.label(OS_VERSION_LABEL)?.to_string();
         if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
             version_id = version_id.split('.').next().unwrap_or_default().to_string();
         }

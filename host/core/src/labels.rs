@@ -17,6 +17,25 @@ use crate::spec::{ClusterPolicySpec, SandboxMode, Workload};
 /// Node labels, key → value.
 pub type Labels = BTreeMap<String, String>;
 
+/// Read access to one node's labels, for rules that only look labels up: the API's map
+/// ([`Labels`]) or a caller's own compact copy of it (the operator's node store).
+pub trait LabelLookup {
+    /// The value of label `key`, `None` when the node does not carry it.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelLookup for Labels {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl<T: LabelLookup + ?Sized> LabelLookup for &T {
+    fn label(&self, key: &str) -> Option<&str> {
+        (**self).label(key)
+    }
+}
+
 /// A label change set: `Some(value)` sets the key, `None` removes it. Empty = nothing to write.
 pub type LabelPatch = BTreeMap<String, Option<String>>;
 

@@ -277,9 +277,9 @@ pub fn enabled_states(spec: &ClusterPolicySpec) -> Vec<State> {
 /// `isDaemonSetReady` then says ready; kiln does not. Only `nodeSelector` is read (kiln's
 /// assets select nodes by it); affinity and taints are not, so a node the DaemonSet cannot
 /// tolerate keeps the state not ready.
-pub fn uncovered_nodes<'a>(
+pub fn uncovered_nodes<L: crate::labels::LabelLookup>(
     ds: &k8s_openapi::api::apps::v1::DaemonSet,
-    nodes: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
+    nodes: impl IntoIterator<Item = L>,
 ) -> Option<(usize, i32)> {
     let empty = BTreeMap::new();
     let selector = ds
@@ -290,7 +290,7 @@ pub fn uncovered_nodes<'a>(
         .unwrap_or(&empty);
     let matching = nodes
         .into_iter()
-        .filter(|l| selector.iter().all(|(k, v)| l.get(k) == Some(v)))
+        .filter(|l| selector.iter().all(|(k, v)| l.label(k) == Some(v.as_str())))
         .count();
     let desired = ds.status.as_ref().map_or(0, |s| s.desired_number_scheduled);
     (usize::try_from(desired).unwrap_or(0) < matching).then_some((matching, desired))

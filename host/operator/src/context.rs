@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use k8s_openapi::api::core::v1::Node;
+use crate::node::SlimNode;
 use kiln_core::State;
 use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
@@ -85,7 +85,7 @@ pub struct Cluster {
 #[derive(Default)]
 pub struct Caches {
     policies: OnceLock<Store<DynamicObject>>,
-    nodes: OnceLock<Store<Node>>,
+    nodes: OnceLock<Store<SlimNode>>,
     /// The labelled objects in the cluster (what kiln applied, found again after a restart);
     /// started by the first reconcile ([`Context::live`]) unless set before.
     live: tokio::sync::OnceCell<crate::live::LiveCache>,
@@ -164,12 +164,12 @@ impl Caches {
     }
 
     /// Use `store` as the nodes; `false` when one is set already.
-    pub fn set_nodes(&self, store: Store<Node>) -> bool {
+    pub fn set_nodes(&self, store: Store<SlimNode>) -> bool {
         self.nodes.set(store).is_ok()
     }
 
     /// The node store, when set.
-    pub fn nodes(&self) -> Option<&Store<Node>> {
+    pub fn nodes(&self) -> Option<&Store<SlimNode>> {
         self.nodes.get()
     }
 }

@@ -3,10 +3,12 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
-use kiln_core::labels::{Labels, is_gpu_node};
+use kiln_core::labels::Labels;
 use kiln_core::spec::ClusterPolicySpec;
 
 pub use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
+
+use crate::node::SlimNode;
 
 /// A node's labels as a map (empty when it has none).
 pub fn node_labels(node: &Node) -> Labels {
@@ -16,15 +18,10 @@ pub fn node_labels(node: &Node) -> Labels {
 /// The container runtime of the GPU nodes, from `status.nodeInfo.containerRuntimeVersion`
 /// prefixes (`docker`, `containerd`, `cri-o`): containerd if any node uses it, else the last
 /// one parsed, default containerd.
-pub fn container_runtime(gpu_nodes: &[&Node]) -> ContainerRuntime {
+pub fn container_runtime(gpu_nodes: &[&SlimNode]) -> ContainerRuntime {
     let mut found = None;
     for node in gpu_nodes {
-        let v = node
-            .status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map(|i| i.container_runtime_version.as_str())
-            .unwrap_or_default();
+        let v = node.runtime().unwrap_or_default();
         if v.starts_with("containerd") {
             return ContainerRuntime::Containerd;
         } else if v.starts_with("docker") {
@@ -38,19 +35,16 @@ pub fn container_runtime(gpu_nodes: &[&Node]) -> ContainerRuntime {
 
 /// The GPU node OS from the first GPU node carrying the NFD os_release labels; `rhel`, `rocky`
 /// and `ol` keep only the major version (upstream rule).
-pub fn gpu_node_os(gpu_nodes: &[&Node]) -> Option<NodeOs> {
+pub fn gpu_node_os(gpu_nodes: &[&SlimNode]) -> Option<NodeOs> {
     gpu_nodes
         .iter()
-        .find_map(|n| NodeOs::from_labels(&node_labels(n)))
+        .find_map(|n| NodeOs::from_labels(n.labels()))
 }
 
 /// The transform context for this reconcile: `base` with the runtime, and the GPU node OS when
 /// the nodes publish it (else `base`'s).
-pub fn transform_context(base: &TransformContext, nodes: &[Node]) -> TransformContext {
-    let gpu: Vec<&Node> = nodes
-        .iter()
-        .filter(|n| is_gpu_node(&node_labels(n)))
-        .collect();
+pub fn transform_context(base: &TransformContext, nodes: &[SlimNode]) -> TransformContext {
+    let gpu: Vec<&SlimNode> = nodes.iter().filter(|n| n.is_gpu()).collect();
     let mut ctx = base.clone();
     ctx.runtime = container_runtime(&gpu);
     if let Some(os) = gpu_node_os(&gpu) {
@@ -153,7 +147,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(labels: serde_json::Value, runtime: &str) -> Node {
+    fn node(labels: serde_json::Value, runtime: &str) -> SlimNode {
         serde_json::from_value(json!({
             "metadata": {"name": "n", "labels": labels},
             "status": {"nodeInfo": {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": runtime,

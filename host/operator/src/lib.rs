@@ -29,6 +29,7 @@ pub mod lifecycle;
 pub mod live;
 pub mod memory;
 pub mod metrics;
+pub mod node;
 pub mod nodes;
 pub mod nvidiadriver;
 pub mod psa;

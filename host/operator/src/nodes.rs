@@ -1,12 +1,12 @@
 //! Node labelling (upstream node-labeling controller, `gpu-operator.md` §2.3): the nodes come
-//! from a reflector store ([`watch_nodes`], each node slimmed to name, the labels kiln may read
-//! and the container runtime); a full reconcile computes each node's minimal label patch with
+//! from a reflector store ([`watch_nodes`], each node decoded as a [`SlimNode`]: name, the
+//! labels kiln may read, the container runtime, what the driver upgrade reads); a full reconcile computes each node's minimal label patch with
 //! [`kiln_core::labels::plan_node_labels`], and a node event labels only that node. Patches are
 //! JSON merge patches on `metadata.labels` (never a full update); nodes already labelled get no
 //! request.
 //!
 //! ```text
-//! node watch ─► slim ─► Store<Node>
+//! node watch ─► SlimNode ─► Store<SlimNode>
 //!     └─ relevant labels/runtime changed? ─ no ─► nothing (GFD's gfd.timestamp, heartbeats)
 //!                                           yes ─► label that node ─► Wake::reconcile
 //!                                                  (readiness; full only when NodeFacts change)
@@ -15,21 +15,19 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Node;
 use kiln_core::context::{ContainerRuntime, NodeOs};
 use kiln_core::labels::{
     DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelPatch, LabelPolicy, MIG_CAPABLE, MIG_CONFIG,
-    NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, has_nfd_labels,
-    is_gpu_node, plan_node_labels,
+    NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, plan_node_labels,
 };
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Map, Value};
 
-use crate::facts::node_labels;
 use crate::live::Wake;
 use crate::metrics::Metrics;
+pub use crate::node::SlimNode;
 use crate::{Error, Result};
 
 /// The node facts a render depends on (the transform context's runtime and GPU node OS) and
@@ -47,12 +45,8 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// The facts of `nodes`.
-    pub fn of(nodes: &[&Node]) -> Self {
-        let gpu: Vec<&Node> = nodes
-            .iter()
-            .copied()
-            .filter(|n| n.metadata.labels.as_ref().is_some_and(is_gpu_node))
-            .collect();
+    pub fn of(nodes: &[&SlimNode]) -> Self {
+        let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
         NodeFacts {
             runtime: crate::facts::container_runtime(&gpu),
             os: crate::facts::gpu_node_os(&gpu),
@@ -62,13 +56,11 @@ impl NodeFacts {
 }
 
 /// GPU node count and NFD presence of `nodes` (for status), nothing patched.
-pub fn summary(nodes: &[&Node]) -> NodeSummary {
+pub fn summary(nodes: &[&SlimNode]) -> NodeSummary {
     let mut s = NodeSummary::default();
     for n in nodes {
-        if let Some(l) = &n.metadata.labels {
-            s.gpu_nodes += usize::from(is_gpu_node(l));
-            s.nfd_present |= has_nfd_labels(l);
-        }
+        s.gpu_nodes += usize::from(n.is_gpu());
+        s.nfd_present |= n.has_nfd();
     }
     s
 }
@@ -98,12 +90,12 @@ pub fn merge_patch_body(patch: &LabelPatch) -> Value {
 pub const NODE_PAGE: u32 = 100;
 
 /// List every node, [`NODE_PAGE`] at a time, keeping of each only what the operator reads
-/// ([`slim`]); the caller labels them and derives cluster facts from them.
+/// ([`SlimNode`]); the caller labels them and derives cluster facts from them.
 ///
 /// # Errors
 /// [`Error::Kube`] when a page fails.
-pub async fn list_nodes(client: &Client) -> Result<Vec<Node>> {
-    let api: Api<Node> = Api::all(client.clone());
+pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
+    let api: Api<SlimNode> = Api::all(client.clone());
     let mut nodes = Vec::new();
     let mut params = ListParams::default().limit(NODE_PAGE);
     loop {
@@ -111,7 +103,7 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<Node>> {
             .list(&params)
             .await
             .map_err(|e| Error::kube("list nodes", e))?;
-        nodes.extend(page.items.into_iter().map(slim));
+        nodes.extend(page.items);
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(nodes),
@@ -119,91 +111,26 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<Node>> {
     }
 }
 
-/// A node reduced to what labelling and [`crate::facts`] read: name, labels and
-/// `status.nodeInfo.containerRuntimeVersion`. Everything else (managed fields, annotations,
-/// conditions, images, capacity) is dropped, so a 500-node list costs a fraction of the memory.
-pub fn slim(node: Node) -> Node {
-    let (runtime, ready) = node.status.map_or((None, None), |s| {
-        (
-            s.node_info.map(|i| i.container_runtime_version),
-            s.conditions.map(|cs| {
-                cs.into_iter()
-                    .filter(|c| c.type_ == "Ready")
-                    .collect::<Vec<_>>()
-            }),
-        )
-    });
-    // GFD's own labels (counts, memory, CUDA versions, timestamp) are not kept: nothing
-    // reads them, and at thousands of nodes they are most of the store.
-    let labels = node.metadata.labels.map(|l| {
-        l.into_iter()
-            .filter(|(k, _)| reads_label(k) || is_upgrade_key(k) || !k.starts_with("nvidia.com/"))
-            .collect()
-    });
-    let annotations = node
-        .metadata
-        .annotations
-        .map(|a| {
-            a.into_iter()
-                .filter(|(k, _)| is_upgrade_key(k))
-                .collect::<std::collections::BTreeMap<_, _>>()
-        })
-        .filter(|a| !a.is_empty());
-    let unschedulable = node.spec.and_then(|s| s.unschedulable);
-    Node {
-        metadata: ObjectMeta {
-            name: node.metadata.name,
-            labels,
-            annotations,
-            resource_version: node.metadata.resource_version,
-            ..ObjectMeta::default()
-        },
-        spec: unschedulable.map(|u| NodeSpec {
-            unschedulable: Some(u),
-            ..NodeSpec::default()
-        }),
-        status: (runtime.is_some() || ready.is_some()).then(|| NodeStatus {
-            node_info: runtime.map(|v| NodeSystemInfo {
-                container_runtime_version: v,
-                ..NodeSystemInfo::default()
-            }),
-            conditions: ready,
-            ..NodeStatus::default()
-        }),
-    }
-}
-
 /// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,
-/// requested, start times; [`kiln_core::upgrade`]), kept by [`slim`] for the upgrade loop.
+/// requested, start times; [`kiln_core::upgrade`]), kept by [`SlimNode`] for the upgrade loop.
 pub fn is_upgrade_key(key: &str) -> bool {
     key.starts_with("nvidia.com/gpu-driver-upgrade")
 }
 
 /// A hash of what the driver upgrade reads of a node: its upgrade labels and annotations
 /// ([`is_upgrade_key`]), `spec.unschedulable` and the `Ready` condition's status.
-pub fn upgrade_hash(node: &Node) -> u64 {
+pub fn upgrade_hash(node: &SlimNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
-    for m in [&node.metadata.labels, &node.metadata.annotations]
-        .into_iter()
-        .flatten()
-    {
-        m.iter()
-            .filter(|(k, _)| is_upgrade_key(k))
-            .for_each(|kv| kv.hash(&mut h));
-        0xffu8.hash(&mut h);
-    }
-    node.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .hash(&mut h);
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.type_ == "Ready")
-        .for_each(|c| c.status.hash(&mut h));
+    node.labels()
+        .iter()
+        .filter(|(k, _)| is_upgrade_key(k))
+        .for_each(|kv| kv.hash(&mut h));
+    0xffu8.hash(&mut h);
+    node.upgrade_annotations().for_each(|kv| kv.hash(&mut h));
+    0xffu8.hash(&mut h);
+    node.unschedulable().hash(&mut h);
+    node.ready().hash(&mut h);
     h.finish()
 }
 
@@ -211,14 +138,12 @@ pub fn upgrade_hash(node: &Node) -> u64 {
 ///
 /// # Errors
 /// [`Error::Kube`] naming the node when the patch fails.
-pub async fn label_node(client: &Client, node: &Node, policy: &LabelPolicy) -> Result<bool> {
-    let labels = node_labels(node);
-    let patch = plan_node_labels(&labels, policy);
+pub async fn label_node(client: &Client, node: &SlimNode, policy: &LabelPolicy) -> Result<bool> {
+    let patch = plan_node_labels(&node.labels().to_map(), policy);
     if patch.is_empty() {
         return Ok(false);
     }
-    let name = node.metadata.name.clone().unwrap_or_default();
-    patch_labels(&Api::all(client.clone()), &name, &patch).await?;
+    patch_labels(&Api::all(client.clone()), node.name(), &patch).await?;
     Ok(true)
 }
 
@@ -253,26 +178,25 @@ pub struct NodeWatch {
 
 /// A hash of what kiln reads of a node: the labels [`reads_label`] keeps and the container
 /// runtime (a change of anything else, GFD's timestamp or a heartbeat, wakes nothing).
-pub fn relevant_hash(node: &Node) -> u64 {
+pub fn relevant_hash(node: &SlimNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
-    relevant_labels_hash(node).hash(&mut h);
-    node.status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
-        .map(|i| &i.container_runtime_version)
-        .hash(&mut h);
+    node.labels()
+        .iter()
+        .filter(|(k, _)| reads_label(k))
+        .for_each(|kv| kv.hash(&mut h));
+    node.runtime().hash(&mut h);
     h.finish()
 }
 
-/// Keep `writer`'s store of slimmed nodes ([`slim`]) in step with the cluster, and on each
+/// Keep `writer`'s store of nodes ([`SlimNode`]) in step with the cluster, and on each
 /// relevant change ([`relevant_hash`]) of one node label that node alone (the rules of the
 /// last full reconcile) and wake the controller; a deleted node wakes it too. Runs until the
 /// watch stream ends (never, with the default backoff).
-pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::Writer<Node>) {
+pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::Writer<SlimNode>) {
     use kube::runtime::{WatchStreamExt, watcher};
     let stream = watcher(
-        Api::<Node>::all(w.client.clone()),
+        Api::<SlimNode>::all(w.client.clone()),
         watcher::Config::default(),
     )
     .default_backoff();
@@ -282,16 +206,15 @@ pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::
 /// [`watch_nodes`] over the node watch events `stream` (tests feed their own).
 pub async fn follow_nodes<S>(
     w: NodeWatch,
-    writer: kube::runtime::reflector::store::Writer<Node>,
+    writer: kube::runtime::reflector::store::Writer<SlimNode>,
     stream: S,
 ) where
     S: futures::Stream<
-            Item = Result<kube::runtime::watcher::Event<Node>, kube::runtime::watcher::Error>,
+            Item = Result<kube::runtime::watcher::Event<SlimNode>, kube::runtime::watcher::Error>,
         >,
 {
     use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let stream = stream.modify(|n: &mut Node| *n = slim(std::mem::take(n)));
+    use kube::runtime::{reflector, watcher};
     // Per node: (relevant_hash, upgrade_hash).
     let mut seen: HashMap<String, (u64, u64)> = HashMap::new();
     let mut events = std::pin::pin!(reflector::reflector(writer, stream));
@@ -299,10 +222,7 @@ pub async fn follow_nodes<S>(
         match ev {
             Err(e) => tracing::warn!(error = %e, "node watch"),
             Ok(watcher::Event::InitApply(n)) => {
-                seen.insert(
-                    n.metadata.name.clone().unwrap_or_default(),
-                    (relevant_hash(&n), upgrade_hash(&n)),
-                );
+                seen.insert(n.name().to_string(), (relevant_hash(&n), upgrade_hash(&n)));
             }
             Ok(watcher::Event::InitDone) => {
                 w.wake.reconcile();
@@ -310,12 +230,12 @@ pub async fn follow_nodes<S>(
             }
             Ok(watcher::Event::Init) => seen.clear(),
             Ok(watcher::Event::Delete(n)) => {
-                seen.remove(n.metadata.name.as_deref().unwrap_or_default());
+                seen.remove(n.name());
                 w.wake.reconcile();
                 w.wake.upgrade();
             }
             Ok(watcher::Event::Apply(n)) => {
-                let name = n.metadata.name.clone().unwrap_or_default();
+                let name = n.name().to_string();
                 let (h, u) = (relevant_hash(&n), upgrade_hash(&n));
                 let before = seen.insert(name.clone(), (h, u));
                 if before.is_none_or(|(_, bu)| bu != u) {
@@ -348,7 +268,7 @@ pub const LABEL_CONCURRENCY: usize = 16;
 /// [`Error::Kube`] naming the node when a patch fails (the other patches already sent stand).
 pub async fn label_nodes(
     client: &Client,
-    nodes: &mut [Node],
+    nodes: &mut [SlimNode],
     policy: &LabelPolicy,
 ) -> Result<NodeSummary> {
     use futures::{StreamExt, TryStreamExt};
@@ -358,8 +278,8 @@ pub async fn label_nodes(
         .iter()
         .enumerate()
         .filter_map(|(i, node)| {
-            let patch = plan_node_labels(&node_labels(node), policy);
-            (!patch.is_empty()).then(|| (i, node.metadata.name.clone().unwrap_or_default(), patch))
+            let patch = plan_node_labels(&node.labels().to_map(), policy);
+            (!patch.is_empty()).then(|| (i, node.name().to_string(), patch))
         })
         .collect();
     let done: Vec<(usize, LabelPatch)> = futures::stream::iter(patches)
@@ -375,13 +295,12 @@ pub async fn label_nodes(
         .await?;
     for (i, patch) in done {
         let node = &mut nodes[i];
-        node.metadata.labels = Some(apply_patch(&node_labels(node), &patch));
+        *node = node.with_labels(&apply_patch(&node.labels().to_map(), &patch));
         summary.patched += 1;
     }
     for node in nodes.iter() {
-        let now = node_labels(node);
-        summary.gpu_nodes += usize::from(is_gpu_node(&now));
-        summary.nfd_present |= has_nfd_labels(&now);
+        summary.gpu_nodes += usize::from(node.is_gpu());
+        summary.nfd_present |= node.has_nfd();
     }
     Ok(summary)
 }
@@ -497,10 +416,15 @@ mod tests {
             },
         }))
         .unwrap();
-        let before = upgrade_hash(&node);
-        let slim = slim(node);
-        assert_eq!(upgrade_hash(&slim), before);
-        let slim = serde_json::to_value(slim).unwrap();
+        let from_json: SlimNode =
+            serde_json::from_value(serde_json::to_value(&node).unwrap()).unwrap();
+        let slim = SlimNode::from(node);
+        assert_eq!(upgrade_hash(&slim), upgrade_hash(&from_json));
+        assert_eq!(
+            upgrade_hash(&SlimNode::from(slim.to_node())),
+            upgrade_hash(&slim)
+        );
+        let slim = serde_json::to_value(slim.to_node()).unwrap();
         assert_eq!(
             slim["metadata"],
             serde_json::json!({
@@ -524,7 +448,7 @@ mod tests {
 
     #[test]
     fn the_upgrade_hash_ignores_what_the_upgrade_does_not_read() {
-        let n = |labels: serde_json::Value, unschedulable: bool| -> Node {
+        let n = |labels: serde_json::Value, unschedulable: bool| -> SlimNode {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "n", "labels": labels},
                 "spec": {"unschedulable": unschedulable}}))

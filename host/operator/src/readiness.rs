@@ -267,12 +267,12 @@ pub enum PodSource<'a> {
 ///
 /// # Errors
 /// [`Error::Kube`] when listing pods or revisions fails ([`PodSource::List`] only).
-pub async fn judge_daemonset(
+pub async fn judge_daemonset<L: kiln_core::labels::LabelLookup + Sync>(
     name: &str,
     ds: Option<&DaemonSet>,
     min_generation: i64,
     source: PodSource<'_>,
-    nodes: &[&BTreeMap<String, String>],
+    nodes: &[L],
 ) -> Result<Option<String>> {
     if let Some(d) = ds
         && d.metadata.generation.unwrap_or(0) < min_generation
@@ -289,11 +289,12 @@ pub async fn judge_daemonset(
     };
     Ok(match readiness {
         Readiness::NotReady(why) => Some(format!("{name}: {why}")),
-        Readiness::Ready => ds
-            .and_then(|d| uncovered_nodes(d, nodes.iter().copied()))
-            .map(|(matching, desired)| {
-                format!("{name}: scheduled on {desired} of {matching} matching nodes")
-            }),
+        Readiness::Ready => {
+            ds.and_then(|d| uncovered_nodes(d, nodes))
+                .map(|(matching, desired)| {
+                    format!("{name}: scheduled on {desired} of {matching} matching nodes")
+                })
+        }
     })
 }
 
@@ -530,8 +531,7 @@ pub async fn daemonset_not_ready(
     nodes: &[BTreeMap<String, String>],
 ) -> Result<Option<String>> {
     let ds = live.map(|o| as_daemonset(name, o)).transpose()?;
-    let nodes: Vec<&BTreeMap<String, String>> = nodes.iter().collect();
-    judge_daemonset(name, ds.as_ref(), 0, PodSource::List(client), &nodes).await
+    judge_daemonset(name, ds.as_ref(), 0, PodSource::List(client), nodes).await
 }
 
 /// The DaemonSet `name` as an apply or a watch returned it.

@@ -20,7 +20,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::labels::LabelPolicy;
@@ -34,6 +33,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
 use crate::context::{Context, Kept, Last, metadata_digest};
+use crate::node::SlimNode;
 use crate::nodes::{NodeFacts, label_nodes};
 use crate::status::policy_resource;
 use crate::{Error, Result, facts, readiness};
@@ -112,7 +112,7 @@ async fn policies(ctx: &Context) -> Result<Vec<Arc<DynamicObject>>> {
 
 /// Every node (slimmed): from the node store when set (waiting once for its first list), else
 /// listed in pages.
-async fn nodes_now(ctx: &Context) -> Result<Vec<Arc<Node>>> {
+async fn nodes_now(ctx: &Context) -> Result<Vec<Arc<SlimNode>>> {
     match ctx.caches.nodes() {
         Some(store) => {
             let _ = tokio::time::timeout(LIVE_READY_LIMIT, store.wait_until_ready()).await;
@@ -162,7 +162,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         .get(&name)
         .cloned();
     let nodes = nodes_now(ctx).await?;
-    let node_refs: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
+    let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();
     if let Some(last) = last.filter(|l| {
         !full
             && l.uid == policy.metadata.uid.clone().unwrap_or_default()
@@ -196,7 +196,7 @@ async fn drifted(ctx: &Context) -> Result<bool> {
 async fn full_reconcile(
     ctx: &Context,
     policy: &Arc<DynamicObject>,
-    nodes: Vec<Arc<Node>>,
+    nodes: Vec<Arc<SlimNode>>,
 ) -> Result<Action> {
     let name = policy.name_any();
     let raw = serde_json::to_value(&**policy).map_err(|e| Error::Json {
@@ -221,10 +221,11 @@ async fn full_reconcile(
     tracing::info!(policy = %name, "full reconcile");
     let rules = LabelPolicy::from_spec(&parsed.spec);
     *ctx.caches.labels.lock().expect("labels lock") = Some(rules.clone());
-    let mut nodes: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+    // Labelling updates each node's labels in this copy (interned: a copy shares the text).
+    let mut nodes: Vec<SlimNode> = nodes.iter().map(|n| (**n).clone()).collect();
     let summary = label_nodes(&ctx.client, &mut nodes, &rules).await?;
     ctx.metrics.writes("label", summary.patched as u64);
-    let node_refs: Vec<&Node> = nodes.iter().collect();
+    let node_refs: Vec<&SlimNode> = nodes.iter().collect();
     let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
     let mut tctx = facts::transform_context(&base, &nodes);
@@ -334,14 +335,10 @@ async fn judge_and_write(
     ctx: &Context,
     policy: &DynamicObject,
     last: &Last,
-    nodes: &[&Node],
+    nodes: &[&SlimNode],
 ) -> Result<Action> {
     let live = ctx.live().await?;
-    let empty = std::collections::BTreeMap::new();
-    let node_labels: Vec<&std::collections::BTreeMap<String, String>> = nodes
-        .iter()
-        .map(|n| n.metadata.labels.as_ref().unwrap_or(&empty))
-        .collect();
+    let node_labels: Vec<&crate::node::NodeLabels> = nodes.iter().map(|n| n.labels()).collect();
     let source = match ctx.caches.pods.get() {
         Some(w) => readiness::PodSource::Watches(w.as_ref()),
         None => readiness::PodSource::List(&ctx.client),

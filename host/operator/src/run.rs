@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use kiln_core::spec::ClusterPolicy;
 use kiln_render::Renderer;
 use kube::Client;
@@ -176,7 +175,7 @@ pub async fn run_until(
         wake.clone(),
     ));
     let _ = ctx.caches.pods.set(pod_watches.clone());
-    let node_writer = kube::runtime::reflector::store::Writer::<Node>::default();
+    let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
     let node_writer_reader = node_writer.as_reader();
     ctx.caches.set_nodes(node_writer.as_reader());
     tokio::spawn(crate::nodes::watch_nodes(

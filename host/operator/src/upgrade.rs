@@ -52,8 +52,10 @@ use tokio::sync::Notify;
 
 use crate::context::Context;
 use crate::metrics::{Metrics, UpgradeCensus};
+use crate::node::SlimNode;
 use crate::readiness::{PodWatches, SlimPod};
 use crate::{Error, Result, is_not_found};
+use kiln_core::labels::LabelLookup as _;
 
 /// The ClusterPolicy's driver DaemonSet (assets/state-driver).
 pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
@@ -120,9 +122,9 @@ impl Default for UpgradeConfig {
 /// Where the upgrade controller reads the cluster: the reconciler's caches.
 #[derive(Clone)]
 pub struct Sources {
-    /// The nodes, slimmed by [`crate::nodes::slim`] (which keeps the upgrade labels and
-    /// annotations, `spec.unschedulable` and the `Ready` condition).
-    pub nodes: Store<Node>,
+    /// The nodes ([`SlimNode`] keeps the upgrade labels and annotations,
+    /// `spec.unschedulable` and the `Ready` condition).
+    pub nodes: Store<SlimNode>,
     /// Driver pods and revisions (by the driver DaemonSet's selector) and validator pods.
     pub pods: Arc<PodWatches>,
     /// What wakes the loop ([`crate::live::Wake::upgrade_notify`]).
@@ -185,11 +187,7 @@ impl Upgrader {
                     let Some(node) = self.sources.nodes.get(&ObjectRef::new(name)) else {
                         return false;
                     };
-                    let have = node
-                        .metadata
-                        .resource_version
-                        .as_deref()
-                        .unwrap_or_default();
+                    let have = node.resource_version().unwrap_or_default();
                     match (have.parse::<u64>(), rv.parse::<u64>()) {
                         (Ok(h), Ok(w)) => h < w,
                         _ => have != rv,
@@ -243,13 +241,10 @@ impl Upgrader {
         let mut workloads = HashMap::new();
         if policy.is_some() {
             for n in &nodes {
-                let state = UpgradeState::from_label(
-                    n.labels().get(upgrade::STATE_LABEL).map(String::as_str),
-                );
+                let state = UpgradeState::from_label(n.labels().label(upgrade::STATE_LABEL));
                 if reads_workloads(state) {
-                    let name = n.name_any();
-                    let pods = self.pods_on(&name).await?;
-                    workloads.insert(name, pods);
+                    let pods = self.pods_on(n.name()).await?;
+                    workloads.insert(n.name().to_string(), pods);
                 }
             }
         }
@@ -569,7 +564,7 @@ pub fn node_facts(
     pods: &Pods<'_>,
     scope: &UpgradeScope,
     ds: &DaemonSet,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<SlimNode>],
     desired: Option<&str>,
     sweep: bool,
 ) -> Vec<NodeFacts> {
@@ -627,24 +622,27 @@ pub fn node_facts(
     }
     let mut out = Vec::new();
     for n in nodes {
-        let name = n.name_any();
-        let mut f = NodeFacts::from_node(n);
+        let name = n.name();
         let selected = node_selector
             .iter()
-            .all(|(k, v)| n.labels().get(k) == Some(v));
-        f.driver = drivers.remove(name.as_str());
+            .all(|(k, v)| n.labels().label(k) == Some(v.as_str()));
+        let driver = drivers.remove(name);
         // A node without a driver pod is managed only mid-upgrade (its pod is being
-        // recreated) or, for the sweep when auto upgrade is off, while it carries a state.
-        let keep = f.driver.is_some()
-            || (selected && f.state.in_progress())
-            || (sweep && selected && f.state != UpgradeState::Unknown);
+        // recreated) or, for the sweep when auto upgrade is off, while it carries a state;
+        // decided from the store's copy, so the other nodes are never converted.
+        let state = UpgradeState::from_label(n.labels().label(upgrade::STATE_LABEL));
+        let keep = driver.is_some()
+            || (selected && state.in_progress())
+            || (sweep && selected && state != UpgradeState::Unknown);
         if !keep {
             continue;
         }
-        f.validator_ready = validators.get(name.as_str()).copied();
+        let mut f = NodeFacts::from_node(&n.to_node());
+        f.driver = driver;
+        f.validator_ready = validators.get(name).copied();
         f.pods = pods
             .workloads
-            .get(name.as_str())
+            .get(name)
             .into_iter()
             .flatten()
             .filter(|p| !owned(p) && !orphan(p))
@@ -850,7 +848,7 @@ mod tests {
         }))
     }
 
-    fn node(name: &str, state: Option<&str>) -> Node {
+    fn node(name: &str, state: Option<&str>) -> SlimNode {
         let mut labels = json!({"nvidia.com/gpu.deploy.driver": "true"});
         if let Some(s) = state {
             labels[STATE_LABEL_KEY] = json!(s);

@@ -514,7 +514,7 @@ async fn a_drop_in_shadowing_a_standard_plugin_is_named_in_the_status() {
 /// DaemonSets (full objects), each behind a writer the test feeds as a watch would.
 struct Caches {
     policies: Writer<kube::api::DynamicObject>,
-    nodes: Writer<k8s_openapi::api::core::v1::Node>,
+    nodes: Writer<kiln_operator::node::SlimNode>,
     daemonsets: Writer<k8s_openapi::api::apps::v1::DaemonSet>,
 }
 
@@ -560,11 +560,10 @@ fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
         server_objects::<kube::api::DynamicObject>(server, "/apis/nvidia.com/v1/clusterpolicies/"),
         ApiResource::erase::<ClusterPolicy>(&()),
     );
-    let nodes = listed(
-        server_objects::<k8s_openapi::api::core::v1::Node>(server, "/api/v1/nodes/")
-            .into_iter()
-            .map(kiln_operator::nodes::slim),
-    );
+    let nodes = listed(server_objects::<kiln_operator::node::SlimNode>(
+        server,
+        "/api/v1/nodes/",
+    ));
     let daemonsets = listed(Vec::<k8s_openapi::api::apps::v1::DaemonSet>::new());
     let ctx = context(
         server,
@@ -585,10 +584,8 @@ fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
 /// Feed the server's current nodes and DaemonSets into the caches (what the watches would
 /// report), each DaemonSet with a status of `ready` pods on every GPU node.
 fn sync_caches(server: &Arc<Mutex<Server>>, caches: &mut Caches, ready: i32) {
-    for n in server_objects::<k8s_openapi::api::core::v1::Node>(server, "/api/v1/nodes/") {
-        caches
-            .nodes
-            .apply_watcher_event(&watcher::Event::Apply(kiln_operator::nodes::slim(n)));
+    for n in server_objects::<kiln_operator::node::SlimNode>(server, "/api/v1/nodes/") {
+        caches.nodes.apply_watcher_event(&watcher::Event::Apply(n));
     }
     let ds_prefix = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/");
     let all: Vec<Value> = {
@@ -806,7 +803,14 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
         *labels = kiln_core::labels::apply_patch(labels, &patch);
     }
     let mut events = vec![watcher::Event::Init];
-    events.extend(start.iter().cloned().map(watcher::Event::InitApply));
+    let slim = kiln_operator::node::SlimNode::from;
+    events.extend(
+        start
+            .iter()
+            .cloned()
+            .map(slim)
+            .map(watcher::Event::InitApply),
+    );
     events.push(watcher::Event::InitDone);
     for ts in ["2", "3"] {
         for n in &start {
@@ -816,12 +820,12 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
                 .as_mut()
                 .unwrap()
                 .insert("nvidia.com/gfd.timestamp".into(), ts.into());
-            events.push(watcher::Event::Apply(n));
+            events.push(watcher::Event::Apply(slim(n)));
         }
     }
-    events.push(watcher::Event::Apply(node("c", "1")));
+    events.push(watcher::Event::Apply(slim(node("c", "1"))));
     let (wake, mut wakes) = Wake::channel();
-    let writer = Writer::<Node>::default();
+    let writer = Writer::<kiln_operator::node::SlimNode>::default();
     let store = writer.as_reader();
     let w = NodeWatch {
         client: client(server.clone()),
@@ -852,12 +856,10 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
     );
     assert_eq!(store.state().len(), 3);
     assert!(
-        store.state().iter().all(|n| !n
-            .metadata
-            .labels
-            .as_ref()
-            .unwrap()
-            .contains_key("nvidia.com/gfd.timestamp")),
+        store.state().iter().all(|n| n
+            .labels()
+            .iter()
+            .all(|(k, _)| k != "nvidia.com/gfd.timestamp")),
         "GFD's labels are not kept"
     );
 }

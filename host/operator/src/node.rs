@@ -1,0 +1,444 @@
+//! The operator's copy of a Node ([`SlimNode`], the node store's type): decoded straight from
+//! the API server's JSON into what the operator reads, with label keys and values interned
+//! (shared by every node that carries them), so a 5,000-node store holds a few MiB.
+//!
+//! What is kept, and why:
+//!
+//! | kept | read by |
+//! |---|---|
+//! | name, uid, `resourceVersion` | everything; the driver upgrade's read-your-writes |
+//! | labels, except `nvidia.com/*` labels kiln does not read ([`kept_label`]) | labelling, readiness coverage (a DaemonSet's `nodeSelector` may name any non-NVIDIA label), the driver upgrade |
+//! | `nvidia.com/gpu-driver-upgrade*` annotations | the driver upgrade |
+//! | `spec.unschedulable`, the `Ready` condition's status | the driver upgrade |
+//! | `status.nodeInfo.containerRuntimeVersion` | the transform context's runtime |
+//!
+//! Managed fields, other annotations, conditions, images, capacity and GFD's own labels (its
+//! counts, memory, CUDA versions and the `gfd.timestamp` it rewrites every minute) are never
+//! decoded into memory.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use internment::ArcIntern;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kiln_core::labels::{LabelLookup, Labels, has_nfd_labels, is_gpu_node};
+use serde::Deserialize;
+
+use crate::nodes::{is_upgrade_key, reads_label};
+
+/// An interned string: one allocation per distinct text, shared by every node holding it
+/// (freed when the last holder drops it).
+pub type Sym = ArcIntern<str>;
+
+/// Whether the node store keeps label `key`: every label kiln reads ([`reads_label`]), the
+/// driver-upgrade labels ([`is_upgrade_key`]), and every label outside `nvidia.com/` (a
+/// DaemonSet's `nodeSelector` may name any of them; readiness counts the nodes it matches).
+pub fn kept_label(key: &str) -> bool {
+    reads_label(key) || is_upgrade_key(key) || !key.starts_with("nvidia.com/")
+}
+
+/// A node's kept labels ([`kept_label`]): sorted by key, keys and values interned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NodeLabels(Box<[(Sym, Sym)]>);
+
+impl NodeLabels {
+    /// The labels of `map` that [`kept_label`] keeps.
+    pub fn of<'a>(map: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
+        let mut v: Vec<(Sym, Sym)> = map
+            .into_iter()
+            .filter(|(k, _)| kept_label(k))
+            .map(|(k, v)| (Sym::from(k.as_str()), Sym::from(v.as_str())))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        NodeLabels(v.into_boxed_slice())
+    }
+
+    /// `(key, value)` pairs in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    /// How many labels are kept.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no label is kept.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The labels as the API's map (a copy), for rules that take [`Labels`].
+    pub fn to_map(&self) -> Labels {
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+impl LabelLookup for NodeLabels {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.0[i].1)
+    }
+}
+
+/// A node as the operator keeps it (see the module docs). Decoded from a Node's JSON (the
+/// watch and list responses) or converted from a k8s-openapi [`Node`] ([`SlimNode::from`]).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "WireNode")]
+pub struct SlimNode {
+    /// Name, uid, `resourceVersion` and the driver-upgrade annotations.
+    metadata: ObjectMeta,
+    labels: NodeLabels,
+    runtime: Option<Sym>,
+    unschedulable: Option<bool>,
+    /// The `Ready` condition's status (`True`, `False`, `Unknown`).
+    ready: Option<Sym>,
+    gpu: bool,
+    nfd: bool,
+}
+
+impl SlimNode {
+    /// The node's name (empty if it has none).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Its `resourceVersion`.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+
+    /// Its kept labels.
+    pub fn labels(&self) -> &NodeLabels {
+        &self.labels
+    }
+
+    /// Its driver-upgrade annotations ([`is_upgrade_key`]).
+    pub fn upgrade_annotations(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.metadata.annotations.iter().flatten()
+    }
+
+    /// `status.nodeInfo.containerRuntimeVersion`, e.g. `containerd://2.1.4`.
+    pub fn runtime(&self) -> Option<&str> {
+        self.runtime.as_deref()
+    }
+
+    /// `spec.unschedulable`.
+    pub fn unschedulable(&self) -> Option<bool> {
+        self.unschedulable
+    }
+
+    /// The status of the `Ready` condition.
+    pub fn ready(&self) -> Option<&str> {
+        self.ready.as_deref()
+    }
+
+    /// Whether it is a GPU node ([`is_gpu_node`]).
+    pub fn is_gpu(&self) -> bool {
+        self.gpu
+    }
+
+    /// Whether it carries an NFD label ([`has_nfd_labels`]).
+    pub fn has_nfd(&self) -> bool {
+        self.nfd
+    }
+
+    /// The same node with `labels` (as the API's map; filtered by [`kept_label`]), e.g. after
+    /// a label patch was accepted.
+    #[must_use]
+    pub fn with_labels(&self, labels: &Labels) -> SlimNode {
+        SlimNode {
+            labels: NodeLabels::of(labels),
+            gpu: is_gpu_node(labels),
+            nfd: has_nfd_labels(labels),
+            ..self.clone()
+        }
+    }
+
+    /// The node as a k8s-openapi [`Node`] holding just what this one keeps, for rules that
+    /// take a `Node` (the driver upgrade's node facts).
+    pub fn to_node(&self) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                labels: Some(self.labels.to_map()),
+                ..self.metadata.clone()
+            },
+            spec: self.unschedulable.map(|u| NodeSpec {
+                unschedulable: Some(u),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                node_info: self.runtime.as_ref().map(|r| NodeSystemInfo {
+                    container_runtime_version: r.to_string(),
+                    ..NodeSystemInfo::default()
+                }),
+                conditions: self.ready.as_ref().map(|s| {
+                    vec![NodeCondition {
+                        type_: "Ready".into(),
+                        status: s.to_string(),
+                        ..NodeCondition::default()
+                    }]
+                }),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+}
+
+impl From<Node> for SlimNode {
+    fn from(node: Node) -> Self {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone());
+        WireNode {
+            metadata: WireMeta {
+                name: node.metadata.name,
+                uid: node.metadata.uid,
+                resource_version: node.metadata.resource_version,
+                labels: node.metadata.labels,
+                annotations: node.metadata.annotations,
+            },
+            spec: WireSpec {
+                unschedulable: node.spec.and_then(|s| s.unschedulable),
+            },
+            status: WireStatus {
+                node_info: node.status.and_then(|s| s.node_info).map(|i| WireNodeInfo {
+                    container_runtime_version: Some(i.container_runtime_version),
+                }),
+                conditions: ready.map(|status| {
+                    vec![WireCondition {
+                        type_: "Ready".into(),
+                        status,
+                    }]
+                }),
+            },
+        }
+        .into()
+    }
+}
+
+impl kube::Resource for SlimNode {
+    type DynamicType = ();
+    type Scope = k8s_openapi::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Node".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "nodes".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What is decoded of a Node's JSON (everything else is skipped unread).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireNode {
+    metadata: WireMeta,
+    spec: WireSpec,
+    status: WireStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct WireMeta {
+    name: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireSpec {
+    unschedulable: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct WireStatus {
+    node_info: Option<WireNodeInfo>,
+    conditions: Option<Vec<WireCondition>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct WireNodeInfo {
+    container_runtime_version: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+impl From<WireNode> for SlimNode {
+    fn from(w: WireNode) -> Self {
+        let labels = w.metadata.labels.unwrap_or_default();
+        let annotations: BTreeMap<String, String> = w
+            .metadata
+            .annotations
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| is_upgrade_key(k))
+            .collect();
+        SlimNode {
+            metadata: ObjectMeta {
+                name: w.metadata.name,
+                uid: w.metadata.uid,
+                resource_version: w.metadata.resource_version,
+                annotations: (!annotations.is_empty()).then_some(annotations),
+                ..ObjectMeta::default()
+            },
+            gpu: is_gpu_node(&labels),
+            nfd: has_nfd_labels(&labels),
+            labels: NodeLabels::of(&labels),
+            runtime: w
+                .status
+                .node_info
+                .and_then(|i| i.container_runtime_version)
+                .map(|v| Sym::from(v.as_str())),
+            unschedulable: w.spec.unschedulable,
+            ready: w
+                .status
+                .conditions
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| Sym::from(c.status.as_str())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn wire() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "gpu-1", "uid": "u1", "resourceVersion": "42",
+                "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gfd.timestamp": "1",
+                           "nvidia.com/gpu.count": "8", "pool": "a",
+                           "nvidia.com/gpu.deploy.driver": "true",
+                           "nvidia.com/gpu-driver-upgrade-state": "upgrade-done",
+                           "feature.node.kubernetes.io/system-os_release.ID": "ubuntu"},
+                "annotations": {"kwok.x-k8s.io/node": "fake",
+                                "nvidia.com/gpu-driver-upgrade-requested": "true"},
+                "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]},
+            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24"},
+            "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.1.4",
+                                    "kernelVersion": "6.8"},
+                       "conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": "True"}],
+                       "capacity": {"nvidia.com/gpu": "8"}}
+        })
+    }
+
+    #[test]
+    fn keeps_what_the_operator_reads() {
+        let n: SlimNode = serde_json::from_value(wire()).unwrap();
+        assert_eq!(n.name(), "gpu-1");
+        assert_eq!(n.resource_version(), Some("42"));
+        let labels: Vec<(&str, &str)> = n.labels().iter().collect();
+        assert_eq!(
+            labels,
+            [
+                ("feature.node.kubernetes.io/system-os_release.ID", "ubuntu"),
+                ("nvidia.com/gpu-driver-upgrade-state", "upgrade-done"),
+                ("nvidia.com/gpu.deploy.driver", "true"),
+                ("nvidia.com/gpu.present", "true"),
+                ("pool", "a"),
+            ]
+        );
+        assert_eq!(n.labels().label("pool"), Some("a"));
+        assert_eq!(n.labels().label("nvidia.com/gpu.count"), None);
+        assert_eq!(
+            n.upgrade_annotations().collect::<Vec<_>>(),
+            [(
+                &"nvidia.com/gpu-driver-upgrade-requested".to_string(),
+                &"true".to_string()
+            )]
+        );
+        assert_eq!(n.runtime(), Some("containerd://2.1.4"));
+        assert_eq!(n.unschedulable(), Some(true));
+        assert_eq!(n.ready(), Some("True"));
+        assert!(n.is_gpu());
+        assert!(n.has_nfd());
+    }
+
+    /// Decoding the JSON and converting the k8s-openapi Node give the same node, and
+    /// `to_node` gives back what it keeps.
+    #[test]
+    fn json_node_and_back_agree() {
+        let from_json: SlimNode = serde_json::from_value(wire()).unwrap();
+        let full: Node = serde_json::from_value(wire()).unwrap();
+        let from_node = SlimNode::from(full);
+        assert_eq!(from_json.metadata, from_node.metadata);
+        assert_eq!(from_json.labels, from_node.labels);
+        assert_eq!(
+            (
+                from_json.runtime(),
+                from_json.ready(),
+                from_json.unschedulable()
+            ),
+            (
+                from_node.runtime(),
+                from_node.ready(),
+                from_node.unschedulable()
+            )
+        );
+        let back = SlimNode::from(from_json.to_node());
+        assert_eq!(back.labels, from_json.labels);
+        assert_eq!(back.metadata, from_json.metadata);
+        assert_eq!(back.ready(), Some("True"));
+        assert_eq!(back.runtime(), Some("containerd://2.1.4"));
+        assert!(back.is_gpu() && back.has_nfd());
+    }
+
+    #[test]
+    fn label_values_are_shared_between_nodes() {
+        let a: SlimNode = serde_json::from_value(wire()).unwrap();
+        let b: SlimNode = serde_json::from_value(wire()).unwrap();
+        let (ka, va) = &a.labels.0[0];
+        let (kb, vb) = &b.labels.0[0];
+        assert!(std::ptr::eq(&**ka, &**kb) && std::ptr::eq(&**va, &**vb));
+    }
+
+    #[test]
+    fn relabelled_copy_recomputes_gpu_presence() {
+        let n: SlimNode = serde_json::from_value(wire()).unwrap();
+        let mut labels = n.labels().to_map();
+        labels.insert("nvidia.com/gpu.present".into(), "false".into());
+        labels.insert("nvidia.com/gpu.memory".into(), "1".into());
+        let m = n.with_labels(&labels);
+        assert!(!m.is_gpu());
+        assert_eq!(m.labels().label("nvidia.com/gpu.present"), Some("false"));
+        assert_eq!(m.labels().label("nvidia.com/gpu.memory"), None);
+        assert_eq!(m.name(), "gpu-1");
+    }
+}
