@@ -6,7 +6,8 @@
 //!
 //! | kept | read by |
 //! |---|---|
-//! | name, uid, `resourceVersion` | everything; the driver upgrade's read-your-writes |
+//! | name, uid, `resourceVersion`, `creationTimestamp` | everything; the driver upgrade's read-your-writes; the readiness timeline ([`crate::timeline`]) |
+//! | the GPUs GFD's labels promise, the allocatable GPUs (two numbers) | the timeline's gauges |
 //! | labels, except `nvidia.com/*` labels kiln does not read ([`kept_label`]) | labelling, readiness coverage (a DaemonSet's `nodeSelector` may name any non-NVIDIA label), the driver upgrade |
 //! | `nvidia.com/gpu-driver-upgrade*` annotations | the driver upgrade |
 //! | `spec.unschedulable`, the `Ready` condition's status | the driver upgrade |
@@ -21,8 +22,9 @@ use std::collections::BTreeMap;
 
 use internment::ArcIntern;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kiln_core::labels::{LabelLookup, Labels, has_nfd_labels, is_gpu_node};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kiln_core::labels::{LabelLookup, Labels, has_gpu_pci_labels, has_nfd_labels, is_gpu_node};
 use serde::Deserialize;
 
 use crate::nodes::{is_upgrade_key, reads_label};
@@ -91,14 +93,19 @@ impl LabelLookup for NodeLabels {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(from = "WireNode")]
 pub struct SlimNode {
-    /// Name, uid, `resourceVersion` and the driver-upgrade annotations.
+    /// Name, uid, `resourceVersion`, `creationTimestamp` and the driver-upgrade annotations.
     metadata: ObjectMeta,
     labels: NodeLabels,
+    /// [`crate::timeline::expected_gpus`] of all its labels (GFD's counts are not kept).
+    expected_gpus: Option<i64>,
+    /// [`crate::timeline::allocatable_gpus`] of `status.allocatable`.
+    allocatable_gpus: i64,
     runtime: Option<Sym>,
     unschedulable: Option<bool>,
     /// The `Ready` condition's status (`True`, `False`, `Unknown`).
     ready: Option<Sym>,
     gpu: bool,
+    pci_gpu: bool,
     nfd: bool,
 }
 
@@ -106,6 +113,31 @@ impl SlimNode {
     /// The node's name (empty if it has none).
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Its uid.
+    pub fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+
+    /// Its `creationTimestamp`.
+    pub fn created(&self) -> Option<&Time> {
+        self.metadata.creation_timestamp.as_ref()
+    }
+
+    /// The GPUs its GFD labels promise ([`crate::timeline::expected_gpus`]).
+    pub fn expected_gpus(&self) -> Option<i64> {
+        self.expected_gpus
+    }
+
+    /// Its allocatable GPU units ([`crate::timeline::allocatable_gpus`]).
+    pub fn allocatable_gpus(&self) -> i64 {
+        self.allocatable_gpus
+    }
+
+    /// Whether NFD reports an NVIDIA PCI device on it ([`has_gpu_pci_labels`]).
+    pub fn has_gpu_pci(&self) -> bool {
+        self.pci_gpu
     }
 
     /// Its `resourceVersion`.
@@ -155,6 +187,7 @@ impl SlimNode {
         SlimNode {
             labels: NodeLabels::of(labels),
             gpu: is_gpu_node(labels),
+            pci_gpu: has_gpu_pci_labels(labels),
             nfd: has_nfd_labels(labels),
             ..self.clone()
         }
@@ -198,11 +231,13 @@ impl From<Node> for SlimNode {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
             .map(|c| c.status.clone());
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.clone());
         WireNode {
             metadata: WireMeta {
                 name: node.metadata.name,
                 uid: node.metadata.uid,
                 resource_version: node.metadata.resource_version,
+                creation_timestamp: node.metadata.creation_timestamp,
                 labels: node.metadata.labels,
                 annotations: node.metadata.annotations,
             },
@@ -210,6 +245,7 @@ impl From<Node> for SlimNode {
                 unschedulable: node.spec.and_then(|s| s.unschedulable),
             },
             status: WireStatus {
+                allocatable,
                 node_info: node.status.and_then(|s| s.node_info).map(|i| WireNodeInfo {
                     container_runtime_version: Some(i.container_runtime_version),
                 }),
@@ -264,6 +300,7 @@ struct WireMeta {
     name: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
     labels: Option<BTreeMap<String, String>>,
     annotations: Option<BTreeMap<String, String>>,
 }
@@ -277,6 +314,7 @@ struct WireSpec {
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct WireStatus {
+    allocatable: Option<BTreeMap<String, Quantity>>,
     node_info: Option<WireNodeInfo>,
     conditions: Option<Vec<WireCondition>>,
 }
@@ -310,10 +348,18 @@ impl From<WireNode> for SlimNode {
                 name: w.metadata.name,
                 uid: w.metadata.uid,
                 resource_version: w.metadata.resource_version,
+                creation_timestamp: w.metadata.creation_timestamp,
                 annotations: (!annotations.is_empty()).then_some(annotations),
                 ..ObjectMeta::default()
             },
+            expected_gpus: crate::timeline::expected_gpus(&labels),
+            allocatable_gpus: w
+                .status
+                .allocatable
+                .as_ref()
+                .map_or(0, crate::timeline::allocatable_gpus),
             gpu: is_gpu_node(&labels),
+            pci_gpu: has_gpu_pci_labels(&labels),
             nfd: has_nfd_labels(&labels),
             labels: NodeLabels::of(&labels),
             runtime: w
@@ -355,7 +401,8 @@ mod tests {
                                     "kernelVersion": "6.8"},
                        "conditions": [{"type": "MemoryPressure", "status": "False"},
                                       {"type": "Ready", "status": "True"}],
-                       "capacity": {"nvidia.com/gpu": "8"}}
+                       "capacity": {"nvidia.com/gpu": "8"},
+                       "allocatable": {"nvidia.com/gpu": "8", "cpu": "4"}}
         })
     }
 
@@ -389,6 +436,9 @@ mod tests {
         assert_eq!(n.ready(), Some("True"));
         assert!(n.is_gpu());
         assert!(n.has_nfd());
+        assert!(!n.has_gpu_pci());
+        assert_eq!((n.expected_gpus(), n.allocatable_gpus()), (Some(8), 8));
+        assert_eq!(n.uid(), Some("u1"));
     }
 
     /// Decoding the JSON and converting the k8s-openapi Node give the same node, and

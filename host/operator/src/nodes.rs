@@ -174,7 +174,13 @@ pub struct NodeWatch {
     pub labels: Arc<Mutex<Option<LabelPolicy>>>,
     /// Counts label writes.
     pub metrics: Arc<Metrics>,
+    /// Where each node's readiness-timeline facts go when they change
+    /// ([`crate::timeline::run`]); `None`: nowhere.
+    pub timeline: Option<tokio::sync::mpsc::Sender<TimelineEvent>>,
 }
+
+/// A node watch event as the readiness timeline reads it.
+pub type TimelineEvent = kube::runtime::watcher::Event<crate::timeline::NodeFacts>;
 
 /// A hash of what kiln reads of a node: the labels [`reads_label`] keeps and the container
 /// runtime (a change of anything else, GFD's timestamp or a heartbeat, wakes nothing).
@@ -215,21 +221,40 @@ pub async fn follow_nodes<S>(
 {
     use futures::StreamExt;
     use kube::runtime::{reflector, watcher};
-    // Per node: (relevant_hash, upgrade_hash).
-    let mut seen: HashMap<String, (u64, u64)> = HashMap::new();
+    // Per node: (relevant_hash, upgrade_hash, the timeline's facts).
+    let mut seen: HashMap<String, (u64, u64, crate::timeline::NodeFacts)> = HashMap::new();
+    let timeline = |ev: TimelineEvent| {
+        let tx = w.timeline.clone();
+        async move {
+            if let Some(tx) = tx {
+                // Closed: the timeline has stopped; nothing else reads these.
+                let _ = tx.send(ev).await;
+            }
+        }
+    };
     let mut events = std::pin::pin!(reflector::reflector(writer, stream));
     while let Some(ev) = events.next().await {
         match ev {
             Err(e) => tracing::warn!(error = %e, "node watch"),
             Ok(watcher::Event::InitApply(n)) => {
-                seen.insert(n.name().to_string(), (relevant_hash(&n), upgrade_hash(&n)));
+                let facts = crate::timeline::node_facts(&n);
+                timeline(watcher::Event::InitApply(facts.clone())).await;
+                seen.insert(
+                    n.name().to_string(),
+                    (relevant_hash(&n), upgrade_hash(&n), facts),
+                );
             }
             Ok(watcher::Event::InitDone) => {
+                timeline(watcher::Event::InitDone).await;
                 w.wake.reconcile();
                 w.wake.upgrade();
             }
-            Ok(watcher::Event::Init) => seen.clear(),
+            Ok(watcher::Event::Init) => {
+                timeline(watcher::Event::Init).await;
+                seen.clear();
+            }
             Ok(watcher::Event::Delete(n)) => {
+                timeline(watcher::Event::Delete(crate::timeline::node_facts(&n))).await;
                 seen.remove(n.name());
                 w.wake.reconcile();
                 w.wake.upgrade();
@@ -237,11 +262,15 @@ pub async fn follow_nodes<S>(
             Ok(watcher::Event::Apply(n)) => {
                 let name = n.name().to_string();
                 let (h, u) = (relevant_hash(&n), upgrade_hash(&n));
-                let before = seen.insert(name.clone(), (h, u));
-                if before.is_none_or(|(_, bu)| bu != u) {
+                let facts = crate::timeline::node_facts(&n);
+                let before = seen.insert(name.clone(), (h, u, facts.clone()));
+                if before.as_ref().is_none_or(|(_, _, bf)| *bf != facts) {
+                    timeline(watcher::Event::Apply(facts)).await;
+                }
+                if before.as_ref().is_none_or(|(_, bu, _)| *bu != u) {
                     w.wake.upgrade();
                 }
-                if before.is_some_and(|(bh, _)| bh == h) {
+                if before.is_some_and(|(bh, _, _)| bh == h) {
                     continue;
                 }
                 let rules = w.labels.lock().expect("labels lock").clone();

@@ -163,12 +163,15 @@ pub async fn run_until(
     let (wake, wakes) = crate::live::Wake::channel();
     ctx.caches.wake = wake.clone();
     let ctx = Arc::new(ctx);
-    // Per-node readiness timeline and allocatable gauges, while this replica leads.
+    // Per-node readiness timeline and allocatable gauges, while this replica leads, fed by the
+    // node watch below.
+    let (timeline_tx, timeline_rx) = tokio::sync::mpsc::channel(crate::timeline::NODE_EVENTS);
     tokio::spawn(crate::timeline::run(
         client.clone(),
         config.namespace.clone(),
         metrics.clone(),
         ctx.recorder.clone(),
+        timeline_rx,
     ));
     let pod_watches = Arc::new(crate::readiness::PodWatches::new(
         client.clone(),
@@ -184,6 +187,7 @@ pub async fn run_until(
             wake: wake.clone(),
             labels: ctx.caches.labels.clone(),
             metrics: metrics.clone(),
+            timeline: Some(timeline_tx),
         },
         node_writer,
     ));

@@ -24,24 +24,25 @@
 //! `kiln_node_gpus_allocatable` ([`allocatable_gpus`]) are exported; the chart's PrometheusRule
 //! alerts when the second stays below the first.
 //!
-//! IO: one watch on Nodes and one on the validator pods of the operator namespace
-//! ([`VALIDATOR_SELECTOR`]); per event only the few fields above are kept
-//! ([`NodeFacts`], [`ValidatorFacts`]). The decisions are [`Tracker`]'s, with no IO.
+//! IO: the node watch's events ([`crate::nodes::follow_nodes`] hands on each node's
+//! [`NodeFacts`] when they change; no watch of its own) and one watch on the validator pods of
+//! the operator namespace ([`VALIDATOR_SELECTOR`]), of which only [`ValidatorFacts`] are kept.
+//! The decisions are [`Tracker`]'s, with no IO.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kiln_core::labels::{has_gpu_pci_labels, is_gpu_node};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::metrics::Metrics;
+use crate::node::SlimNode;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
 pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
@@ -117,23 +118,16 @@ pub struct NodeFacts {
     pub allocatable: i64,
 }
 
-/// Reads [`NodeFacts`] from a Node.
-pub fn node_facts(node: &Node) -> NodeFacts {
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let allocatable = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .map(allocatable_gpus)
-        .unwrap_or(0);
+/// Reads [`NodeFacts`] from the node store's copy of a Node.
+pub fn node_facts(node: &SlimNode) -> NodeFacts {
     NodeFacts {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        uid: node.metadata.uid.clone(),
-        created: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        gpu: has_gpu_pci_labels(&labels) || is_gpu_node(&labels),
-        labelled: is_gpu_node(&labels),
-        expected: expected_gpus(&labels),
-        allocatable,
+        name: node.name().to_string(),
+        uid: node.uid().map(String::from),
+        created: node.created().map(|t| t.0),
+        gpu: node.has_gpu_pci() || node.is_gpu(),
+        labelled: node.is_gpu(),
+        expected: node.expected_gpus(),
+        allocatable: node.allocatable_gpus(),
     }
 }
 
@@ -524,19 +518,27 @@ pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
     }
 }
 
-/// One watch event (boxed: a Node and a Pod differ much in size).
+/// One input: a node watch event's facts, or a validator pod watch event (boxed: a Pod is big).
 enum Input {
-    Node(Box<Result<watcher::Event<Node>, watcher::Error>>),
+    Node(watcher::Event<NodeFacts>),
     Pod(Box<Result<watcher::Event<Pod>, watcher::Error>>),
 }
 
-/// Watch Nodes and the validator pods of `namespace` and keep the timeline metrics and Events
-/// (see the module docs). Runs until the watches end (never, in practice: they retry with
-/// kube-runtime's default backoff); run it as a task while this replica leads.
-pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>, recorder: Recorder) {
-    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .map(|e| Input::Node(Box::new(e)));
+/// Room for node events between the node watch and the timeline ([`run`]'s `nodes`).
+pub const NODE_EVENTS: usize = 1024;
+
+/// Keep the timeline metrics and Events (see the module docs) from `nodes` (the node watch's
+/// events, [`crate::nodes::NodeWatch::timeline`]) and a watch of the validator pods of
+/// `namespace`. Runs until both end (the pod watch never does: it retries with kube-runtime's
+/// default backoff); run it as a task while this replica leads.
+pub async fn run(
+    client: Client,
+    namespace: String,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    nodes: tokio::sync::mpsc::Receiver<watcher::Event<NodeFacts>>,
+) {
+    let nodes = tokio_stream_of(nodes).map(Input::Node);
     let pods = watcher(
         Api::<Pod>::namespaced(client, &namespace),
         watcher::Config::default().labels(VALIDATOR_SELECTOR),
@@ -548,22 +550,14 @@ pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>, recor
     while let Some(input) = inputs.next().await {
         let now = Timestamp::now();
         let updates = match input {
-            Input::Node(ev) => match *ev {
-                Err(e) => {
-                    tracing::debug!(error = %e, "timeline node watch");
-                    Vec::new()
-                }
-                Ok(watcher::Event::Init) => {
+            Input::Node(ev) => match ev {
+                watcher::Event::Init => {
                     tracker.begin_list(Source::Nodes);
                     Vec::new()
                 }
-                Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n)) => {
-                    tracker.node(node_facts(&n), now)
-                }
-                Ok(watcher::Event::InitDone) => tracker.end_list(Source::Nodes, now),
-                Ok(watcher::Event::Delete(n)) => {
-                    tracker.node_deleted(n.metadata.name.as_deref().unwrap_or_default())
-                }
+                watcher::Event::InitApply(f) | watcher::Event::Apply(f) => tracker.node(f, now),
+                watcher::Event::InitDone => tracker.end_list(Source::Nodes, now),
+                watcher::Event::Delete(f) => tracker.node_deleted(&f.name),
             },
             Input::Pod(ev) => match *ev {
                 Err(e) => {
@@ -589,6 +583,13 @@ pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>, recor
             apply(&metrics, &recorder, update).await;
         }
     }
+}
+
+/// `rx` as a stream (ends when every sender is dropped).
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 async fn apply(metrics: &Metrics, recorder: &Recorder, update: Update) {
@@ -735,7 +736,7 @@ mod tests {
 
     #[test]
     fn node_facts_read_labels_status_and_creation() {
-        let node: Node = serde_json::from_value(serde_json::json!({
+        let node: SlimNode = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "gpu-node-1", "uid": "u1",
                 "creationTimestamp": "2027-01-15T08:00:00Z",
                 "labels": {"feature.node.kubernetes.io/pci-10de.present": "true",
@@ -748,7 +749,7 @@ mod tests {
         assert!(f.gpu && !f.labelled);
         assert_eq!((f.expected, f.allocatable), (Some(2), 1));
         assert_eq!(f.created, Some("2027-01-15T08:00:00Z".parse().unwrap()));
-        let cpu: Node = serde_json::from_value(serde_json::json!({
+        let cpu: SlimNode = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "cpu-node-1", "labels": {"kubernetes.io/os": "linux"}}
         }))
         .unwrap();

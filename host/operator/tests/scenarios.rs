@@ -826,14 +826,37 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
     events.push(watcher::Event::Apply(slim(node("c", "1"))));
     let (wake, mut wakes) = Wake::channel();
     let writer = Writer::<kiln_operator::node::SlimNode>::default();
+    let (timeline_tx, mut timeline_rx) = tokio::sync::mpsc::channel(64);
     let store = writer.as_reader();
     let w = NodeWatch {
         client: client(server.clone()),
         wake,
         labels: Arc::new(Mutex::new(Some(rules))),
         metrics: Arc::new(Metrics::new()),
+        timeline: Some(timeline_tx),
     };
     follow_nodes(w, writer, futures::stream::iter(events.into_iter().map(Ok))).await;
+    // The readiness timeline hears the list and the new node, not GFD's timestamps.
+    let mut heard = Vec::new();
+    while let Ok(ev) = timeline_rx.try_recv() {
+        heard.push(match ev {
+            watcher::Event::Init => "init".to_string(),
+            watcher::Event::InitApply(f) => format!("listed {}", f.name),
+            watcher::Event::InitDone => "listed".to_string(),
+            watcher::Event::Apply(f) => format!("changed {} gpu={}", f.name, f.gpu),
+            watcher::Event::Delete(f) => format!("deleted {}", f.name),
+        });
+    }
+    assert_eq!(
+        heard,
+        [
+            "init",
+            "listed a",
+            "listed b",
+            "listed",
+            "changed c gpu=true"
+        ]
+    );
     let mut woke = 0;
     while let Ok(()) = wakes.try_recv() {
         woke += 1;
