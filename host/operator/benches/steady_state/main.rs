@@ -7,6 +7,8 @@
 //! KILN_BENCH_WRAP="heaptrack -o /tmp/op" …   # the operator under a profiler (RSS figures then
 //!                                            # are the wrapper's)
 //! KILN_BENCH_SIZES=5000:5000 KILN_BENCH_POLICY_PATCH='{"spec":{…}}' …  # the sample, merge-patched
+//! KILN_BENCH_READY_S=900 …   # give up waiting for `ready` after 900 s (default 1200) and print
+//!                            # the operator's RSS, CPU and requests so far instead
 //! ```
 //!
 //! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
@@ -314,7 +316,55 @@ async fn run_once(
         )
         .create(&PostParams::default(), &policy)
         .await?;
-        let ready_at = wait_ready(&seen, &mut child, Duration::from_secs(1200)).await?;
+        let off_created = audit::offset(audit_log);
+        let ready_limit = Duration::from_secs(env_or("KILN_BENCH_READY_S", 1200));
+        let Some(ready_at) = wait_ready(&seen, &mut child, ready_limit).await? else {
+            // A cluster too big for this machine's control plane to roll out in time: the
+            // operator's memory, CPU and requests while it waits are still figures.
+            let s = seen.lock().expect("seen");
+            println!(
+                "policy NOT ready after {} s ({}); DaemonSets ready: {:?}",
+                ready_limit.as_secs(),
+                s.policy_state,
+                s.daemonsets
+                    .iter()
+                    .map(|(n, (r, _))| (n.as_str(), *r))
+                    .collect::<Vec<_>>()
+            );
+            let minutes = created.elapsed().as_secs_f64() / 60.0;
+            let tally = audit::tally(audit_log, off_created, audit::offset(audit_log), USER)?;
+            let verbs = tally.verbs_of(USER);
+            println!(
+                "operator requests since the policy was created: {} ({:.1}/min; by verb per min: {})",
+                verbs.values().sum::<u64>(),
+                verbs.values().sum::<u64>() as f64 / minutes,
+                per_min(&verbs, minutes)
+            );
+            for (what, n) in &tally.user_detail {
+                println!("    {what}: {n}");
+            }
+            let (rss, peak) = (current_rss(pid).unwrap_or(0), status_field(pid, "VmHWM").unwrap_or(0));
+            println!(
+                "operator RSS {:.1} MiB now, {:.1} MiB peak (VmHWM); CPU {:.1} s in {:.0} s\n  now: {}",
+                rss as f64 / MIB,
+                peak as f64 / MIB,
+                cpu_seconds(pid),
+                created.elapsed().as_secs_f64(),
+                rss_breakdown(pid)
+            );
+            return Ok(Row {
+                nodes,
+                gpu_nodes,
+                latency_ms: -1,
+                change: Change::default(),
+                watches_per_min: f64::NAN,
+                writes_per_min: f64::NAN,
+                requests_per_min: f64::NAN,
+                rss_steady: rss,
+                rss_peak: peak,
+                load: format!("not ready after {} s; {}", ready_limit.as_secs(), loadavg()),
+            });
+        };
         // Let the DaemonSet watch catch up before judging which one became ready last.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (latency_ms, count, last) = {
@@ -727,29 +777,22 @@ async fn watch_policy(client: kube::Client, seen: Shared) {
     }
 }
 
+/// When the policy became `ready`; `None` when it is not ready after `timeout`.
 async fn wait_ready(
     seen: &Shared,
     child: &mut Child,
     timeout: Duration,
-) -> anyhow::Result<Instant> {
+) -> anyhow::Result<Option<Instant>> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(at) = seen.lock().expect("seen").policy_ready {
-            return Ok(at);
+            return Ok(Some(at));
         }
         if let Some(status) = child.try_wait()? {
             bail!("the operator process exited: {status}");
         }
         if Instant::now() > deadline {
-            let s = seen.lock().expect("seen");
-            bail!(
-                "policy not ready after {timeout:?}: {}; DaemonSets {:?}",
-                s.policy_state,
-                s.daemonsets
-                    .iter()
-                    .map(|(n, (r, _))| (n, r))
-                    .collect::<Vec<_>>()
-            );
+            return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
