@@ -176,7 +176,7 @@ pub struct NodeWatch {
     pub metrics: Arc<Metrics>,
     /// Where each node's readiness-timeline facts go when they change
     /// ([`crate::timeline::run`]); `None`: nowhere.
-    pub timeline: Option<tokio::sync::mpsc::Sender<TimelineEvent>>,
+    pub timeline: Option<futures::channel::mpsc::Sender<TimelineEvent>>,
 }
 
 /// A node watch event as the readiness timeline reads it.
@@ -187,11 +187,28 @@ pub type TimelineEvent = kube::runtime::watcher::Event<crate::timeline::NodeFact
 pub fn relevant_hash(node: &SlimNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
-    node.labels()
-        .iter()
-        .filter(|(k, _)| reads_label(k))
-        .for_each(|kv| kv.hash(&mut h));
+    hash_read_labels(node.labels().iter(), &mut h);
     node.runtime().hash(&mut h);
+    h.finish()
+}
+
+/// Feeds the labels [`reads_label`] keeps of `labels` into `h` (one rule for
+/// [`relevant_hash`] and [`relevant_labels_hash`]).
+fn hash_read_labels<'a>(
+    labels: impl Iterator<Item = (&'a str, &'a str)>,
+    h: &mut impl std::hash::Hasher,
+) {
+    use std::hash::Hash;
+    labels
+        .filter(|(k, _)| reads_label(k))
+        .for_each(|kv| kv.hash(h));
+}
+
+/// A hash of `v` (to remember what was last seen of a node without keeping a copy).
+fn hash_of(v: &impl std::hash::Hash) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
     h.finish()
 }
 
@@ -221,12 +238,13 @@ pub async fn follow_nodes<S>(
 {
     use futures::StreamExt;
     use kube::runtime::{reflector, watcher};
-    // Per node: (relevant_hash, upgrade_hash, the timeline's facts).
-    let mut seen: HashMap<String, (u64, u64, crate::timeline::NodeFacts)> = HashMap::new();
+    // Per node: (relevant_hash, upgrade_hash, hash of the timeline's facts).
+    let mut seen: HashMap<String, (u64, u64, u64)> = HashMap::new();
     let timeline = |ev: TimelineEvent| {
         let tx = w.timeline.clone();
         async move {
-            if let Some(tx) = tx {
+            if let Some(mut tx) = tx {
+                use futures::SinkExt;
                 // Closed: the timeline has stopped; nothing else reads these.
                 let _ = tx.send(ev).await;
             }
@@ -238,10 +256,11 @@ pub async fn follow_nodes<S>(
             Err(e) => tracing::warn!(error = %e, "node watch"),
             Ok(watcher::Event::InitApply(n)) => {
                 let facts = crate::timeline::node_facts(&n);
-                timeline(watcher::Event::InitApply(facts.clone())).await;
+                let f = hash_of(&facts);
+                timeline(watcher::Event::InitApply(facts)).await;
                 seen.insert(
                     n.name().to_string(),
-                    (relevant_hash(&n), upgrade_hash(&n), facts),
+                    (relevant_hash(&n), upgrade_hash(&n), f),
                 );
             }
             Ok(watcher::Event::InitDone) => {
@@ -263,11 +282,12 @@ pub async fn follow_nodes<S>(
                 let name = n.name().to_string();
                 let (h, u) = (relevant_hash(&n), upgrade_hash(&n));
                 let facts = crate::timeline::node_facts(&n);
-                let before = seen.insert(name.clone(), (h, u, facts.clone()));
-                if before.as_ref().is_none_or(|(_, _, bf)| *bf != facts) {
+                let f = hash_of(&facts);
+                let before = seen.insert(name.clone(), (h, u, f));
+                if before.is_none_or(|(_, _, bf)| bf != f) {
                     timeline(watcher::Event::Apply(facts)).await;
                 }
-                if before.as_ref().is_none_or(|(_, bu, _)| *bu != u) {
+                if before.is_none_or(|(_, bu, _)| bu != u) {
                     w.wake.upgrade();
                 }
                 if before.is_some_and(|(bh, _, _)| bh == h) {
@@ -357,14 +377,16 @@ pub fn reads_label(key: &str) -> bool {
 /// wakes the reconciler only when one of them changed (used with kube-runtime's
 /// `WatchStreamExt::predicate_filter`).
 pub fn relevant_labels_hash<K: kube::Resource>(node: &K) -> Option<u64> {
-    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::hash::{DefaultHasher, Hasher};
     let mut h = DefaultHasher::new();
-    node.meta()
-        .labels
-        .iter()
-        .flatten()
-        .filter(|(k, _)| reads_label(k))
-        .for_each(|kv| kv.hash(&mut h));
+    hash_read_labels(
+        node.meta()
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+        &mut h,
+    );
     Some(h.finish())
 }
 

@@ -165,7 +165,7 @@ pub async fn run_until(
     let ctx = Arc::new(ctx);
     // Per-node readiness timeline and allocatable gauges, while this replica leads, fed by the
     // node watch below.
-    let (timeline_tx, timeline_rx) = tokio::sync::mpsc::channel(crate::timeline::NODE_EVENTS);
+    let (timeline_tx, timeline_rx) = futures::channel::mpsc::channel(crate::timeline::NODE_EVENTS);
     tokio::spawn(crate::timeline::run(
         client.clone(),
         config.namespace.clone(),

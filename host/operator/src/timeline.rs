@@ -100,7 +100,7 @@ impl Stage {
 }
 
 /// What the timeline keeps of a Node.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Hash)]
 pub struct NodeFacts {
     /// `metadata.name`.
     pub name: String,
@@ -536,9 +536,9 @@ pub async fn run(
     namespace: String,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-    nodes: tokio::sync::mpsc::Receiver<watcher::Event<NodeFacts>>,
+    nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
 ) {
-    let nodes = tokio_stream_of(nodes).map(Input::Node);
+    let nodes = nodes.map(Input::Node);
     let pods = watcher(
         Api::<Pod>::namespaced(client, &namespace),
         watcher::Config::default().labels(VALIDATOR_SELECTOR),
@@ -583,13 +583,6 @@ pub async fn run(
             apply(&metrics, &recorder, update).await;
         }
     }
-}
-
-/// `rx` as a stream (ends when every sender is dropped).
-fn tokio_stream_of<T: Send + 'static>(
-    rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures::Stream<Item = T> {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 async fn apply(metrics: &Metrics, recorder: &Recorder, update: Update) {

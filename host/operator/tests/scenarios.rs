@@ -826,7 +826,7 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
     events.push(watcher::Event::Apply(slim(node("c", "1"))));
     let (wake, mut wakes) = Wake::channel();
     let writer = Writer::<kiln_operator::node::SlimNode>::default();
-    let (timeline_tx, mut timeline_rx) = tokio::sync::mpsc::channel(64);
+    let (timeline_tx, mut timeline_rx) = futures::channel::mpsc::channel(64);
     let store = writer.as_reader();
     let w = NodeWatch {
         client: client(server.clone()),
