@@ -243,7 +243,8 @@ async fn policy_state(policies: &Api<ClusterPolicy>) -> anyhow::Result<String> {
     Ok(format!("{state} {why:?}"))
 }
 
-/// The driver DaemonSet's newest revision hash, once its template shows `version`.
+/// The driver DaemonSet's newest revision hash, once its template and that revision show
+/// `version`.
 async fn driver_revision(
     cluster: &TestCluster,
     client: &Client,
@@ -280,9 +281,23 @@ async fn driver_revision(
                     .into_iter()
                     .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
                     .max_by_key(|r| r.revision);
+                // The DaemonSet controller writes the template's revision after the template:
+                // until the newest revision holds `version` itself, it is the previous one.
+                let Some(newest) = newest else {
+                    return Ok(Err("no revision".to_string()));
+                };
+                let data = serde_json::to_string(&newest.data).unwrap_or_default();
+                if !data.contains(version) {
+                    return Ok(Err(format!(
+                        "newest revision {} is not on {version} yet",
+                        newest.revision
+                    )));
+                }
                 Ok(newest
-                    .and_then(|r| r.labels().get("controller-revision-hash").cloned())
-                    .ok_or_else(|| "no revision".to_string()))
+                    .labels()
+                    .get("controller-revision-hash")
+                    .cloned()
+                    .ok_or_else(|| "revision without a hash label".to_string()))
             },
         )
         .await
