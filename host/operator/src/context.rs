@@ -9,7 +9,7 @@ use kiln_core::State;
 use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
 use kube::Client;
-use kube::api::DynamicObject;
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
@@ -171,6 +171,62 @@ impl Caches {
     /// The node store, when set.
     pub fn nodes(&self) -> Option<&Store<SlimNode>> {
         self.nodes.get()
+    }
+}
+
+/// Every ClusterPolicy: from `store` when set (the policy controller's), else listed. Used by
+/// the ClusterPolicy and the NVIDIADriver reconcilers alike.
+///
+/// # Errors
+/// [`crate::Error::Kube`] when listing fails (no store only).
+pub async fn policies_from(
+    store: Option<&Store<DynamicObject>>,
+    client: &Client,
+) -> crate::Result<Vec<Arc<DynamicObject>>> {
+    if let Some(store) = store {
+        return Ok(store.state());
+    }
+    Ok(
+        Api::<DynamicObject>::all_with(client.clone(), &crate::status::policy_resource())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| crate::Error::kube("list clusterpolicies", e))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
+    )
+}
+
+/// The active ClusterPolicy among `all` ([`kiln_core::singleton::active_policy`]: the oldest).
+pub fn active_of(all: &[Arc<DynamicObject>]) -> Option<&Arc<DynamicObject>> {
+    let active = kiln_core::singleton::active_policy(all.iter().map(|p| &p.metadata))?;
+    all.iter()
+        .find(|p| p.metadata.name.as_deref() == Some(active))
+}
+
+/// Every node (slimmed): from `store` when set (waiting at most
+/// [`crate::reconcile::LIVE_READY_LIMIT`] once for its first list), else listed in pages
+/// ([`crate::nodes::list_nodes`]). Used by the ClusterPolicy and the NVIDIADriver reconcilers.
+///
+/// # Errors
+/// [`crate::Error::Kube`] when listing fails (no store only).
+pub async fn nodes_from(
+    store: Option<&Store<SlimNode>>,
+    client: &Client,
+) -> crate::Result<Vec<Arc<SlimNode>>> {
+    match store {
+        Some(store) => {
+            let _ =
+                tokio::time::timeout(crate::reconcile::LIVE_READY_LIMIT, store.wait_until_ready())
+                    .await;
+            Ok(store.state())
+        }
+        None => Ok(crate::nodes::list_nodes(client)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect()),
     }
 }
 

@@ -1,19 +1,13 @@
 //! Cluster facts for transforms, read from the nodes (upstream `init()` GPU discovery,
 //! `gpu-operator.md` §2.2 step 4): container runtime and GPU node OS.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
-use kiln_core::labels::Labels;
 use kiln_core::spec::ClusterPolicySpec;
 
 pub use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
 
 use crate::node::SlimNode;
-
-/// A node's labels as a map (empty when it has none).
-pub fn node_labels(node: &Node) -> Labels {
-    node.metadata.labels.clone().unwrap_or_default()
-}
 
 /// The container runtime of the GPU nodes, from `status.nodeInfo.containerRuntimeVersion`
 /// prefixes (`docker`, `containerd`, `cri-o`): containerd if any node uses it, else the last

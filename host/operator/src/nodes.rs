@@ -177,6 +177,10 @@ pub struct NodeWatch {
     /// Where each node's readiness-timeline facts go when they change
     /// ([`crate::timeline::run`]); `None`: nowhere.
     pub timeline: Option<futures::channel::mpsc::Sender<TimelineEvent>>,
+    /// Told when the nodes' pools may have changed (the NVIDIADriver controller,
+    /// [`crate::nvidiadriver::run`]): a node added or deleted, or any label the store keeps
+    /// ([`crate::node::kept_label`]) changed; `None`: nobody.
+    pub pools: Option<futures::channel::mpsc::UnboundedSender<()>>,
 }
 
 /// A node watch event as the readiness timeline reads it.
@@ -187,21 +191,12 @@ pub type TimelineEvent = kube::runtime::watcher::Event<crate::timeline::NodeFact
 pub fn relevant_hash(node: &SlimNode) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
-    hash_read_labels(node.labels().iter(), &mut h);
+    node.labels()
+        .iter()
+        .filter(|(k, _)| reads_label(k))
+        .for_each(|kv| kv.hash(&mut h));
     node.runtime().hash(&mut h);
     h.finish()
-}
-
-/// Feeds the labels [`reads_label`] keeps of `labels` into `h` (one rule for
-/// [`relevant_hash`] and [`relevant_labels_hash`]).
-fn hash_read_labels<'a>(
-    labels: impl Iterator<Item = (&'a str, &'a str)>,
-    h: &mut impl std::hash::Hasher,
-) {
-    use std::hash::Hash;
-    labels
-        .filter(|(k, _)| reads_label(k))
-        .for_each(|kv| kv.hash(h));
 }
 
 /// A hash of `v` (to remember what was last seen of a node without keeping a copy).
@@ -238,8 +233,15 @@ pub async fn follow_nodes<S>(
 {
     use futures::StreamExt;
     use kube::runtime::{reflector, watcher};
-    // Per node: (relevant_hash, upgrade_hash, hash of the timeline's facts).
-    let mut seen: HashMap<String, (u64, u64, u64)> = HashMap::new();
+    // Per node: (relevant_hash, upgrade_hash, hash of the timeline's facts, hash of the kept
+    // labels).
+    let mut seen: HashMap<String, (u64, u64, u64, u64)> = HashMap::new();
+    let pools = || {
+        if let Some(tx) = &w.pools {
+            // Closed: the NVIDIADriver controller is not running.
+            let _ = tx.unbounded_send(());
+        }
+    };
     let timeline = |ev: TimelineEvent| {
         let tx = w.timeline.clone();
         async move {
@@ -260,13 +262,14 @@ pub async fn follow_nodes<S>(
                 timeline(watcher::Event::InitApply(facts)).await;
                 seen.insert(
                     n.name().to_string(),
-                    (relevant_hash(&n), upgrade_hash(&n), f),
+                    (relevant_hash(&n), upgrade_hash(&n), f, hash_of(n.labels())),
                 );
             }
             Ok(watcher::Event::InitDone) => {
                 timeline(watcher::Event::InitDone).await;
                 w.wake.reconcile();
                 w.wake.upgrade();
+                pools();
             }
             Ok(watcher::Event::Init) => {
                 timeline(watcher::Event::Init).await;
@@ -277,20 +280,24 @@ pub async fn follow_nodes<S>(
                 seen.remove(n.name());
                 w.wake.reconcile();
                 w.wake.upgrade();
+                pools();
             }
             Ok(watcher::Event::Apply(n)) => {
                 let name = n.name().to_string();
-                let (h, u) = (relevant_hash(&n), upgrade_hash(&n));
+                let (h, u, p) = (relevant_hash(&n), upgrade_hash(&n), hash_of(n.labels()));
                 let facts = crate::timeline::node_facts(&n);
                 let f = hash_of(&facts);
-                let before = seen.insert(name.clone(), (h, u, f));
-                if before.is_none_or(|(_, _, bf)| bf != f) {
+                let before = seen.insert(name.clone(), (h, u, f, p));
+                if before.is_none_or(|(_, _, bf, _)| bf != f) {
                     timeline(watcher::Event::Apply(facts)).await;
                 }
-                if before.is_none_or(|(_, bu, _)| bu != u) {
+                if before.is_none_or(|(_, bu, _, _)| bu != u) {
                     w.wake.upgrade();
                 }
-                if before.is_some_and(|(bh, _, _)| bh == h) {
+                if before.is_none_or(|(_, _, _, bp)| bp != p) {
+                    pools();
+                }
+                if before.is_some_and(|(bh, _, _, _)| bh == h) {
                     continue;
                 }
                 let rules = w.labels.lock().expect("labels lock").clone();
@@ -373,75 +380,20 @@ pub fn reads_label(key: &str) -> bool {
         .contains(&key)
 }
 
-/// The node-watch predicate: a hash of the labels [`reads_label`] keeps, so a node event
-/// wakes the reconciler only when one of them changed (used with kube-runtime's
-/// `WatchStreamExt::predicate_filter`).
-pub fn relevant_labels_hash<K: kube::Resource>(node: &K) -> Option<u64> {
-    use std::hash::{DefaultHasher, Hasher};
-    let mut h = DefaultHasher::new();
-    hash_read_labels(
-        node.meta()
-            .labels
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-        &mut h,
-    );
-    Some(h.finish())
-}
-
-/// The node events that should wake the reconciler: applied nodes whose
-/// [`relevant_labels_hash`] changed (a new node counts as changed).
-pub fn node_triggers<K, S>(events: S) -> impl futures::Stream<Item = ()>
-where
-    K: kube::Resource + Send + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
-    S: futures::Stream<
-            Item = Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
-        > + Send,
-{
-    use futures::StreamExt;
-    use kube::runtime::WatchStreamExt;
-    events
-        .applied_objects()
-        .predicate_filter(relevant_labels_hash, Default::default())
-        .map(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn meta_node(labels: serde_json::Value) -> kube::core::PartialObjectMeta<Node> {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {"name": "gpu-node-1", "uid": "u1", "labels": labels}
-        }))
-        .unwrap()
-    }
-
-    #[tokio::test]
-    async fn gfd_churn_wakes_nothing_deploy_labels_do() {
-        use futures::StreamExt;
-        use kube::runtime::watcher::Event;
-        let base = serde_json::json!({"nvidia.com/gpu.present": "true",
-            "nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.count": "1"});
-        let mut churned = base.clone();
-        churned["nvidia.com/gfd.timestamp"] = "2".into();
-        churned["nvidia.com/gpu.memory"] = "81920".into();
-        let mut opted_out = churned.clone();
-        opted_out["nvidia.com/gpu.deploy.operands"] = "false".into();
-        let events = [base.clone(), churned.clone(), churned, opted_out]
-            .into_iter()
-            .map(|l| Ok(Event::Apply(meta_node(l))));
-        let woke = node_triggers(futures::stream::iter(events)).count().await;
-        assert_eq!(woke, 2, "the first sight of the node, then the opt-out");
+    #[test]
+    fn reads_the_labels_it_decides_by_not_gfds() {
         assert!(reads_label(
             "feature.node.kubernetes.io/kernel-version.full"
         ));
+        assert!(reads_label("nvidia.com/gpu.deploy.operands"));
         assert!(reads_label("nvidia.com/mig.capable"));
         assert!(!reads_label("nvidia.com/gfd.timestamp"));
         assert!(!reads_label("nvidia.com/cuda.driver.major"));
+        assert!(!reads_label("nvidia.com/gpu.memory"));
     }
 
     #[test]

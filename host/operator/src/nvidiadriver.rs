@@ -16,18 +16,15 @@
 //! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
 //! [`policy_driver_result`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kiln_core::State;
-use kiln_core::labels::Labels;
 use kiln_core::plan::{ObjectKey, desired_object};
-use kiln_core::singleton::active_policy;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{
     DriverType, NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState,
@@ -44,6 +41,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apply::{Applier, key_of};
+use crate::node::{NodeLabels, SlimNode};
 use crate::{Error, Result, facts, is_not_found, readiness};
 
 /// Condition reasons of an NVIDIADriver's status.
@@ -82,6 +80,26 @@ pub struct DriverContext {
     /// The upgrade controller: each CR's DaemonSets roll through it with the ClusterPolicy's
     /// `driver.upgradePolicy` (`None`: driver pods are replaced only when deleted).
     pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
+    /// What a reconcile reads instead of the API server.
+    pub caches: DriverCaches,
+}
+
+/// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
+/// reconcile reads nothing from the API server however many nodes there are). A store not set
+/// (tests) falls back to listing, as [`crate::context::Caches`] does.
+#[derive(Default)]
+pub struct DriverCaches {
+    /// The node store the ClusterPolicy reconciler's node watch fills. It keeps the labels
+    /// [`crate::node::kept_label`] keeps, so a pool's `nodeSelector` matches any label except
+    /// the `nvidia.com/` ones GFD writes that kiln does not read: a driver pool chosen by what
+    /// the driver itself makes GFD report would be circular.
+    pub nodes: Option<kube::runtime::reflector::Store<SlimNode>>,
+    /// The ClusterPolicies (the policy controller's store).
+    pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
+    /// Every NVIDIADriver: the controller's own store, set by [`run`].
+    pub drivers: std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>,
+    /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
+    pub pods: Option<Arc<readiness::PodWatches>>,
 }
 
 impl DriverContext {
@@ -101,6 +119,7 @@ impl DriverContext {
             kubernetes_version: kubernetes_version.to_string(),
             images,
             upgrader: None,
+            caches: DriverCaches::default(),
         }
     }
 }
@@ -195,12 +214,14 @@ pub fn owning_drivers(ds: DaemonSet) -> Vec<ObjectRef<NVIDIADriver>> {
 }
 
 /// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, DaemonSets they own,
-/// node label changes and ClusterPolicy changes (both reconcile every CR: pools and overlaps
-/// depend on every node and CR). Every CR change (its status included) also wakes the
-/// ClusterPolicy reconciler through `wake`: the policy's readiness includes the CRs'.
+/// `node_changes` (the node watch's pool changes, [`crate::nodes::NodeWatch::pools`]) and
+/// ClusterPolicy changes (both reconcile every CR: pools and overlaps depend on every node and
+/// CR). Every CR change (its status included) also wakes the ClusterPolicy reconciler through
+/// `wake`: the policy's readiness includes the CRs'.
 pub async fn run(
     ctx: Arc<DriverContext>,
     wake: crate::live::Wake,
+    node_changes: impl futures::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let to_policy = watcher(
@@ -217,10 +238,6 @@ pub async fn run(
     let client = ctx.client.clone();
     let drivers: Api<NVIDIADriver> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ctx.namespace);
-    let node_changes = crate::nodes::node_triggers(watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default(),
-    ));
     let policy_changes = watcher(
         Api::<PartialObjectMeta<ClusterPolicy>>::all(client.clone()),
         watcher::Config::default(),
@@ -236,7 +253,9 @@ pub async fn run(
     let driver_changes = watcher(drivers.clone(), watcher::Config::default())
         .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
         .map(|_| ());
-    Controller::new(drivers, watcher::Config::default())
+    let controller = Controller::new(drivers, watcher::Config::default());
+    let _ = ctx.caches.drivers.set(controller.store());
+    controller
         .watches(daemonsets, watcher::Config::default(), owning_drivers)
         .reconcile_all_on(futures::stream::select(
             futures::stream::select(node_changes, policy_changes),
@@ -286,31 +305,33 @@ pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result
     })
 }
 
-/// The active ClusterPolicy as stored (`None` when there is none).
-async fn active_cluster_policy(client: &Client) -> Result<Option<DynamicObject>> {
-    let ar = kube::api::ApiResource::erase::<ClusterPolicy>(&());
-    let all = Api::<DynamicObject>::all_with(client.clone(), &ar)
+/// Every NVIDIADriver: the controller's store once [`run`] set it, else listed.
+async fn all_drivers(ctx: &DriverContext) -> Result<Vec<Arc<NVIDIADriver>>> {
+    if let Some(store) = ctx.caches.drivers.get() {
+        return Ok(store.state());
+    }
+    Ok(Api::<NVIDIADriver>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| Error::kube("list clusterpolicies", e))?;
-    let active = active_policy(all.items.iter().map(|p| &p.metadata)).map(str::to_string);
-    Ok(all
+        .map_err(|e| Error::kube("list nvidiadrivers", e))?
         .items
         .into_iter()
-        .find(|p| p.metadata.name.as_deref() == active.as_deref()))
+        .map(Arc::new)
+        .collect())
 }
 
 /// The verdict, and whether a driver upgrade of the CR's DaemonSets is under way.
 async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict, bool)> {
     let name = cr.name_any();
-    let Some(cp) = active_cluster_policy(&ctx.client).await? else {
+    let policies = crate::context::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
+    let Some(cp) = crate::context::active_of(&policies) else {
         return Ok(still(DriverVerdict::new(
             NvidiaDriverState::Disabled,
             reasons::DISABLED,
             "no ClusterPolicy exists",
         )));
     };
-    let cp_raw = serde_json::to_value(&cp).expect("a DynamicObject serializes");
+    let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
     let cp_name = cp.metadata.name.clone().unwrap_or_default();
     let policy = match Policy::from_object(&cp_raw) {
         Ok(p) => p,
@@ -351,22 +372,12 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             "spec.gds and spec.gdrcopy cannot be enabled with spec.usePrecompiled",
         )));
     }
-    let nodes: Vec<Labels> = Api::<Node>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list nodes", e))?
-        .items
-        .iter()
-        .map(facts::node_labels)
-        .collect();
-    let all: Vec<NVIDIADriver> = Api::<NVIDIADriver>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list nvidiadrivers", e))?
-        .items;
+    let nodes = crate::context::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
+    let nodes: Vec<&NodeLabels> = nodes.iter().map(|n| n.labels()).collect();
+    let all = all_drivers(ctx).await?;
     let specs: Vec<(String, &NvidiaDriverSpec)> =
         all.iter().map(|d| (d.name_any(), &d.spec)).collect();
-    if let Some(others) = overlaps(&specs, &nodes).get(&name) {
+    if let Some(others) = overlaps(&specs, nodes.iter().copied()).get(&name) {
         tracing::warn!(nvidiadriver = %name, ?others, "overlapping node selectors; not applied");
         return Ok(still(DriverVerdict::new(
             NvidiaDriverState::NotReady,
@@ -374,7 +385,10 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             conflict_message(others),
         )));
     }
-    let desired = match render(cr, &policy, ctx, &nodes).await {
+    let cp_owner = cp
+        .controller_owner_ref(&crate::status::policy_resource())
+        .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
+    let desired = match render(cr, &policy, cp_owner.as_ref(), ctx, &nodes).await {
         Ok(d) => d,
         Err(e) => {
             return Ok(still(DriverVerdict::new(
@@ -395,9 +409,16 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             if let Some(l) = &live {
                 lives.push(readiness::as_daemonset(&key.name, l)?);
             }
+            let ds = live
+                .as_ref()
+                .map(|l| readiness::as_daemonset(&key.name, l))
+                .transpose()?;
+            let pods = match &ctx.caches.pods {
+                Some(w) => readiness::PodSource::Watches(w),
+                None => readiness::PodSource::List(&ctx.client),
+            };
             if let Some(why) =
-                readiness::daemonset_not_ready(&ctx.client, &key.name, live.as_ref(), &nodes)
-                    .await?
+                readiness::judge_daemonset(&key.name, ds.as_ref(), 0, pods, &nodes).await?
             {
                 not_ready.push(why);
             }
@@ -443,16 +464,19 @@ fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
 /// The objects to apply for `cr`: per node pool its DaemonSet (owned by the CR, labelled
 /// [`NVIDIADRIVER_LABEL`]; [`kiln_render::nvidiadriver::render_pools`]), and once the state's
 /// other objects as the ClusterPolicy's driver state has them (labelled `kiln.dev/state=driver`,
-/// owned by the policy: shared by every CR's DaemonSets, and kept while the policy hands the
-/// driver off, [`kiln_core::plan::Render::HandedOff`]).
+/// owned by the policy through `cp_owner`, its controller reference: shared by every CR's
+/// DaemonSets, and kept while the policy hands the driver off,
+/// [`kiln_core::plan::Render::HandedOff`]; left out when `None`). `nodes` are the labels of
+/// every node.
 ///
 /// # Errors
 /// The render error's text (naming the CR and the plugin or field).
-pub async fn render(
+pub async fn render<L: kiln_core::labels::LabelLookup>(
     cr: &NVIDIADriver,
     policy: &Policy,
+    cp_owner: Option<&Value>,
     ctx: &DriverContext,
-    nodes: &[Labels],
+    nodes: &[L],
 ) -> std::result::Result<Vec<Value>, String> {
     let name = cr.name_any();
     let uid = cr.metadata.uid.clone().unwrap_or_default();
@@ -465,7 +489,7 @@ pub async fn render(
         kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
     facts::read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
-    let pools = node_pools(&cr.spec, nodes);
+    let pools = node_pools(&cr.spec, nodes.iter());
     let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
     let rendered = tokio::task::spawn_blocking(move || {
         kiln_render::nvidiadriver::render_pools(&renderer, &derived, &n, &uid, &spec, &pools, &base)
@@ -473,7 +497,6 @@ pub async fn render(
     })
     .await
     .map_err(|e| format!("render task: {e}"))??;
-    let cp_owner = policy_owner(policy, ctx).await;
     let cr_owner = serde_json::to_value(cr.controller_owner_ref(&()).expect("a named CR"))
         .expect("an OwnerReference serializes");
     let mut out = Vec::new();
@@ -483,24 +506,13 @@ pub async fn render(
                 obj["metadata"]["ownerReferences"] = json!([cr_owner]);
                 out.push(obj);
             } else if i == 0
-                && let Some(owner) = &cp_owner
+                && let Some(owner) = cp_owner
             {
                 out.push(desired_object(&obj, State::Driver, owner));
             }
         }
     }
     Ok(out)
-}
-
-/// The active ClusterPolicy's controller reference (as the policy's own objects carry it).
-async fn policy_owner(policy: &Policy, ctx: &DriverContext) -> Option<Value> {
-    let cp = Api::<ClusterPolicy>::all(ctx.client.clone())
-        .get_opt(&policy.name)
-        .await
-        .ok()
-        .flatten()?;
-    cp.controller_owner_ref(&())
-        .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"))
 }
 
 /// Delete the CR's DaemonSets (by [`NVIDIADRIVER_LABEL`]) that this reconcile did not apply
@@ -650,24 +662,6 @@ fn state_name(s: NvidiaDriverState) -> &'static str {
         NvidiaDriverState::NotReady => "notReady",
         NvidiaDriverState::Disabled => "disabled",
     }
-}
-
-/// The node-name → NVIDIADriver owner map (for diagnostics and the upgrade controller): each
-/// node selected by exactly one CR, by name.
-pub fn owners<'a>(
-    drivers: &'a [NVIDIADriver],
-    nodes: &[(String, Labels)],
-) -> BTreeMap<String, &'a str> {
-    nodes
-        .iter()
-        .filter_map(|(node, labels)| {
-            let mut on = drivers.iter().filter(|d| d.spec.selects(labels));
-            match (on.next(), on.next()) {
-                (Some(d), None) => Some((node.clone(), d.metadata.name.as_deref().unwrap_or(""))),
-                _ => None,
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use kiln_core::plan::{Render, StatePlan, hands_off, plan};
 use kiln_core::singleton::active_policy;
 use kiln_core::status::{Observation, StateResult, Verdict, judge, requeue_after};
 use kiln_render::{Policy, RenderedState};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
@@ -93,39 +93,6 @@ pub fn error_policy(_policy: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Every ClusterPolicy: the controller's store when set, else listed.
-async fn policies(ctx: &Context) -> Result<Vec<Arc<DynamicObject>>> {
-    if let Some(store) = ctx.caches.policies() {
-        return Ok(store.state());
-    }
-    Ok(
-        Api::<DynamicObject>::all_with(ctx.client.clone(), &policy_resource())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| Error::kube("list clusterpolicies", e))?
-            .items
-            .into_iter()
-            .map(Arc::new)
-            .collect(),
-    )
-}
-
-/// Every node (slimmed): from the node store when set (waiting once for its first list), else
-/// listed in pages.
-async fn nodes_now(ctx: &Context) -> Result<Vec<Arc<SlimNode>>> {
-    match ctx.caches.nodes() {
-        Some(store) => {
-            let _ = tokio::time::timeout(LIVE_READY_LIMIT, store.wait_until_ready()).await;
-            Ok(store.state())
-        }
-        None => Ok(crate::nodes::list_nodes(&ctx.client)
-            .await?
-            .into_iter()
-            .map(Arc::new)
-            .collect()),
-    }
-}
-
 async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> {
     let name = arg.name_any();
     let since = ctx
@@ -138,7 +105,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         tokio::time::sleep(wait).await;
     }
     *ctx.caches.paced.lock().expect("paced lock") = Some(Instant::now());
-    let all = policies(ctx).await?;
+    let all = crate::context::policies_from(ctx.caches.policies(), &ctx.client).await?;
     // The freshest copy: the store's (the queued one may be older).
     let policy = all
         .iter()
@@ -161,7 +128,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         .expect("last lock")
         .get(&name)
         .cloned();
-    let nodes = nodes_now(ctx).await?;
+    let nodes = crate::context::nodes_from(ctx.caches.nodes(), &ctx.client).await?;
     let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();
     if let Some(last) = last.filter(|l| {
         !full

@@ -178,6 +178,8 @@ pub async fn run_until(
         wake.clone(),
     ));
     let _ = ctx.caches.pods.set(pod_watches.clone());
+    // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
+    let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
     let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
     let node_writer_reader = node_writer.as_reader();
     ctx.caches.set_nodes(node_writer.as_reader());
@@ -188,6 +190,7 @@ pub async fn run_until(
             labels: ctx.caches.labels.clone(),
             metrics: metrics.clone(),
             timeline: Some(timeline_tx),
+            pools: Some(pools_tx),
         },
         node_writer,
     ));
@@ -234,9 +237,16 @@ pub async fn run_until(
             config.images.clone(),
         );
         drivers.upgrader = Some(upgrader);
+        drivers.caches = crate::nvidiadriver::DriverCaches {
+            nodes: ctx.caches.nodes().cloned(),
+            policies: ctx.caches.policies().cloned(),
+            pods: ctx.caches.pods.get().cloned(),
+            ..Default::default()
+        };
         tokio::spawn(crate::nvidiadriver::run(
             Arc::new(drivers),
             wake.clone(),
+            pools_rx,
             shutdown.clone(),
         ));
     }

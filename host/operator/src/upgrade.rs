@@ -769,11 +769,7 @@ async fn cluster_policy_pass(
         return Ok(false);
     };
     let objects = store.state();
-    let active = kiln_core::singleton::active_policy(objects.iter().map(|p| &p.metadata));
-    let Some(object) = objects
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == active)
-    else {
+    let Some(object) = crate::context::active_of(&objects) else {
         set_metrics(metrics, None);
         return Ok(false);
     };

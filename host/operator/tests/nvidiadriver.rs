@@ -6,6 +6,8 @@
 //! - overlapping selectors are refused: both CRs get an Error condition naming the other, and
 //!   nothing is applied;
 //! - with `driver.useNvidiaDriverCRD` a CR is reconciled, without it it is `disabled`;
+//! - with the operator's caches wired, a reconcile reads no node, ClusterPolicy or
+//!   NVIDIADriver from the API server;
 //! - the ClusterPolicy, once it hands the driver off, deletes its driver DaemonSet with
 //!   `propagationPolicy: Orphan` (pods are kept) and reports the CRs' readiness.
 
@@ -15,14 +17,17 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::{Method, Request, Response, StatusCode};
 use kiln_core::plan::STATE_LABEL;
+use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
 use kiln_operator::live::{LiveCache, Meta};
 use kiln_operator::metrics::Metrics;
-use kiln_operator::nvidiadriver::{DriverContext, reconcile};
+use kiln_operator::node::SlimNode;
+use kiln_operator::nvidiadriver::{DriverCaches, DriverContext, reconcile};
 use kiln_operator::{Config, Context};
 use kube::Client;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, DynamicObject};
 use kube::client::Body;
+use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -355,18 +360,74 @@ fn server_with(objects: &[Value], pools: &[(&str, usize)]) -> Arc<Mutex<Server>>
 }
 
 fn driver_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
+    Arc::new(listing_context(server))
+}
+
+/// A context without caches: every read is a request.
+fn listing_context(server: &Arc<Mutex<Server>>) -> DriverContext {
     let host = kiln_plugin_host::PluginHost::new(
         kiln_plugin_host::HostConfig::default(),
         kiln_bundled_plugins::BUNDLED,
     )
     .unwrap();
-    Arc::new(DriverContext::new(
+    DriverContext::new(
         client(server.clone()),
         kiln_render::Renderer::new(Arc::new(host)),
         NS,
         "v1.36.0",
         Vec::new(),
-    ))
+    )
+}
+
+/// A store holding the server's objects under `prefix` now.
+fn filled<K>(server: &Arc<Mutex<Server>>, prefix: &str, dt: K::DynamicType) -> Store<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let objects: Vec<Value> = {
+        let s = server.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    let mut w = Writer::<K>::new(dt);
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        w.apply_watcher_event(&watcher::Event::InitApply(
+            serde_json::from_value(o).unwrap(),
+        ));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
+    w.as_reader()
+}
+
+/// A context reading nodes, ClusterPolicies and NVIDIADrivers from stores filled from the
+/// server's objects now (as `run` wires the operator's caches).
+fn cached_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
+    let mut ctx = listing_context(server);
+    ctx.caches = DriverCaches {
+        nodes: Some(filled::<SlimNode>(server, "/api/v1/nodes/", ())),
+        policies: Some(filled::<DynamicObject>(
+            server,
+            "/apis/nvidia.com/v1/clusterpolicies/",
+            ApiResource::erase::<ClusterPolicy>(&()),
+        )),
+        ..Default::default()
+    };
+    assert!(
+        ctx.caches
+            .drivers
+            .set(filled::<NVIDIADriver>(
+                server,
+                "/apis/nvidia.com/v1alpha1/nvidiadrivers/",
+                ()
+            ))
+            .is_ok()
+    );
+    Arc::new(ctx)
 }
 
 fn typed_driver(server: &Arc<Mutex<Server>>, name: &str) -> Arc<NVIDIADriver> {
@@ -407,6 +468,62 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
 
 fn handed_off() -> Value {
     policy(json!({"driver": {"useNvidiaDriverCRD": true}}))
+}
+
+#[tokio::test]
+async fn from_caches_a_reconcile_reads_no_node_policy_or_driver() {
+    let a = driver("pool-a", json!({"nodeSelector": {"pool": "a"}}));
+    let b = driver("pool-b", json!({"nodeSelector": {"pool": "b"}}));
+    let server = server_with(&[handed_off(), a, b], &[("a", 2), ("b", 3)]);
+    let ctx = cached_context(&server);
+    for name in ["pool-a", "pool-b"] {
+        reconcile(typed_driver(&server, name), ctx.clone())
+            .await
+            .unwrap();
+    }
+    let reads: Vec<String> = calls(&server, &Method::GET)
+        .into_iter()
+        .map(|c| c.path)
+        .filter(|p| {
+            p.starts_with("/api/v1/nodes")
+                || p.contains("/clusterpolicies")
+                || p.contains("/nvidiadrivers")
+        })
+        .collect();
+    assert_eq!(reads, Vec::<String>::new(), "read from the caches");
+    let mut pools: Vec<(String, String)> = ds_applies(&server)
+        .iter()
+        .map(|a| {
+            (
+                a.body["metadata"]["labels"][NVIDIADRIVER_LABEL]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                a.body["spec"]["template"]["spec"]["nodeSelector"]["pool"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    pools.sort();
+    assert_eq!(
+        pools,
+        [
+            ("pool-a".to_string(), "a".to_string()),
+            ("pool-b".to_string(), "b".to_string())
+        ],
+        "each CR's DaemonSet selects its pool (a label the node store keeps)"
+    );
+    // The shared objects are owned by the policy as the store holds it.
+    let sa = calls(&server, &Method::PATCH)
+        .into_iter()
+        .find(|c| c.path.ends_with("/serviceaccounts/nvidia-driver"))
+        .expect("service account applied");
+    assert_eq!(
+        sa.body["metadata"]["ownerReferences"][0]["uid"],
+        "uid-cluster-policy"
+    );
 }
 
 #[tokio::test]

@@ -824,7 +824,17 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
         }
     }
     events.push(watcher::Event::Apply(slim(node("c", "1"))));
+    // A node moved to another NVIDIADriver pool: a label outside `nvidia.com/`.
+    let mut moved = start[0].clone();
+    moved
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("pool".into(), "b".into());
+    events.push(watcher::Event::Apply(slim(moved)));
     let (wake, mut wakes) = Wake::channel();
+    let (pools_tx, mut pools_rx) = futures::channel::mpsc::unbounded();
     let writer = Writer::<kiln_operator::node::SlimNode>::default();
     let (timeline_tx, mut timeline_rx) = futures::channel::mpsc::channel(64);
     let store = writer.as_reader();
@@ -834,6 +844,7 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
         labels: Arc::new(Mutex::new(Some(rules))),
         metrics: Arc::new(Metrics::new()),
         timeline: Some(timeline_tx),
+        pools: Some(pools_tx),
     };
     follow_nodes(w, writer, futures::stream::iter(events.into_iter().map(Ok))).await;
     // The readiness timeline hears the list and the new node, not GFD's timestamps.
@@ -863,7 +874,15 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
     }
     assert_eq!(
         woke, 2,
-        "the first list, then the new node; the GFD churn none"
+        "the first list, then the new node; the GFD churn and the pool label none"
+    );
+    let mut pools = 0;
+    while let Ok(()) = pools_rx.try_recv() {
+        pools += 1;
+    }
+    assert_eq!(
+        pools, 3,
+        "NVIDIADriver pools: the first list, the new node, the pool label; the GFD churn none"
     );
     let sent: Vec<String> = server
         .lock()

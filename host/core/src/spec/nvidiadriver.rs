@@ -29,7 +29,7 @@ use super::{
     VirtualTopologySpec,
 };
 use crate::context::NodeOs;
-use crate::labels::{GPU_PRESENT, Labels};
+use crate::labels::{GPU_PRESENT, LabelLookup};
 
 #[cfg(feature = "kube")]
 use super::schema::crd_default;
@@ -347,7 +347,7 @@ impl NvidiaDriverSpec {
     }
 
     /// Whether a node with `labels` is one of this CR's.
-    pub fn selects(&self, labels: &Labels) -> bool {
+    pub fn selects(&self, labels: &impl LabelLookup) -> bool {
         matches(&self.effective_selector(), labels)
     }
 
@@ -475,8 +475,10 @@ pub fn sanitized_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, S
         .collect()
 }
 
-fn matches(selector: &BTreeMap<String, String>, labels: &Labels) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+fn matches(selector: &BTreeMap<String, String>, labels: &impl LabelLookup) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| labels.label(k) == Some(v.as_str()))
 }
 
 /// One node pool of an NVIDIADriver: the nodes sharing an OS (and kernel, precompiled), which
@@ -495,30 +497,33 @@ pub struct NodePool {
     pub node_selector: BTreeMap<String, String>,
 }
 
-/// The node pools of `spec` among `nodes` (their labels), sorted by name: nodes the CR selects
-/// grouped by NFD OS ID and VERSION_ID (and kernel when precompiled). Nodes without the NFD
-/// labels are left out (upstream logs "Is NFD installed?" and skips them).
-pub fn node_pools<'a>(
+/// The node pools of `spec` among `nodes` (their labels: a map, or any [`LabelLookup`] such as
+/// the operator's node store), sorted by name: nodes the CR selects grouped by NFD OS ID and
+/// VERSION_ID (and kernel when precompiled). Nodes without the NFD labels are left out
+/// (upstream logs "Is NFD installed?" and skips them).
+pub fn node_pools<L: LabelLookup>(
     spec: &NvidiaDriverSpec,
-    nodes: impl IntoIterator<Item = &'a Labels>,
+    nodes: impl IntoIterator<Item = L>,
 ) -> Vec<NodePool> {
     use crate::context::{OS_ID_LABEL, OS_VERSION_LABEL};
     let selector = spec.effective_selector();
     let mut pools = BTreeSet::new();
     for labels in nodes.into_iter().filter(|l| matches(&selector, l)) {
-        let Some(os) = NodeOs::from_labels(labels) else {
+        let Some(os) = NodeOs::from_labels(&labels) else {
             continue;
         };
-        let (id, version) = (&labels[OS_ID_LABEL], &labels[OS_VERSION_LABEL]);
+        // Both present: `from_labels` read them.
+        let id = labels.label(OS_ID_LABEL).unwrap_or_default();
+        let version = labels.label(OS_VERSION_LABEL).unwrap_or_default();
         let mut node_selector = selector.clone();
-        node_selector.insert(OS_ID_LABEL.into(), id.clone());
-        node_selector.insert(OS_VERSION_LABEL.into(), version.clone());
+        node_selector.insert(OS_ID_LABEL.into(), id.into());
+        node_selector.insert(OS_VERSION_LABEL.into(), version.into());
         let kernel = if spec.precompiled() {
-            let Some(k) = labels.get(KERNEL_LABEL) else {
+            let Some(k) = labels.label(KERNEL_LABEL) else {
                 continue;
             };
-            node_selector.insert(KERNEL_LABEL.into(), k.clone());
-            Some(k.clone())
+            node_selector.insert(KERNEL_LABEL.into(), k.into());
+            Some(k.to_string())
         } else {
             None
         };
@@ -623,11 +628,11 @@ fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<
 
 /// Overlapping NVIDIADrivers: for each CR (by name) that selects a node another CR selects
 /// too, the names of those others (sorted). `drivers` are `(name, spec)`; `nodes` the labels of
-/// every node. Only real nodes count: two selectors that could overlap but match no common
-/// node do not conflict (upstream checks the nodes).
-pub fn overlaps<'a>(
+/// every node (any [`LabelLookup`]). Only real nodes count: two selectors that could overlap
+/// but match no common node do not conflict (upstream checks the nodes).
+pub fn overlaps<L: LabelLookup>(
     drivers: &[(String, &NvidiaDriverSpec)],
-    nodes: impl IntoIterator<Item = &'a Labels>,
+    nodes: impl IntoIterator<Item = L>,
 ) -> BTreeMap<String, BTreeSet<String>> {
     let selectors: Vec<(&str, BTreeMap<String, String>)> = drivers
         .iter()
@@ -637,7 +642,7 @@ pub fn overlaps<'a>(
     for labels in nodes {
         let on: Vec<&str> = selectors
             .iter()
-            .filter(|(_, s)| matches(s, labels))
+            .filter(|(_, s)| matches(s, &labels))
             .map(|(n, _)| *n)
             .collect();
         if on.len() < 2 {
