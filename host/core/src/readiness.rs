@@ -15,6 +15,7 @@ use std::fmt;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The label the DaemonSet controller puts on each pod: the hash of its ControllerRevision.
 pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
@@ -114,14 +115,68 @@ pub fn is_on_delete(ds: &DaemonSet) -> bool {
         == Some("OnDelete")
 }
 
+/// What the `OnDelete` readiness rule reads of a pod: its metadata (name, namespace, labels,
+/// first ownerReference), its phase, and whether every container is ready. Implemented for
+/// k8s-openapi's [`Pod`] (and references and `Arc`s of an implementor), so a caller holding
+/// slimmer copies of pods (the operator's watch stores) judges them without converting any.
+pub trait PodFacts {
+    /// The pod's metadata.
+    fn metadata(&self) -> &ObjectMeta;
+    /// `status.phase` (`Running`, `Pending`, …); `None` when unset.
+    fn phase(&self) -> Option<&str>;
+    /// Whether every entry of `status.containerStatuses` is `ready` (true when there are none,
+    /// as upstream's loop over them).
+    fn containers_ready(&self) -> bool;
+}
+
+impl PodFacts for Pod {
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref()?.phase.as_deref()
+    }
+    fn containers_ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_none_or(|cs| cs.iter().all(|c| c.ready))
+    }
+}
+
+impl<T: PodFacts + ?Sized> PodFacts for &T {
+    fn metadata(&self) -> &ObjectMeta {
+        (**self).metadata()
+    }
+    fn phase(&self) -> Option<&str> {
+        (**self).phase()
+    }
+    fn containers_ready(&self) -> bool {
+        (**self).containers_ready()
+    }
+}
+
+impl<T: PodFacts + ?Sized> PodFacts for std::sync::Arc<T> {
+    fn metadata(&self) -> &ObjectMeta {
+        (**self).metadata()
+    }
+    fn phase(&self) -> Option<&str> {
+        (**self).phase()
+    }
+    fn containers_ready(&self) -> bool {
+        (**self).containers_ready()
+    }
+}
+
 /// Judge a DaemonSet (`None` = not found) by upstream's rules. `pods` and `revisions` may hold
 /// more than the DaemonSet's own (say, every pod of the namespace): they are filtered by the
 /// DaemonSet's `spec.selector.matchLabels` (not its template labels), pods further by their
-/// first ownerReference UID, revisions as [`current_revision`] says.
-pub fn daemonset_readiness(
+/// first ownerReference UID, revisions as [`current_revision`] says. `pods` are any
+/// [`PodFacts`]; `revisions` ControllerRevisions or `Arc`s of them.
+pub fn daemonset_readiness<P: PodFacts, R: Borrow<ControllerRevision>>(
     ds: Option<&DaemonSet>,
-    pods: &[Pod],
-    revisions: &[ControllerRevision],
+    pods: &[P],
+    revisions: &[R],
 ) -> Readiness {
     let Some(ds) = ds else {
         return Readiness::NotReady(NotReady::Missing);
@@ -246,50 +301,48 @@ pub fn current_revision<R: Borrow<ControllerRevision>>(
         .map(|(_, hash)| hash)
 }
 
-fn on_delete_readiness(
+fn on_delete_readiness<P: PodFacts, R: Borrow<ControllerRevision>>(
     ds: &DaemonSet,
-    pods: &[Pod],
-    revisions: &[ControllerRevision],
+    pods: &[P],
+    revisions: &[R],
 ) -> Readiness {
     let sel = selector(ds);
     let uid = ds.metadata.uid.as_deref();
-    let owned: Vec<&Pod> = pods
+    let mut owned = pods
         .iter()
-        .filter(|p| p.metadata.namespace == ds.metadata.namespace)
-        .filter(|p| matches(&sel, p.metadata.labels.as_ref()))
-        .filter(|p| {
-            let first = p.metadata.owner_references.as_ref().and_then(|o| o.first());
+        .map(PodFacts::metadata)
+        .zip(pods)
+        .filter(|(m, _)| m.namespace == ds.metadata.namespace)
+        .filter(|(m, _)| matches(&sel, m.labels.as_ref()))
+        .filter(|(m, _)| {
+            let first = m.owner_references.as_ref().and_then(|o| o.first());
             first.map(|o| o.uid.as_str()) == uid
         })
-        .collect();
-    if owned.is_empty() {
+        .peekable();
+    if owned.peek().is_none() {
         return Readiness::NotReady(NotReady::NoPods);
     }
     let Some(want) = current_revision(ds, revisions) else {
         return Readiness::NotReady(NotReady::NoRevision);
     };
-    for pod in owned {
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let hash = pod
-            .metadata
+    for (meta, pod) in owned {
+        let name = || meta.name.clone().unwrap_or_default();
+        let hash = meta
             .labels
             .as_ref()
             .and_then(|l| l.get(REVISION_HASH_LABEL));
         if hash != Some(&want) {
-            return Readiness::NotReady(NotReady::StaleRevision { pod: name, want });
+            return Readiness::NotReady(NotReady::StaleRevision { pod: name(), want });
         }
-        let status = pod.status.clone().unwrap_or_default();
-        let phase = status.phase.unwrap_or_default();
+        let phase = pod.phase().unwrap_or_default();
         if phase != "Running" {
-            return Readiness::NotReady(NotReady::NotRunning { pod: name, phase });
+            return Readiness::NotReady(NotReady::NotRunning {
+                pod: name(),
+                phase: phase.to_string(),
+            });
         }
-        if status
-            .container_statuses
-            .unwrap_or_default()
-            .iter()
-            .any(|c| !c.ready)
-        {
-            return Readiness::NotReady(NotReady::ContainerNotReady { pod: name });
+        if !pod.containers_ready() {
+            return Readiness::NotReady(NotReady::ContainerNotReady { pod: name() });
         }
     }
     Readiness::Ready

@@ -3,6 +3,9 @@
 use super::*;
 use serde_json::json;
 
+const NO_PODS: &[Pod] = &[];
+const NO_REVS: &[ControllerRevision] = &[];
+
 fn ds(v: serde_json::Value) -> DaemonSet {
     serde_json::from_value(v).unwrap()
 }
@@ -22,11 +25,11 @@ fn rolling(g: i64, o: i64, d: i32, u: i32, a: i32) -> DaemonSet {
 #[test]
 fn n1_rolling_update_rows() {
     assert_eq!(
-        daemonset_readiness(Some(&rolling(2, 2, 3, 3, 3)), &[], &[]),
+        daemonset_readiness(Some(&rolling(2, 2, 3, 3, 3)), NO_PODS, NO_REVS),
         Readiness::Ready
     );
     for (o, u, a) in [(1, 3, 3), (2, 2, 3), (2, 3, 2)] {
-        let got = daemonset_readiness(Some(&rolling(2, o, 3, u, a)), &[], &[]);
+        let got = daemonset_readiness(Some(&rolling(2, o, 3, u, a)), NO_PODS, NO_REVS);
         assert_eq!(
             got,
             Readiness::NotReady(NotReady::Rollout {
@@ -42,7 +45,7 @@ fn n1_rolling_update_rows() {
 
 #[test]
 fn n1_missing_daemonset_is_not_ready() {
-    let got = daemonset_readiness(None, &[], &[]);
+    let got = daemonset_readiness(None, NO_PODS, NO_REVS);
     assert_eq!(got, Readiness::NotReady(NotReady::Missing));
     if let Readiness::NotReady(r) = got {
         assert_eq!(r.to_string(), "DaemonSet not found");
@@ -52,23 +55,23 @@ fn n1_missing_daemonset_is_not_ready() {
 #[test]
 fn desired_zero_is_ready_and_unavailable_is_not() {
     assert_eq!(
-        daemonset_readiness(Some(&rolling(5, 5, 0, 0, 0)), &[], &[]),
+        daemonset_readiness(Some(&rolling(5, 5, 0, 0, 0)), NO_PODS, NO_REVS),
         Readiness::Ready
     );
     // A fresh DaemonSet the controller has not observed yet is not ready, even at desired 0.
     assert_eq!(
-        daemonset_readiness(Some(&rolling(2, 1, 0, 0, 0)), &[], &[]),
+        daemonset_readiness(Some(&rolling(2, 1, 0, 0, 0)), NO_PODS, NO_REVS),
         Readiness::NotReady(NotReady::NotObserved)
     );
     let mut fresh = rolling(1, 1, 0, 0, 0);
     fresh.status = None;
     assert_eq!(
-        daemonset_readiness(Some(&fresh), &[], &[]),
+        daemonset_readiness(Some(&fresh), NO_PODS, NO_REVS),
         Readiness::NotReady(NotReady::NotObserved)
     );
     let mut d = rolling(2, 2, 3, 3, 3);
     d.status.as_mut().unwrap().number_unavailable = Some(2);
-    let got = daemonset_readiness(Some(&d), &[], &[]);
+    let got = daemonset_readiness(Some(&d), NO_PODS, NO_REVS);
     assert_eq!(got, Readiness::NotReady(NotReady::Unavailable(2)));
 }
 
@@ -143,7 +146,7 @@ fn on_delete_edges() {
     let d = driver_ds();
     let revs = [revision("new", 2)];
     assert_eq!(
-        daemonset_readiness(Some(&d), &[], &revs),
+        daemonset_readiness(Some(&d), NO_PODS, &revs),
         Readiness::NotReady(NotReady::NoPods)
     );
     // A pod whose first owner is someone else does not count.
@@ -161,7 +164,7 @@ fn on_delete_edges() {
         })
     );
     assert_eq!(
-        daemonset_readiness(Some(&d), &pods, &[]),
+        daemonset_readiness(Some(&d), &pods, NO_REVS),
         Readiness::NotReady(NotReady::NoRevision)
     );
     let mut pending = driver_pod("driver-a", "new", true);

@@ -180,8 +180,6 @@ impl PodWatches {
         {
             return judged.clone();
         }
-        let pods: Vec<Pod> = pods.iter().map(|p| p.to_pod()).collect();
-        let revisions: Vec<ControllerRevision> = revisions.iter().map(|r| (**r).clone()).collect();
         let judged = daemonset_readiness(Some(ds), &pods, &revisions);
         self.judged
             .lock()
@@ -285,7 +283,7 @@ pub async fn judge_daemonset<L: kiln_core::labels::LabelLookup + Sync>(
             let (pods, revisions) = list_pods_and_revisions(client, name, ds).await?;
             daemonset_readiness(Some(ds), &pods, &revisions)
         }
-        (None, _) => daemonset_readiness(ds, &[], &[]),
+        (None, _) => daemonset_readiness::<SlimPod, ControllerRevision>(ds, &[], &[]),
     };
     Ok(match readiness {
         Readiness::NotReady(why) => Some(format!("{name}: {why}")),
@@ -302,7 +300,7 @@ async fn list_pods_and_revisions(
     client: &Client,
     name: &str,
     ds: &DaemonSet,
-) -> Result<(Vec<Pod>, Vec<ControllerRevision>)> {
+) -> Result<(Vec<SlimPod>, Vec<ControllerRevision>)> {
     let ns = ds.metadata.namespace.clone().unwrap_or_default();
     let lp = ListParams::default().labels(&selector_of(ds));
     let api = Api::<SlimPod>::namespaced(client.clone(), &ns);
@@ -313,7 +311,7 @@ async fn list_pods_and_revisions(
             .list(&page_params)
             .await
             .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
-        pods.extend(page.items.into_iter().map(|p| p.trim().to_pod()));
+        pods.extend(page.items.into_iter().map(SlimPod::trim));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => {
                 page_params = page_params.continue_token(&token);
@@ -420,6 +418,22 @@ impl kube::Resource for SlimPod {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+/// The readiness rule reads a watched pod as it is (no `Pod` is built).
+impl kiln_core::readiness::PodFacts for SlimPod {
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.phase.as_deref()
+    }
+    fn containers_ready(&self) -> bool {
+        self.status
+            .container_statuses
+            .as_ref()
+            .is_none_or(|cs| cs.iter().all(|c| c.ready))
     }
 }
 
@@ -617,5 +631,60 @@ mod tests {
             pod.metadata.labels.as_ref().unwrap()["controller-revision-hash"],
             "abc"
         );
+    }
+
+    #[test]
+    fn on_delete_readiness_judges_a_slim_pod_as_the_full_one() {
+        use kiln_core::readiness::{NotReady, PodFacts};
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nvidia-driver-daemonset", "namespace": "gpu-operator",
+                "uid": "ds1", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "nvidia-driver-daemonset"}},
+                "updateStrategy": {"type": "OnDelete"},
+                "template": {"metadata": {}, "spec": {"containers": []}}},
+            "status": {"desiredNumberScheduled": 1, "currentNumberScheduled": 1,
+                "numberMisscheduled": 0, "numberReady": 1, "numberUnavailable": 0,
+                "observedGeneration": 1}
+        }))
+        .unwrap();
+        let rev: ControllerRevision = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nvidia-driver-daemonset-abc", "namespace": "gpu-operator",
+                "labels": {"controller-revision-hash": "abc"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "nvidia-driver-daemonset", "uid": "ds1", "controller": true}]},
+            "revision": 1
+        }))
+        .unwrap();
+        let mut ready = driver_pod();
+        ready["status"]["containerStatuses"][0]["ready"] = true.into();
+        let mut pending = driver_pod();
+        pending["status"]["phase"] = "Pending".into();
+        for (pod, want) in [
+            (
+                driver_pod(),
+                Readiness::NotReady(NotReady::ContainerNotReady {
+                    pod: "nvidia-driver-daemonset-x1".into(),
+                }),
+            ),
+            (
+                pending,
+                Readiness::NotReady(NotReady::NotRunning {
+                    pod: "nvidia-driver-daemonset-x1".into(),
+                    phase: "Pending".into(),
+                }),
+            ),
+            (ready, Readiness::Ready),
+        ] {
+            let full: Pod = serde_json::from_value(pod.clone()).unwrap();
+            let slim = Arc::new(serde_json::from_value::<SlimPod>(pod).unwrap().trim());
+            assert_eq!(slim.phase(), full.phase());
+            assert_eq!(slim.containers_ready(), full.containers_ready());
+            let revs = [Arc::new(rev.clone())];
+            assert_eq!(daemonset_readiness(Some(&ds), &[slim], &revs), want);
+            assert_eq!(
+                daemonset_readiness(Some(&ds), &[full], &[rev.clone()]),
+                want
+            );
+        }
     }
 }
