@@ -682,7 +682,7 @@ mod tests {
             let revs = [Arc::new(rev.clone())];
             assert_eq!(daemonset_readiness(Some(&ds), &[slim], &revs), want);
             assert_eq!(
-                daemonset_readiness(Some(&ds), &[full], &[rev.clone()]),
+                daemonset_readiness(Some(&ds), &[full], std::slice::from_ref(&rev)),
                 want
             );
         }
