@@ -25,7 +25,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kiln_core::State;
 use kiln_core::plan::{ObjectKey, desired_object};
-use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{
     DriverType, NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState,
     NvidiaDriverStatus, node_pools, overlaps,
@@ -214,23 +213,34 @@ pub fn owning_drivers(ds: DaemonSet) -> Vec<ObjectRef<NVIDIADriver>> {
 }
 
 /// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, DaemonSets they own,
-/// `node_changes` (the node watch's pool changes, [`crate::nodes::NodeWatch::pools`]) and
-/// ClusterPolicy changes (both reconcile every CR: pools and overlaps depend on every node and
-/// CR). Every CR change (its status included) also wakes the ClusterPolicy reconciler through
-/// `wake`: the policy's readiness includes the CRs'.
+/// a CR deleted, and `cluster_changes` — the node watch's pool changes
+/// ([`crate::nodes::NodeWatch::pools`]) and ClusterPolicy changes, both from the operator's
+/// own watches: each reconciles every CR (pools and overlaps depend on every node and CR).
+/// Every CR change (its status included) also wakes the ClusterPolicy reconciler through
+/// `wake`: the policy's readiness includes the CRs'. Two watches of NVIDIADrivers: the
+/// controller's, and one of their metadata for the wake-ups.
 pub async fn run(
     ctx: Arc<DriverContext>,
     wake: crate::live::Wake,
-    node_changes: impl futures::Stream<Item = ()> + Send + 'static,
+    cluster_changes: impl futures::Stream<Item = ()> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    use kube::runtime::WatchStreamExt;
+    // A deleted CR can end an overlap: every other CR is judged again.
+    let (deleted_tx, driver_deletes) = futures::channel::mpsc::unbounded();
     let to_policy = watcher(
         Api::<PartialObjectMeta<NVIDIADriver>>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
+    .default_backoff()
     .for_each(move |ev| {
-        if matches!(ev, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) {
-            wake.reconcile();
+        match ev {
+            Ok(watcher::Event::Apply(_)) => wake.reconcile(),
+            Ok(watcher::Event::Delete(_)) => {
+                wake.reconcile();
+                let _ = deleted_tx.unbounded_send(());
+            }
+            _ => {}
         }
         future::ready(())
     });
@@ -238,29 +248,11 @@ pub async fn run(
     let client = ctx.client.clone();
     let drivers: Api<NVIDIADriver> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ctx.namespace);
-    let policy_changes = watcher(
-        Api::<PartialObjectMeta<ClusterPolicy>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .filter(|ev| {
-        future::ready(matches!(
-            ev,
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))
-        ))
-    })
-    .map(|_| ());
-    // Another CR created, changed or deleted can start or end an overlap.
-    let driver_changes = watcher(drivers.clone(), watcher::Config::default())
-        .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
-        .map(|_| ());
     let controller = Controller::new(drivers, watcher::Config::default());
     let _ = ctx.caches.drivers.set(controller.store());
     controller
         .watches(daemonsets, watcher::Config::default(), owning_drivers)
-        .reconcile_all_on(futures::stream::select(
-            futures::stream::select(node_changes, policy_changes),
-            driver_changes,
-        ))
+        .reconcile_all_on(futures::stream::select(cluster_changes, driver_deletes))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {

@@ -199,10 +199,33 @@ pub async fn run_until(
     let policies: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let controller = Controller::new_with(policies.clone(), watcher::Config::default(), ar);
     ctx.caches.set_policies(controller.store());
-    // A deleted policy: every other one is judged again (the next oldest becomes active).
-    let policy_deletes = watcher(policies.clone(), watcher::Config::default())
-        .filter(|ev| future::ready(matches!(ev, Ok(watcher::Event::Delete(_)))))
-        .map(|_| ());
+    // One metadata watch of the ClusterPolicies beside the controller's (which reports no
+    // deletions): a deleted policy makes every other one judged again (the next oldest becomes
+    // active); any policy change re-judges every NVIDIADriver (it renders with the policy).
+    let (deleted_tx, policy_deletes) = futures::channel::mpsc::unbounded();
+    let (changed_tx, policy_changes) = futures::channel::mpsc::unbounded();
+    {
+        use kube::runtime::WatchStreamExt;
+        let meta = Api::<kube::core::PartialObjectMeta<ClusterPolicy>>::all(client.clone());
+        tokio::spawn(
+            watcher(meta, watcher::Config::default())
+                .default_backoff()
+                .for_each(move |ev| {
+                    // A closed channel: that controller is not running (no NVIDIADriver CRD).
+                    match ev {
+                        Ok(watcher::Event::Delete(_)) => {
+                            let _ = deleted_tx.unbounded_send(());
+                            let _ = changed_tx.unbounded_send(());
+                        }
+                        Ok(watcher::Event::Apply(_)) => {
+                            let _ = changed_tx.unbounded_send(());
+                        }
+                        _ => {}
+                    }
+                    future::ready(())
+                }),
+        );
+    }
     // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::upgrade`]), reading the
     // reconciler's caches.
     let upgrader = crate::upgrade::Upgrader::start(
@@ -246,9 +269,12 @@ pub async fn run_until(
         tokio::spawn(crate::nvidiadriver::run(
             Arc::new(drivers),
             wake.clone(),
-            pools_rx,
+            futures::stream::select(pools_rx, policy_changes),
             shutdown.clone(),
         ));
+    } else {
+        // Closed now, so the watches' sends are dropped instead of queued for nobody.
+        drop((pools_rx, policy_changes));
     }
     let controller = controller
         .reconcile_all_on(futures::stream::select(wakes, policy_deletes))

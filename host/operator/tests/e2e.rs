@@ -2,7 +2,7 @@
 //! `kiln-testcluster` (8 nodes, 5 GPU nodes). One scenario, in order, on one cluster:
 //! sample policy → labels on the GPU nodes only, validator init-container order, `ready`;
 //! disabling dcgmExporter deletes its objects and returns to `ready`; a second policy is
-//! `ignored`, naming the active one; a referenced ConfigMap is read from the cluster and its keys
+//! `ignored`, naming the active one, and takes over once the active one is deleted; a referenced ConfigMap is read from the cluster and its keys
 //! mounted.
 
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kiln_core::spec::ClusterPolicy;
 use kiln_testcluster::{TestCluster, exclusive, shared};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NS: &str = "gpu-operator";
@@ -646,6 +646,19 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     want.push("nvidia-dcgm-exporter".into());
     want.sort();
     assert_eq!(daemonset_names(&dss).await?, want);
+
+    // The active policy deleted: the second, ignored until now, takes over.
+    policies.delete(&name, &DeleteParams::default()).await?;
+    cluster
+        .wait_for("the second policy active", TIMEOUT, || async {
+            let (state, msg) = policy_state(&policies, "second").await?;
+            Ok(if state != "ignored" && !state.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{state}: {msg}"))
+            })
+        })
+        .await?;
 
     operator.abort();
     Ok(())
