@@ -88,7 +88,7 @@ pub struct Caches {
     nodes: OnceLock<Store<SlimNode>>,
     /// The labelled objects in the cluster (what kiln applied, found again after a restart);
     /// started by the first reconcile ([`Context::live`]) unless set before.
-    live: tokio::sync::OnceCell<crate::live::LiveCache>,
+    live: tokio::sync::OnceCell<Arc<crate::live::LiveCache>>,
     /// Each state's last render and its inputs (unchanged inputs call no plugin).
     pub renders: crate::memory::RenderCache,
     /// What the last full reconcile of each policy (by name) decided.
@@ -287,7 +287,7 @@ impl Context {
     /// Use `live` as the cache of labelled objects instead of starting reflectors (tests);
     /// `false` when one is set already.
     pub fn set_live(&self, live: crate::live::LiveCache) -> bool {
-        self.caches.live.set(live).is_ok()
+        self.caches.live.set(Arc::new(live)).is_ok()
     }
 
     /// The cache of labelled objects, starting its reflectors on first use
@@ -296,15 +296,26 @@ impl Context {
     /// # Errors
     /// [`crate::Error::Kube`] when discovering the watched kinds fails.
     pub async fn live(&self) -> crate::Result<&crate::live::LiveCache> {
+        Ok(self.shared_live().await?)
+    }
+
+    /// [`Context::live`] as a handle another controller can keep (the NVIDIADriver
+    /// controller reads the markers of the driver state's shared objects from it).
+    ///
+    /// # Errors
+    /// As [`Context::live`].
+    pub async fn shared_live(&self) -> crate::Result<&Arc<crate::live::LiveCache>> {
         self.caches
             .live
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
                 crate::live::LiveCache::start(
                     &self.client,
                     &self.applier,
                     &self.config.namespace,
                     &self.caches.wake,
                 )
+                .await
+                .map(Arc::new)
             })
             .await
     }

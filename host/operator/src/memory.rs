@@ -17,9 +17,16 @@ use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_render::{Policy, RenderedState, Renderer};
 
-/// The last successful render of each state and the inputs it was rendered from.
-#[derive(Default)]
-pub struct RenderCache(Mutex<HashMap<State, (String, RenderedState)>>);
+/// The last successful render of each `K` (a state; for the NVIDIADriver controller, a CR by
+/// name) and the inputs it was rendered from, as one string compared whole: a cached render
+/// is only reused for identical inputs.
+pub struct RenderCache<K = State, V = RenderedState>(Mutex<HashMap<K, (String, V)>>);
+
+impl<K, V> Default for RenderCache<K, V> {
+    fn default() -> Self {
+        RenderCache(Mutex::default())
+    }
+}
 
 impl RenderCache {
     /// Everything a state's render depends on, as one string: the policy spec (JSON), the
@@ -32,28 +39,27 @@ impl RenderCache {
             policy.plugins.chain(state)
         )
     }
+}
 
-    /// The cached render of `state` when it was made from exactly `inputs`.
-    pub fn get(&self, state: State, inputs: &str) -> Option<RenderedState> {
+impl<K: Eq + std::hash::Hash, V: Clone> RenderCache<K, V> {
+    /// The cached render of `key` when it was made from exactly `inputs`.
+    pub fn get(&self, key: &K, inputs: &str) -> Option<V> {
         let entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
         entries
-            .get(&state)
+            .get(key)
             .filter(|(cached, _)| cached == inputs)
             .map(|(_, rendered)| rendered.clone())
     }
 
-    /// Remember `rendered` as the render of `state` from `inputs` (replacing the previous one).
-    pub fn put(&self, state: State, inputs: String, rendered: RenderedState) {
+    /// Remember `rendered` as the render of `key` from `inputs` (replacing the previous one).
+    pub fn put(&self, key: K, inputs: String, rendered: V) {
         let mut entries = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        entries.insert(state, (inputs, rendered));
+        entries.insert(key, (inputs, rendered));
     }
 
-    /// Forget `state` (it was disabled or failed).
-    pub fn forget(&self, state: State) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&state);
+    /// Forget `key` (a state disabled or failed; a CR deleted or failed).
+    pub fn forget(&self, key: &K) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 }
 
@@ -137,30 +143,30 @@ mod tests {
         let ctx = kiln_render::defaults::render_context();
         let p = policy(json!({"dcgmExporter": {"enabled": true}}));
         let inputs = RenderCache::inputs(State::DcgmExporter, &p, &ctx);
-        assert_eq!(cache.get(State::DcgmExporter, &inputs), None);
+        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
         cache.put(
             State::DcgmExporter,
             inputs.clone(),
             rendered(State::DcgmExporter, "a"),
         );
         assert_eq!(
-            cache.get(State::DcgmExporter, &inputs),
+            cache.get(&State::DcgmExporter, &inputs),
             Some(rendered(State::DcgmExporter, "a"))
         );
 
         // Another state, another spec, another fact: all miss.
         let other_state = RenderCache::inputs(State::Dcgm, &p, &ctx);
-        assert_eq!(cache.get(State::Dcgm, &other_state), None);
+        assert_eq!(cache.get(&State::Dcgm, &other_state), None);
         let p2 = policy(json!({"dcgmExporter": {"enabled": true, "version": "x"}}));
         let other_spec = RenderCache::inputs(State::DcgmExporter, &p2, &ctx);
-        assert_eq!(cache.get(State::DcgmExporter, &other_spec), None);
+        assert_eq!(cache.get(&State::DcgmExporter, &other_spec), None);
         let mut ctx2 = ctx.clone();
         ctx2.kernel_version = Some("6.8.0-kiln".into());
         let other_fact = RenderCache::inputs(State::DcgmExporter, &p, &ctx2);
         assert_ne!(other_fact, inputs);
-        assert_eq!(cache.get(State::DcgmExporter, &other_fact), None);
+        assert_eq!(cache.get(&State::DcgmExporter, &other_fact), None);
 
-        cache.forget(State::DcgmExporter);
-        assert_eq!(cache.get(State::DcgmExporter, &inputs), None);
+        cache.forget(&State::DcgmExporter);
+        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
     }
 }

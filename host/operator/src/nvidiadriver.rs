@@ -11,6 +11,12 @@
 //!                        ConfigMap as the policy's driver state) ─► readiness ─► status
 //! ```
 //!
+//! A reconcile reads only caches (nodes, ClusterPolicies, CRs, the CRs' DaemonSets, the
+//! labelled shared objects, `OnDelete` pods): when its inputs are unchanged it calls no plugin
+//! (a per-CR render cache), and an object whose desired form is what this process last applied
+//! and whose live marker has not moved is not applied again, so a driver rollout's DaemonSet
+//! status events cost no request beyond a changed status.
+//!
 //! Pure rules are in [`kiln_core::spec::nvidiadriver`]; this module does the IO. The
 //! ClusterPolicy side (its driver DaemonSet deleted with Orphan propagation, its readiness
 //! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
@@ -34,7 +40,7 @@ use kiln_render::{Policy, Renderer};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -81,6 +87,9 @@ pub struct DriverContext {
     pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
     /// What a reconcile reads instead of the API server.
     pub caches: DriverCaches,
+    /// Each CR's last successful render (its desired objects, owners set) and the inputs it
+    /// came from: a reconcile with the same inputs (a DaemonSet status event) calls no plugin.
+    pub renders: crate::memory::RenderCache<String, Vec<Value>>,
 }
 
 /// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
@@ -99,6 +108,34 @@ pub struct DriverCaches {
     pub drivers: std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>,
     /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
     pub pods: Option<Arc<readiness::PodWatches>>,
+    /// The CRs' DaemonSets (labelled [`NVIDIADRIVER_LABEL`], managed fields dropped): set by
+    /// [`run`] from its watch of them; their markers, readiness and stale ones come from here.
+    /// Not set (tests): every object is applied and stale ones are listed.
+    pub daemonsets: std::sync::OnceLock<Store<DaemonSet>>,
+    /// The labelled objects ([`crate::live::LiveCache`], the ClusterPolicy reconciler's): the
+    /// markers of the driver state's shared objects (service account, RBAC), which carry
+    /// `kiln.dev/state=driver`. Not set: those are applied on every reconcile.
+    pub live: Option<Arc<crate::live::LiveCache>>,
+}
+
+impl DriverCaches {
+    /// The change marker ([`crate::apply::marker_of`]) of `key` as the caches hold it: a
+    /// DaemonSet from the CRs' DaemonSets, anything else from the labelled objects; `None`
+    /// when not cached (then it is applied).
+    fn marker(&self, key: &ObjectKey) -> Option<String> {
+        if (key.api_version.as_str(), key.kind.as_str()) == ("apps/v1", "DaemonSet") {
+            return self
+                .daemonset(key)
+                .map(|d| crate::apply::marker_of(&d.metadata));
+        }
+        self.live.as_ref()?.marker(key)
+    }
+
+    /// The CR DaemonSet `key` as the cache holds it (status included).
+    fn daemonset(&self, key: &ObjectKey) -> Option<Arc<DaemonSet>> {
+        let r = ObjectRef::new(&key.name).within(key.namespace.as_deref().unwrap_or_default());
+        self.daemonsets.get()?.get(&r)
+    }
 }
 
 impl DriverContext {
@@ -119,6 +156,7 @@ impl DriverContext {
             images,
             upgrader: None,
             caches: DriverCaches::default(),
+            renders: crate::memory::RenderCache::default(),
         }
     }
 }
@@ -200,25 +238,15 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
     )
 }
 
-/// The NVIDIADrivers that own `ds`, keyed as the cluster-scoped objects they are (as
-/// [`crate::run::owning_policies`] does for ClusterPolicies).
-pub fn owning_drivers(ds: DaemonSet) -> Vec<ObjectRef<NVIDIADriver>> {
-    ds.metadata
-        .owner_references
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|o| o.kind == "NVIDIADriver" && o.api_version == "nvidia.com/v1alpha1")
-        .map(|o| ObjectRef::new(&o.name))
-        .collect()
-}
-
-/// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, DaemonSets they own,
-/// a CR deleted, and `cluster_changes` — the node watch's pool changes
+/// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, a CR deleted, a change
+/// of the CRs' DaemonSets, and `cluster_changes` — the node watch's pool changes
 /// ([`crate::nodes::NodeWatch::pools`]) and ClusterPolicy changes, both from the operator's
-/// own watches: each reconciles every CR (pools and overlaps depend on every node and CR).
+/// own watches: each reconciles every CR (pools and overlaps depend on every node and CR; CRs
+/// are few, one per node pool, and a reconcile with unchanged inputs sends nothing).
 /// Every CR change (its status included) also wakes the ClusterPolicy reconciler through
 /// `wake`: the policy's readiness includes the CRs'. Two watches of NVIDIADrivers: the
-/// controller's, and one of their metadata for the wake-ups.
+/// controller's, and one of their metadata for the wake-ups; one of the CRs' DaemonSets (by
+/// [`NVIDIADRIVER_LABEL`]), which fills [`DriverCaches::daemonsets`].
 pub async fn run(
     ctx: Arc<DriverContext>,
     wake: crate::live::Wake,
@@ -228,6 +256,7 @@ pub async fn run(
     use kube::runtime::WatchStreamExt;
     // A deleted CR can end an overlap: every other CR is judged again.
     let (deleted_tx, driver_deletes) = futures::channel::mpsc::unbounded();
+    let memo = ctx.clone();
     let to_policy = watcher(
         Api::<PartialObjectMeta<NVIDIADriver>>::all(ctx.client.clone()),
         watcher::Config::default(),
@@ -236,7 +265,8 @@ pub async fn run(
     .for_each(move |ev| {
         match ev {
             Ok(watcher::Event::Apply(_)) => wake.reconcile(),
-            Ok(watcher::Event::Delete(_)) => {
+            Ok(watcher::Event::Delete(m)) => {
+                memo.renders.forget(&m.name_any());
                 wake.reconcile();
                 let _ = deleted_tx.unbounded_send(());
             }
@@ -245,14 +275,35 @@ pub async fn run(
         future::ready(())
     });
     let to_policy = tokio::spawn(to_policy);
-    let client = ctx.client.clone();
-    let drivers: Api<NVIDIADriver> = Api::all(client.clone());
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ctx.namespace);
+    let (ds_tx, ds_changes) = futures::channel::mpsc::unbounded();
+    let writer = reflector::store::Writer::<DaemonSet>::default();
+    let _ = ctx.caches.daemonsets.set(writer.as_reader());
+    let ds_watch = watcher(
+        Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.namespace),
+        watcher::Config::default().labels(NVIDIADRIVER_LABEL),
+    )
+    .default_backoff()
+    // Managed fields are most of a DaemonSet's size and nothing kiln reads.
+    .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
+    let ds_watch = tokio::spawn(reflector::reflector(writer, ds_watch).for_each(move |ev| {
+        match ev {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                let _ = ds_tx.unbounded_send(());
+            }
+            Err(e) => tracing::warn!(error = %e, "watch of NVIDIADriver DaemonSets"),
+            Ok(_) => {}
+        }
+        future::ready(())
+    }));
+    let drivers: Api<NVIDIADriver> = Api::all(ctx.client.clone());
     let controller = Controller::new(drivers, watcher::Config::default());
     let _ = ctx.caches.drivers.set(controller.store());
+    let triggers = futures::stream::select(
+        futures::stream::select(cluster_changes, driver_deletes),
+        ds_changes,
+    );
     controller
-        .watches(daemonsets, watcher::Config::default(), owning_drivers)
-        .reconcile_all_on(futures::stream::select(cluster_changes, driver_deletes))
+        .reconcile_all_on(triggers)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -266,6 +317,7 @@ pub async fn run(
         })
         .await;
     to_policy.abort();
+    ds_watch.abort();
 }
 
 /// The controller's error policy: retry after 10 s.
@@ -392,28 +444,36 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     };
     let mut not_ready = Vec::new();
     let mut applied = BTreeSet::new();
-    let mut lives = Vec::new();
+    let mut lives: Vec<Arc<DaemonSet>> = Vec::new();
     for obj in &desired {
         let key = key_of(obj)?;
-        let (_, live) = ctx.applier.apply(obj).await?;
+        let current = ctx
+            .caches
+            .marker(&key)
+            .is_some_and(|m| ctx.applier.is_current(obj, &m));
+        let live = if current {
+            None
+        } else {
+            ctx.applier.apply(obj).await?.1
+        };
         if key.kind == "DaemonSet" {
             applied.insert(key.name.clone());
-            if let Some(l) = &live {
-                lives.push(readiness::as_daemonset(&key.name, l)?);
-            }
-            let ds = live
-                .as_ref()
-                .map(|l| readiness::as_daemonset(&key.name, l))
-                .transpose()?;
+            // The apply's answer when there was one (the cache may not have it yet), else the
+            // cached DaemonSet, status included.
+            let ds = match &live {
+                Some(l) => Some(Arc::new(readiness::as_daemonset(&key.name, l)?)),
+                None => ctx.caches.daemonset(&key),
+            };
             let pods = match &ctx.caches.pods {
                 Some(w) => readiness::PodSource::Watches(w),
                 None => readiness::PodSource::List(&ctx.client),
             };
             if let Some(why) =
-                readiness::judge_daemonset(&key.name, ds.as_ref(), 0, pods, &nodes).await?
+                readiness::judge_daemonset(&key.name, ds.as_deref(), 0, pods, &nodes).await?
             {
                 not_ready.push(why);
             }
+            lives.extend(ds);
         }
     }
     delete_stale(ctx, &name, &applied).await?;
@@ -459,7 +519,9 @@ fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
 /// owned by the policy through `cp_owner`, its controller reference: shared by every CR's
 /// DaemonSets, and kept while the policy hands the driver off,
 /// [`kiln_core::plan::Render::HandedOff`]; left out when `None`). `nodes` are the labels of
-/// every node.
+/// every node. Reuses the CR's last render ([`DriverContext::renders`]) when every input
+/// (CR UID and spec, derived policy spec and driver chain, cluster facts and referenced
+/// objects, pools, policy owner) is unchanged: no plugin is called.
 ///
 /// # Errors
 /// The render error's text (naming the CR and the plugin or field).
@@ -482,13 +544,30 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     }
     facts::read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
     let pools = node_pools(&cr.spec, nodes.iter());
+    // Everything the objects below depend on, compared whole ([`crate::memory::RenderCache`]).
+    let inputs = format!(
+        "{uid}\n{}\n{:?}\n{:?}\n{base:?}\n{pools:?}\n{cp_owner:?}",
+        derived.spec_text,
+        derived.plugins.chain(State::Driver),
+        cr.spec
+    );
+    if let Some(objects) = ctx.renders.get(&name, &inputs) {
+        return Ok(objects);
+    }
     let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
     let rendered = tokio::task::spawn_blocking(move || {
         kiln_render::nvidiadriver::render_pools(&renderer, &derived, &n, &uid, &spec, &pools, &base)
             .map_err(|e| e.to_string())
     })
     .await
-    .map_err(|e| format!("render task: {e}"))??;
+    .map_err(|e| format!("render task: {e}"));
+    let rendered = match rendered.and_then(|r| r) {
+        Ok(r) => r,
+        Err(e) => {
+            ctx.renders.forget(&name);
+            return Err(e);
+        }
+    };
     let cr_owner = serde_json::to_value(cr.controller_owner_ref(&()).expect("a named CR"))
         .expect("an OwnerReference serializes");
     let mut out = Vec::new();
@@ -504,20 +583,34 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
             }
         }
     }
+    ctx.renders.put(name, inputs, out.clone());
     Ok(out)
 }
 
 /// Delete the CR's DaemonSets (by [`NVIDIADRIVER_LABEL`]) that this reconcile did not apply
-/// (a node pool that went away). Their pods go with them (background propagation).
+/// (a node pool that went away), found in [`DriverCaches::daemonsets`] (listed without it).
+/// Their pods go with them (background propagation).
 async fn delete_stale(ctx: &DriverContext, cr: &str, applied: &BTreeSet<String>) -> Result<()> {
     let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let lp = ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}"));
-    let live = api
-        .list_metadata(&lp)
-        .await
-        .map_err(|e| Error::kube(format!("list DaemonSets of NVIDIADriver {cr}"), e))?;
-    for ds in live.items {
-        let name = ds.name_any();
+    let names: Vec<String> = match ctx.caches.daemonsets.get() {
+        Some(store) => store
+            .state()
+            .iter()
+            .filter(|d| d.labels().get(NVIDIADRIVER_LABEL).map(String::as_str) == Some(cr))
+            .map(|d| d.name_any())
+            .collect(),
+        None => {
+            let lp = ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}"));
+            api.list_metadata(&lp)
+                .await
+                .map_err(|e| Error::kube(format!("list DaemonSets of NVIDIADriver {cr}"), e))?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect()
+        }
+    };
+    for name in names {
         if applied.contains(&name) {
             continue;
         }

@@ -211,7 +211,7 @@ async fn full_reconcile(
                 Err(e) => Rendered::Failed(e),
             }
         } else {
-            ctx.caches.renders.forget(state);
+            ctx.caches.renders.forget(&state);
             Rendered::Disabled
         };
         renders.push((state, rendered, t0.elapsed()));
@@ -417,7 +417,7 @@ async fn render(
     tctx: &TransformContext,
 ) -> std::result::Result<RenderedState, String> {
     let inputs = crate::memory::RenderCache::inputs(state, policy, tctx);
-    if let Some(rendered) = ctx.caches.renders.get(state, &inputs) {
+    if let Some(rendered) = ctx.caches.renders.get(&state, &inputs) {
         return Ok(rendered);
     }
     let (renderer, policy, tctx) = (ctx.renderer.clone(), policy.clone(), tctx.clone());
@@ -430,7 +430,7 @@ async fn render(
     .map_err(|e| format!("render task: {e}"))?;
     match &result {
         Ok(rendered) => ctx.caches.renders.put(state, inputs, rendered.clone()),
-        Err(_) => ctx.caches.renders.forget(state),
+        Err(_) => ctx.caches.renders.forget(&state),
     }
     result
 }

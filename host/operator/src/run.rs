@@ -264,6 +264,7 @@ pub async fn run_until(
             nodes: ctx.caches.nodes().cloned(),
             policies: ctx.caches.policies().cloned(),
             pods: ctx.caches.pods.get().cloned(),
+            live: Some(ctx.shared_live().await?.clone()),
             ..Default::default()
         };
         tokio::spawn(crate::nvidiadriver::run(

@@ -8,6 +8,9 @@
 //! - with `driver.useNvidiaDriverCRD` a CR is reconciled, without it it is `disabled`;
 //! - with the operator's caches wired, a reconcile reads no node, ClusterPolicy or
 //!   NVIDIADriver from the API server;
+//! - woken again with nothing changed (a DaemonSet status event), a reconcile sends no request
+//!   and calls no plugin; a drifted DaemonSet alone is applied again; a pool's stale DaemonSet
+//!   is found in the cache and deleted without a LIST;
 //! - the ClusterPolicy, once it hands the driver off, deletes its driver DaemonSet with
 //!   `propagationPolicy: Orphan` (pods are kept) and reports the CRs' readiness.
 
@@ -16,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_core::plan::STATE_LABEL;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
@@ -27,6 +31,7 @@ use kiln_operator::{Config, Context};
 use kube::Client;
 use kube::api::{ApiResource, DynamicObject};
 use kube::client::Body;
+use kube::core::GroupVersionKind;
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
@@ -524,6 +529,196 @@ async fn from_caches_a_reconcile_reads_no_node_policy_or_driver() {
         sa.body["metadata"]["ownerReferences"][0]["uid"],
         "uid-cluster-policy"
     );
+}
+
+/// Watch caches a test feeds by hand: the CRs' DaemonSets and the labelled shared objects of
+/// the driver state, one writer per kind (as `run` and the labelled-object watches fill them).
+struct Fed {
+    daemonsets: Writer<DaemonSet>,
+    /// `(apiVersion, kind)` → its store's writer.
+    shared: Vec<((String, &'static str), Writer<Meta>)>,
+}
+
+/// The kinds of the driver state's shared objects (its assets, OpenShift's SCC aside).
+const SHARED_KINDS: [(&str, &str, &str); 6] = [
+    ("", "v1", "ServiceAccount"),
+    ("", "v1", "ConfigMap"),
+    ("rbac.authorization.k8s.io", "v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+];
+
+impl Fed {
+    /// Empty, listed caches wired into a context that reads everything else from stores too.
+    fn wired(server: &Arc<Mutex<Server>>) -> (Self, Arc<DriverContext>) {
+        let mut ctx = Arc::into_inner(cached_context(server)).unwrap();
+        let mut daemonsets = Writer::<DaemonSet>::default();
+        daemonsets.apply_watcher_event(&watcher::Event::Init);
+        daemonsets.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(ctx.caches.daemonsets.set(daemonsets.as_reader()).is_ok());
+        let mut shared = Vec::new();
+        let mut stores = Vec::new();
+        for (group, version, kind) in SHARED_KINDS {
+            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+            let mut w = Writer::<Meta>::new(ar.clone());
+            w.apply_watcher_event(&watcher::Event::Init);
+            w.apply_watcher_event(&watcher::Event::InitDone);
+            stores.push((ar.clone(), w.as_reader()));
+            shared.push(((ar.api_version, kind), w));
+        }
+        ctx.caches.live = Some(Arc::new(LiveCache::from_stores(stores)));
+        (Fed { daemonsets, shared }, Arc::new(ctx))
+    }
+
+    /// What the watches would report now: every DaemonSet and shared object the server holds.
+    fn sync(&mut self, server: &Arc<Mutex<Server>>) {
+        let objects: Vec<Value> = server.lock().unwrap().objects.values().cloned().collect();
+        for o in objects {
+            let api_version = o["apiVersion"].as_str().unwrap_or_default().to_string();
+            let kind = o["kind"].as_str().unwrap_or_default();
+            if kind == "DaemonSet" {
+                let ds: DaemonSet = serde_json::from_value(o).unwrap();
+                self.daemonsets
+                    .apply_watcher_event(&watcher::Event::Apply(ds));
+            } else if let Some((_, w)) = self
+                .shared
+                .iter_mut()
+                .find(|((av, k), _)| *av == api_version && *k == kind)
+            {
+                let meta: Meta = serde_json::from_value(json!({
+                    "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                    "metadata": o["metadata"]}))
+                .unwrap();
+                w.apply_watcher_event(&watcher::Event::Apply(meta));
+            }
+        }
+    }
+}
+
+fn clear_calls(server: &Arc<Mutex<Server>>) {
+    server.lock().unwrap().calls.clear();
+}
+
+fn all_calls(server: &Arc<Mutex<Server>>) -> Vec<String> {
+    let s = server.lock().unwrap();
+    s.calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
+    let server = server_with(
+        &[
+            handed_off(),
+            driver("pool-a", json!({"nodeSelector": {"pool": "a"}})),
+        ],
+        &[("a", 2)],
+    );
+    let (mut fed, ctx) = Fed::wired(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    let first = calls(&server, &Method::PATCH);
+    let applied: Vec<&str> = first
+        .iter()
+        .filter(|c| !c.path.ends_with("/status"))
+        .map(|c| c.body["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        applied,
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet"
+        ],
+        "the first reconcile applies the state"
+    );
+    // The watches catch up; the CR comes back with its status (as the controller's store
+    // hands it over); the plugins are dropped, as the operator does between reconciles.
+    fed.sync(&server);
+    ctx.renderer.host().release_loaded();
+    clear_calls(&server);
+    // A DaemonSet status event, say: the same inputs, the same live objects.
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(all_calls(&server), Vec::<String>::new(), "no request");
+    assert_eq!(
+        ctx.renderer.host().loaded_plugins(),
+        Vec::<String>::new(),
+        "the render was reused: no plugin loaded or called"
+    );
+    // Someone edits the DaemonSet (its generation moves): it is applied again, alone.
+    {
+        let mut s = server.lock().unwrap();
+        let ds = s
+            .objects
+            .values_mut()
+            .find(|o| o["kind"] == "DaemonSet")
+            .unwrap();
+        ds["metadata"]["generation"] = json!(2);
+    }
+    fed.sync(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    let again: Vec<String> = calls(&server, &Method::PATCH)
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(
+        again,
+        [format!(
+            "/apis/apps/v1/namespaces/{NS}/daemonsets/{}",
+            ds_applies_names(&first)[0]
+        )],
+        "only the drifted DaemonSet"
+    );
+    // The pool goes away (its nodes relabelled): its DaemonSet, found in the cache, is deleted.
+    clear_calls(&server);
+    let pool_ds = ds_applies_names(&first)[0].clone();
+    {
+        let mut s = server.lock().unwrap();
+        for o in s.objects.values_mut().filter(|o| o["kind"] == "Node") {
+            o["metadata"]["labels"]["pool"] = json!("elsewhere");
+        }
+    }
+    let mut ctx = Arc::into_inner(ctx).unwrap();
+    ctx.caches.nodes = Some(filled::<SlimNode>(&server, "/api/v1/nodes/", ()));
+    reconcile(typed_driver(&server, "pool-a"), Arc::new(ctx))
+        .await
+        .unwrap();
+    let deletes: Vec<String> = calls(&server, &Method::DELETE)
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(
+        deletes,
+        [format!(
+            "/apis/apps/v1/namespaces/{NS}/daemonsets/{pool_ds}"
+        )],
+        "the stale DaemonSet, without a LIST"
+    );
+    assert!(
+        !all_calls(&server).iter().any(|c| c.starts_with("GET ")),
+        "{:?}",
+        all_calls(&server)
+    );
+}
+
+fn ds_applies_names(patches: &[Call]) -> Vec<String> {
+    patches
+        .iter()
+        .filter(|c| c.path.contains("/daemonsets/"))
+        .map(|c| c.path.rsplit('/').next().unwrap().to_string())
+        .collect()
 }
 
 #[tokio::test]
