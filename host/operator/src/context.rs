@@ -103,6 +103,9 @@ pub struct Caches {
     /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
     /// set; else readiness lists them).
     pub pods: OnceLock<Arc<crate::readiness::PodWatches>>,
+    /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
+    /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).
+    pub config_maps: OnceLock<Arc<crate::facts::ConfigMapCache>>,
 }
 
 /// One state as the last full reconcile left it.

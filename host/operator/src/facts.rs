@@ -1,9 +1,15 @@
 //! Cluster facts for transforms, read from the nodes (upstream `init()` GPU discovery,
 //! `gpu-operator.md` §2.2 step 4): container runtime and GPU node OS.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use k8s_openapi::api::core::v1::ConfigMap;
 use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
 use kiln_core::spec::ClusterPolicySpec;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
 
 pub use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
 
@@ -100,24 +106,113 @@ pub fn config_map_keys(cm: &ConfigMap) -> ConfigMapKeys {
     }
 }
 
+/// The operator namespace's ConfigMaps as a metadata-only watch shows them, and the keys of
+/// each referenced one as last read with the `resourceVersion` it had: a reconcile reads a
+/// referenced ConfigMap again only when the watch shows it changed, and a missing one not at
+/// all (an NVIDIADriver with a `repoConfig` is reconciled on every status event of its
+/// DaemonSets during a rollout). Shared by both reconcilers.
+pub struct ConfigMapCache {
+    store: Store<PartialObjectMeta<ConfigMap>>,
+    /// By name: the `resourceVersion` a read returned and the keys it found.
+    read: Mutex<HashMap<String, (Option<String>, ConfigMapKeys)>>,
+}
+
+impl ConfigMapCache {
+    /// A cache over `store` (the ConfigMaps' metadata in the operator namespace; tests fill one
+    /// through a [`kube::runtime::reflector::store::Writer`]).
+    pub fn from_store(store: Store<PartialObjectMeta<ConfigMap>>) -> Self {
+        ConfigMapCache {
+            store,
+            read: Mutex::default(),
+        }
+    }
+
+    /// Start the metadata watch of `namespace`'s ConfigMaps (a task on the current runtime,
+    /// retrying with kube-runtime's default backoff). The operator's Role already lists and
+    /// watches ConfigMaps there (the operand Roles grant it).
+    pub fn start(client: &kube::Client, namespace: &str) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let api: kube::Api<PartialObjectMeta<ConfigMap>> =
+            kube::Api::namespaced(client.clone(), namespace);
+        let writer = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
+        let store = writer.as_reader();
+        let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        tokio::spawn(reflector::reflector(writer, stream).for_each(|ev| {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "watch of ConfigMap metadata");
+            }
+            futures::future::ready(())
+        }));
+        Self::from_store(store)
+    }
+
+    /// What the cache knows of `name` in `ns` without a request: `Some(None)` when the watch
+    /// has listed and it is not there, `Some(Some(keys))` when its keys were read at the
+    /// `resourceVersion` the watch shows now, `None` when it must be read (the watch has not
+    /// listed yet, or the ConfigMap changed since it was read).
+    fn lookup(&self, ns: &str, name: &str) -> Option<Option<ConfigMapKeys>> {
+        use futures::FutureExt;
+        self.store.wait_until_ready().now_or_never()?.ok()?;
+        let Some(meta) = self.store.get(&ObjectRef::new(name).within(ns)) else {
+            return Some(None);
+        };
+        let rv = meta.metadata.resource_version.as_ref()?;
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        match read.get(name) {
+            Some((Some(at), keys)) if at == rv => Some(Some(keys.clone())),
+            _ => None,
+        }
+    }
+
+    /// Remember `keys` as read from `cm`.
+    fn remember(&self, cm: &ConfigMap, keys: &ConfigMapKeys) {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        self.read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, (cm.metadata.resource_version.clone(), keys.clone()));
+    }
+}
+
 /// Reads the ConfigMaps (keys) and Secrets (existence, metadata only) that `spec` names into
 /// the transform context. A missing object is simply left out (the plugin that needs it then
 /// fails its state naming the field); a failed read is logged and treated as missing, so one
-/// unreadable object cannot stop the other states.
+/// unreadable object cannot stop the other states. With `cache`, a ConfigMap is read only when
+/// its watch shows it new or changed since it was last read ([`ConfigMapCache`]); Secrets are
+/// always a metadata GET (the operator may not list or watch Secrets).
 /// Used by the ClusterPolicy reconcile and the NVIDIADriver controller alike.
 pub(crate) async fn read_references(
     client: &kube::Client,
     ns: &str,
     spec: &ClusterPolicySpec,
     tctx: &mut TransformContext,
+    cache: Option<&ConfigMapCache>,
 ) {
     use k8s_openapi::api::core::v1::Secret;
     use kube::Api;
     let refs = references(spec);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     for name in &refs.config_maps {
+        match cache.and_then(|c| c.lookup(ns, name)) {
+            Some(Some(keys)) => {
+                tctx.config_maps.push(keys);
+                continue;
+            }
+            Some(None) => {
+                tracing::debug!(configmap = %name, %ns, "referenced ConfigMap not found");
+                continue;
+            }
+            _ => {}
+        }
         match config_maps.get_opt(name).await {
-            Ok(Some(cm)) => tctx.config_maps.push(config_map_keys(&cm)),
+            Ok(Some(cm)) => {
+                let keys = config_map_keys(&cm);
+                if let Some(c) = cache {
+                    c.remember(&cm, &keys);
+                }
+                tctx.config_maps.push(keys);
+            }
             Ok(None) => tracing::debug!(configmap = %name, %ns, "referenced ConfigMap not found"),
             Err(e) => {
                 tracing::warn!(configmap = %name, %ns, error = %e, "cannot read a referenced ConfigMap")

@@ -116,6 +116,10 @@ pub struct DriverCaches {
     /// markers of the driver state's shared objects (service account, RBAC), which carry
     /// `kiln.dev/state=driver`. Not set: those are applied on every reconcile.
     pub live: Option<Arc<crate::live::LiveCache>>,
+    /// The referenced ConfigMaps (the ClusterPolicy reconciler's [`crate::facts::ConfigMapCache`]):
+    /// a CR's `repoConfig`, `certConfig` or `kernelModuleConfig` is read again only when it
+    /// changed. Not set: read on every reconcile.
+    pub config_maps: Option<Arc<crate::facts::ConfigMapCache>>,
 }
 
 impl DriverCaches {
@@ -542,7 +546,15 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     for (env, image) in &ctx.images {
         kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
-    facts::read_references(&ctx.client, &ctx.namespace, &derived.spec, &mut base).await;
+    let config_maps = ctx.caches.config_maps.as_deref();
+    facts::read_references(
+        &ctx.client,
+        &ctx.namespace,
+        &derived.spec,
+        &mut base,
+        config_maps,
+    )
+    .await;
     let pools = node_pools(&cr.spec, nodes.iter());
     // Everything the objects below depend on, compared whole ([`crate::memory::RenderCache`]).
     let inputs = format!(

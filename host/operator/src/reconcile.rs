@@ -196,7 +196,15 @@ async fn full_reconcile(
     let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
     let mut tctx = facts::transform_context(&base, &nodes);
-    facts::read_references(&ctx.client, &ctx.config.namespace, &parsed.spec, &mut tctx).await;
+    let config_maps = ctx.caches.config_maps.get().map(|c| &**c);
+    facts::read_references(
+        &ctx.client,
+        &ctx.config.namespace,
+        &parsed.spec,
+        &mut tctx,
+        config_maps,
+    )
+    .await;
     crate::psa::reconcile_hook(ctx, &parsed.spec, tctx.openshift_version.is_some()).await;
     let owner = policy
         .controller_owner_ref(&policy_resource())

@@ -178,6 +178,13 @@ pub async fn run_until(
         wake.clone(),
     ));
     let _ = ctx.caches.pods.set(pod_watches.clone());
+    let _ = ctx
+        .caches
+        .config_maps
+        .set(Arc::new(crate::facts::ConfigMapCache::start(
+            &client,
+            &config.namespace,
+        )));
     // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
     let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
     let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
@@ -264,6 +271,7 @@ pub async fn run_until(
             nodes: ctx.caches.nodes().cloned(),
             policies: ctx.caches.policies().cloned(),
             pods: ctx.caches.pods.get().cloned(),
+            config_maps: ctx.caches.config_maps.get().cloned(),
             live: Some(ctx.shared_live().await?.clone()),
             ..Default::default()
         };

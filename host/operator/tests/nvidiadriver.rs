@@ -11,6 +11,8 @@
 //! - woken again with nothing changed (a DaemonSet status event), a reconcile sends no request
 //!   and calls no plugin; a drifted DaemonSet alone is applied again; a pool's stale DaemonSet
 //!   is found in the cache and deleted without a LIST;
+//! - a referenced ConfigMap (`repoConfig`) is read once, again only when its metadata watch
+//!   shows a new `resourceVersion`, and not at all when the watch shows it gone;
 //! - the ClusterPolicy, once it hands the driver off, deletes its driver DaemonSet with
 //!   `propagationPolicy: Orphan` (pods are kept) and reports the CRs' readiness.
 
@@ -20,9 +22,11 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kiln_core::plan::STATE_LABEL;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kiln_operator::facts::ConfigMapCache;
 use kiln_operator::live::{LiveCache, Meta};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::node::SlimNode;
@@ -31,7 +35,7 @@ use kiln_operator::{Config, Context};
 use kube::Client;
 use kube::api::{ApiResource, DynamicObject};
 use kube::client::Body;
-use kube::core::GroupVersionKind;
+use kube::core::{GroupVersionKind, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
@@ -710,6 +714,113 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
         !all_calls(&server).iter().any(|c| c.starts_with("GET ")),
         "{:?}",
         all_calls(&server)
+    );
+}
+
+/// The metadata store of the ConfigMap cache, fed by hand (as its watch would).
+fn config_map_meta(name: &str, rv: &str) -> PartialObjectMeta<ConfigMap> {
+    serde_json::from_value(json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv}}))
+    .unwrap()
+}
+
+fn put_repo_config(server: &Arc<Mutex<Server>>, rv: &str, files: &[&str]) {
+    let data: serde_json::Map<String, Value> = files
+        .iter()
+        .map(|f| {
+            (
+                (*f).to_string(),
+                json!("deb http://mirror.example/ubuntu jammy main"),
+            )
+        })
+        .collect();
+    server.lock().unwrap().objects.insert(
+        format!("/api/v1/namespaces/{NS}/configmaps/repos"),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "repos", "namespace": NS, "resourceVersion": rv},
+            "data": data}),
+    );
+}
+
+/// The `subPath`s the last applied driver DaemonSet mounts from the `repos` ConfigMap.
+fn repo_mounts(server: &Arc<Mutex<Server>>) -> Vec<String> {
+    let applies = ds_applies(server);
+    let ds = &applies.last().expect("a DaemonSet applied").body;
+    let mut out: Vec<String> = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["volumeMounts"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["name"] == "repos")
+        .map(|m| m["subPath"].as_str().unwrap().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn config_map_gets(server: &Arc<Mutex<Server>>) -> usize {
+    calls(server, &Method::GET)
+        .iter()
+        .filter(|c| c.path.contains("/configmaps/"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_changed() {
+    let server = server_with(
+        &[
+            handed_off(),
+            driver(
+                "pool-a",
+                json!({"nodeSelector": {"pool": "a"}, "repoConfig": {"name": "repos"}}),
+            ),
+        ],
+        &[("a", 2)],
+    );
+    put_repo_config(&server, "7", &["a.list", "b.list"]);
+    let mut watched = Writer::<PartialObjectMeta<ConfigMap>>::default();
+    watched.apply_watcher_event(&watcher::Event::Init);
+    watched.apply_watcher_event(&watcher::Event::InitApply(config_map_meta("repos", "7")));
+    watched.apply_watcher_event(&watcher::Event::InitDone);
+    let mut ctx = Arc::into_inner(cached_context(&server)).unwrap();
+    ctx.caches.config_maps = Some(Arc::new(ConfigMapCache::from_store(watched.as_reader())));
+    let ctx = Arc::new(ctx);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(config_map_gets(&server), 1, "read once");
+    assert_eq!(
+        repo_mounts(&server),
+        ["a.list", "b.list"],
+        "one mount per key"
+    );
+    clear_calls(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(config_map_gets(&server), 0, "unchanged: not read again");
+    // A key is added: the watch shows a new resourceVersion, so it is read again.
+    put_repo_config(&server, "8", &["a.list", "b.list", "c.list"]);
+    watched.apply_watcher_event(&watcher::Event::Apply(config_map_meta("repos", "8")));
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(config_map_gets(&server), 1, "changed: read again");
+    assert_eq!(repo_mounts(&server), ["a.list", "b.list", "c.list"]);
+    // Deleted: the watch no longer lists it, so nothing is read and the CR fails naming it.
+    watched.apply_watcher_event(&watcher::Event::Delete(config_map_meta("repos", "8")));
+    clear_calls(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(config_map_gets(&server), 0, "gone: not read");
+    let status = status_of(&server, "pool-a");
+    let error = condition(&status, "Error");
+    assert_eq!(error["status"], "True", "{status}");
+    assert!(
+        error["message"].as_str().unwrap().contains("repos"),
+        "{status}"
     );
 }
 
