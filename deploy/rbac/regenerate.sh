@@ -29,7 +29,8 @@ HEAD
 # The chart's ValidatingAdmissionPolicy (deploy/helm/kiln/templates/node-patch-policy.yaml) for
 # namespace gpu-operator, written by deploy/rbac/regenerate.sh; do not edit. RBAC cannot limit
 # a node `patch` to some label keys, so this policy does: an update of a Node by the operator's
-# ServiceAccount may change only `nvidia.com/*` labels and annotations. Kubernetes >= 1.30.
+# ServiceAccount may change only `nvidia.com/*` labels and annotations and `spec.unschedulable`
+# (cordon and uncordon for driver upgrades). Kubernetes >= 1.30.
 HEAD
   render templates/node-patch-policy.yaml ""
 } > deploy/rbac/node-patch-policy.yaml

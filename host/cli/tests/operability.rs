@@ -351,4 +351,27 @@ fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
             .any(|i| i.starts_with("nvcr.io/nvidia/driver:595.91.07")),
         "{images:?}"
     );
+    // What the operator refuses (ReconcileFailed, nothing applied) is refused here too.
+    let cr = std::fs::read_to_string(dir.join("nvidiadriver.yaml")).unwrap();
+    let host_manager = tmp.path().join("vgpu-host-manager.yaml");
+    std::fs::write(
+        &host_manager,
+        cr.replace("driverType: gpu", "driverType: vgpu-host-manager"),
+    )
+    .unwrap();
+    let out = Command::new(KILN)
+        .arg("render")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--nvidia-driver")
+        .arg(&host_manager)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("driverType vgpu-host-manager is not supported"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
 }

@@ -110,9 +110,13 @@ pub fn config_map_keys(cm: &ConfigMap) -> ConfigMapKeys {
 /// each referenced one as last read with the `resourceVersion` it had: a reconcile reads a
 /// referenced ConfigMap again only when the watch shows it changed, and a missing one not at
 /// all (an NVIDIADriver with a `repoConfig` is reconciled on every status event of its
-/// DaemonSets during a rollout). Shared by both reconcilers.
+/// DaemonSets during a rollout). A change to a ConfigMap some reconcile asked for (created,
+/// edited, deleted) calls the watch's `on_change`, so an edited repo list reaches the
+/// DaemonSets without waiting for another change. Shared by both reconcilers.
 pub struct ConfigMapCache {
     store: Store<PartialObjectMeta<ConfigMap>>,
+    /// The names reconciles asked for (their policies' and CRs' references).
+    wanted: std::sync::Arc<Mutex<std::collections::HashSet<String>>>,
     /// By name: the `resourceVersion` a read returned and the keys it found.
     read: Mutex<HashMap<String, (Option<String>, ConfigMapKeys)>>,
 }
@@ -123,14 +127,42 @@ impl ConfigMapCache {
     pub fn from_store(store: Store<PartialObjectMeta<ConfigMap>>) -> Self {
         ConfigMapCache {
             store,
+            wanted: Default::default(),
             read: Mutex::default(),
         }
     }
 
+    /// Wait until the watch has listed the namespace once.
+    pub async fn ready(&self) {
+        let _ = self.store.wait_until_ready().await;
+    }
+
+    /// Whether a reconcile asked for the ConfigMap `name` (its change must wake them).
+    pub fn wanted(&self, name: &str) -> bool {
+        self.wanted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    /// Ask for the ConfigMap `name`: from now on its changes call the watch's `on_change`
+    /// ([`read_references`] does this for every name a policy or CR references).
+    pub fn want(&self, name: &str) {
+        let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        if !wanted.contains(name) {
+            wanted.insert(name.to_string());
+        }
+    }
+
     /// Start the metadata watch of `namespace`'s ConfigMaps (a task on the current runtime,
-    /// retrying with kube-runtime's default backoff). The operator's Role already lists and
-    /// watches ConfigMaps there (the operand Roles grant it).
-    pub fn start(client: &kube::Client, namespace: &str) -> Self {
+    /// retrying with kube-runtime's default backoff); `on_change` runs when a wanted one
+    /// ([`ConfigMapCache::wanted`]) is added, changed or deleted. The operator's Role already
+    /// lists and watches ConfigMaps there (the operand Roles grant it).
+    pub fn start(
+        client: &kube::Client,
+        namespace: &str,
+        on_change: impl Fn() + Send + 'static,
+    ) -> Self {
         use futures::StreamExt;
         use kube::runtime::WatchStreamExt;
         let api: kube::Api<PartialObjectMeta<ConfigMap>> =
@@ -138,13 +170,27 @@ impl ConfigMapCache {
         let writer = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
         let store = writer.as_reader();
         let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-        tokio::spawn(reflector::reflector(writer, stream).for_each(|ev| {
-            if let Err(e) = ev {
-                tracing::warn!(error = %e, "watch of ConfigMap metadata");
+        let cache = Self::from_store(store);
+        let wanted = cache.wanted.clone();
+        tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+            match ev {
+                Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => {
+                    let name = m.metadata.name.unwrap_or_default();
+                    if wanted
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&name)
+                    {
+                        tracing::info!(configmap = %name, "a referenced ConfigMap changed");
+                        on_change();
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "watch of ConfigMap metadata"),
+                Ok(_) => {}
             }
             futures::future::ready(())
         }));
-        Self::from_store(store)
+        cache
     }
 
     /// What the cache knows of `name` in `ns` without a request: `Some(None)` when the watch
@@ -194,6 +240,9 @@ pub(crate) async fn read_references(
     let refs = references(spec);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     for name in &refs.config_maps {
+        if let Some(c) = cache {
+            c.want(name);
+        }
         match cache.and_then(|c| c.lookup(ns, name)) {
             Some(Some(keys)) => {
                 tctx.config_maps.push(keys);

@@ -32,8 +32,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kiln_core::State;
 use kiln_core::plan::{ObjectKey, desired_object};
 use kiln_core::spec::nvidiadriver::{
-    DriverType, NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState,
-    NvidiaDriverStatus, node_pools, overlaps,
+    NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState, NvidiaDriverStatus,
+    node_pools, overlaps,
 };
 use kiln_core::status::{ConditionSpec, StateResult, set_condition};
 use kiln_render::{Policy, Renderer};
@@ -244,8 +244,8 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 
 /// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, a CR deleted, a change
 /// of the CRs' DaemonSets, and `cluster_changes` — the node watch's pool changes
-/// ([`crate::nodes::NodeWatch::pools`]) and ClusterPolicy changes, both from the operator's
-/// own watches: each reconciles every CR (pools and overlaps depend on every node and CR; CRs
+/// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
+/// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each reconciles every CR (pools and overlaps depend on every node and CR; CRs
 /// are few, one per node pool, and a reconcile with unchanged inputs sends nothing).
 /// Every CR change (its status included) also wakes the ClusterPolicy reconciler through
 /// `wake`: the policy's readiness includes the CRs'. Two watches of NVIDIADrivers: the
@@ -401,23 +401,11 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             ),
         )));
     }
-    if cr.spec.driver_type == DriverType::VgpuHostManager {
+    if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
         return Ok(still(DriverVerdict::new(
             NvidiaDriverState::NotReady,
             reasons::FAILED,
-            "driverType vgpu-host-manager is not supported by kiln's NVIDIADriver controller \
-             (use the ClusterPolicy's vgpuManager)",
-        )));
-    }
-    let sidecar_on = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
-        s.as_ref().is_some_and(|s| s.enabled == Some(true))
-    };
-    if cr.spec.precompiled() && (sidecar_on(&cr.spec.gds) || sidecar_on(&cr.spec.gdrcopy)) {
-        // Upstream refuses the combination: precompiled images carry no nvidia-fs/gdrcopy.
-        return Ok(still(DriverVerdict::new(
-            NvidiaDriverState::NotReady,
-            reasons::FAILED,
-            "spec.gds and spec.gdrcopy cannot be enabled with spec.usePrecompiled",
+            why,
         )));
     }
     let nodes = crate::context::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;

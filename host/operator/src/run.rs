@@ -178,13 +178,14 @@ pub async fn run_until(
         wake.clone(),
     ));
     let _ = ctx.caches.pods.set(pod_watches.clone());
-    let _ = ctx
-        .caches
-        .config_maps
-        .set(Arc::new(crate::facts::ConfigMapCache::start(
-            &client,
-            &config.namespace,
-        )));
+    // A referenced ConfigMap changed: a full reconcile of the policy, every NVIDIADriver again.
+    let (config_map_tx, config_map_changes) = futures::channel::mpsc::unbounded();
+    let config_map_wake = wake.clone();
+    let config_maps = crate::facts::ConfigMapCache::start(&client, &config.namespace, move || {
+        config_map_wake.full();
+        let _ = config_map_tx.unbounded_send(());
+    });
+    let _ = ctx.caches.config_maps.set(Arc::new(config_maps));
     // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
     let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
     let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
@@ -278,12 +279,15 @@ pub async fn run_until(
         tokio::spawn(crate::nvidiadriver::run(
             Arc::new(drivers),
             wake.clone(),
-            futures::stream::select(pools_rx, policy_changes),
+            futures::stream::select(
+                futures::stream::select(pools_rx, policy_changes),
+                config_map_changes,
+            ),
             shutdown.clone(),
         ));
     } else {
         // Closed now, so the watches' sends are dropped instead of queued for nobody.
-        drop((pools_rx, policy_changes));
+        drop((pools_rx, policy_changes, config_map_changes));
     }
     let controller = controller
         .reconcile_all_on(futures::stream::select(wakes, policy_deletes))

@@ -783,13 +783,19 @@ async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_chan
     watched.apply_watcher_event(&watcher::Event::Init);
     watched.apply_watcher_event(&watcher::Event::InitApply(config_map_meta("repos", "7")));
     watched.apply_watcher_event(&watcher::Event::InitDone);
+    let cache = Arc::new(ConfigMapCache::from_store(watched.as_reader()));
     let mut ctx = Arc::into_inner(cached_context(&server)).unwrap();
-    ctx.caches.config_maps = Some(Arc::new(ConfigMapCache::from_store(watched.as_reader())));
+    ctx.caches.config_maps = Some(cache.clone());
     let ctx = Arc::new(ctx);
+    assert!(!cache.wanted("repos"));
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
     assert_eq!(config_map_gets(&server), 1, "read once");
+    assert!(
+        cache.wanted("repos") && !cache.wanted("other"),
+        "its changes now wake the reconcilers"
+    );
     assert_eq!(
         repo_mounts(&server),
         ["a.list", "b.list"],

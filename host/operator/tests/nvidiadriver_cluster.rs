@@ -6,17 +6,21 @@
 //! 3. two NVIDIADrivers with different versions, one per pool: one DaemonSet each, scheduled on
 //!    exactly its pool's nodes, with its own image;
 //! 4. a third NVIDIADriver selecting every GPU node is refused: `ConflictingNodeSelector`
-//!    naming the other two.
+//!    naming the other two;
+//! 5. a `repoConfig` ConfigMap's keys are mounted, and an edit of the ConfigMap alone (the CR
+//!    unchanged) reaches the DaemonSet;
+//! 6. the ConfigMap watch calls back for referenced ConfigMaps only.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kiln_operator::facts::ConfigMapCache;
 use kiln_testcluster::{Options, TestCluster};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -338,6 +342,121 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     assert!(
         everything.is_empty(),
         "nothing applied for the overlapping CR"
+    );
+    eprintln!(
+        "nvidiadriver test: overlap refused after {:?}",
+        t0.elapsed()
+    );
+
+    // 5. A repoConfig ConfigMap: its keys mounted; an edit of the ConfigMap alone (the CR
+    //    unchanged) reaches the DaemonSet, through the ConfigMap watch's wake-up.
+    drivers.delete("everything", &Default::default()).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let repos = |files: &[&str]| -> anyhow::Result<ConfigMap> {
+        let data: BTreeMap<String, String> = files
+            .iter()
+            .map(|f| {
+                (
+                    (*f).to_string(),
+                    "deb http://mirror.example/ubuntu jammy main".into(),
+                )
+            })
+            .collect();
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "repos", "namespace": NS}, "data": data}))?)
+    };
+    config_maps
+        .create(&PostParams::default(), &repos(&["a.list"])?)
+        .await?;
+    drivers
+        .patch(
+            "pool-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"repoConfig": {"name": "repos"}}})),
+        )
+        .await?;
+    let mounted = |want: &'static [&'static str]| {
+        let dss = dss.clone();
+        async move {
+            let list = dss
+                .list(&ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}=pool-a")))
+                .await?
+                .items;
+            let mut got: Vec<String> = list
+                .iter()
+                .flat_map(|ds| {
+                    ds.spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.clone())
+                        .unwrap_or_default()
+                        .containers
+                })
+                .flat_map(|c| c.volume_mounts.unwrap_or_default())
+                .filter(|m| m.name == "repos")
+                .filter_map(|m| m.sub_path)
+                .collect();
+            got.sort();
+            Ok::<_, anyhow::Error>(if got == want {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            })
+        }
+    };
+    cluster
+        .wait_for("the repoConfig keys mounted", TIMEOUT, || {
+            mounted(&["a.list"])
+        })
+        .await?;
+    let mut cm = config_maps.get("repos").await?;
+    cm.data.get_or_insert_with(Default::default).insert(
+        "b.list".into(),
+        "deb http://mirror.example/ubuntu jammy universe".into(),
+    );
+    config_maps
+        .replace("repos", &PostParams::default(), &cm)
+        .await?;
+    let edited = std::time::Instant::now();
+    cluster
+        .wait_for("the edited ConfigMap's keys mounted", TIMEOUT, || {
+            mounted(&["a.list", "b.list"])
+        })
+        .await?;
+    eprintln!(
+        "nvidiadriver test: the ConfigMap edit reached the DaemonSet in {:?}",
+        edited.elapsed()
+    );
+
+    // 6. The ConfigMap watch behind that wake-up calls back for the names asked for only: a
+    //    ConfigMap nobody references changes first, then a referenced one; events arrive in
+    //    order, so one call means the first did not count.
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = calls.clone();
+    let cache = ConfigMapCache::start(&client, NS, move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    cache.ready().await;
+    cache.want("referenced");
+    for name in ["unreferenced", "referenced"] {
+        let mut cm = repos(&["a.list"])?;
+        cm.metadata.name = Some(name.into());
+        config_maps.create(&PostParams::default(), &cm).await?;
+    }
+    cluster
+        .wait_for("one change call", TIMEOUT, || async {
+            let n = calls.load(std::sync::atomic::Ordering::SeqCst);
+            Ok(if n >= 1 {
+                Ok(n)
+            } else {
+                Err(format!("{n} calls"))
+            })
+        })
+        .await?;
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the referenced ConfigMap calls back"
     );
     eprintln!("nvidiadriver test: done after {:?}", t0.elapsed());
     Ok(())

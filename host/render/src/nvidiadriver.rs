@@ -95,6 +95,14 @@ pub enum NvidiaDriverError {
         #[source]
         source: PolicyError,
     },
+    /// kiln does not render this CR ([`unsupported`]).
+    #[error("NVIDIADriver {name}: {why}")]
+    Unsupported {
+        /// The CR.
+        name: String,
+        /// Why, naming the field.
+        why: &'static str,
+    },
     /// The driver state's chain failed.
     #[error("NVIDIADriver {name}: {source}")]
     Render {
@@ -130,6 +138,30 @@ pub fn derived_policy(
     Ok(derived)
 }
 
+/// Why kiln renders no driver for `spec`, naming the field; `None` when it can. One rule for
+/// the operator's NVIDIADriver controller (a `ReconcileFailed` status, nothing applied) and
+/// `kiln render --nvidia-driver` (exit 1):
+/// - `driverType: vgpu-host-manager`: not supported by kiln's NVIDIADriver controller (the
+///   ClusterPolicy's `vgpuManager` runs the vGPU host driver);
+/// - `gds` or `gdrcopy` enabled with `usePrecompiled` (upstream refuses it too: precompiled
+///   images carry neither nvidia-fs nor gdrcopy).
+pub fn unsupported(spec: &NvidiaDriverSpec) -> Option<&'static str> {
+    use kiln_core::spec::nvidiadriver::DriverType;
+    let on = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
+        s.as_ref().is_some_and(|s| s.enabled == Some(true))
+    };
+    if spec.driver_type == DriverType::VgpuHostManager {
+        return Some(
+            "driverType vgpu-host-manager is not supported by kiln's NVIDIADriver controller \
+             (use the ClusterPolicy's vgpuManager)",
+        );
+    }
+    if spec.precompiled() && (on(&spec.gds) || on(&spec.gdrcopy)) {
+        return Some("spec.gds and spec.gdrcopy cannot be enabled with spec.usePrecompiled");
+    }
+    None
+}
+
 /// Render the CR `name` (UID `uid`) for each of `pools` with `derived` (from
 /// [`derived_policy`]) and the cluster facts `base` (the pool sets the OS and kernel): per pool
 /// the state's objects, its DaemonSet finished for the pool (named by [`daemonset_name`]).
@@ -146,6 +178,12 @@ pub fn render_pools(
     pools: &[NodePool],
     base: &TransformContext,
 ) -> Result<Vec<(NodePool, Vec<Value>)>, NvidiaDriverError> {
+    if let Some(why) = unsupported(spec) {
+        return Err(NvidiaDriverError::Unsupported {
+            name: name.to_string(),
+            why,
+        });
+    }
     let mut out = Vec::with_capacity(pools.len());
     for pool in pools {
         let mut ctx = base.clone();
