@@ -801,7 +801,7 @@ async fn cluster_policy_pass(
     if want != have && due && !pending {
         last.at = Some(std::time::Instant::now());
         last.written = Some(want.clone());
-        let body = json!({"status": {"driverUpgrade": want}});
+        let body = driver_upgrade_patch(have.as_ref(), want.as_ref());
         Api::<ClusterPolicy>::all(ctx.client.clone())
             .patch_status(
                 &policy.name_any(),
@@ -813,6 +813,22 @@ async fn cluster_policy_pass(
         upgrader.wrote(1);
     }
     Ok(report.active)
+}
+
+/// The JSON merge patch (RFC 7386) that turns `status.driverUpgrade` from `have` into `want`: a
+/// merge patch keeps map keys it does not name, so a state no node is in any more (`unknown`
+/// once every node is `upgrade-done`) is named with `null`, which deletes it.
+fn driver_upgrade_patch(
+    have: Option<&DriverUpgradeStatus>,
+    want: Option<&DriverUpgradeStatus>,
+) -> Value {
+    let mut body = json!({"status": {"driverUpgrade": want}});
+    if let (Some(have), Some(want)) = (have, want) {
+        for state in have.nodes.keys().filter(|k| !want.nodes.contains_key(*k)) {
+            body["status"]["driverUpgrade"]["nodes"][state.as_str()] = Value::Null;
+        }
+    }
+    body
 }
 
 /// A ClusterPolicy of the controller's store as the typed spec.
@@ -831,6 +847,52 @@ mod tests {
 
     fn obj<T: serde::de::DeserializeOwned>(v: Value) -> T {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// RFC 7386 applied to `target`, as the API server applies a merge patch.
+    fn merge(target: &mut Value, patch: &Value) {
+        match (target, patch) {
+            (Value::Object(t), Value::Object(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            (t, p) => *t = p.clone(),
+        }
+    }
+
+    #[test]
+    fn a_driver_upgrade_status_patch_drops_states_no_node_is_in_any_more() {
+        let status = |nodes: Value| -> DriverUpgradeStatus {
+            obj(json!({"totalNodes": 5, "upgradesDone": 5, "nodes": nodes}))
+        };
+        let have = status(json!({"unknown": 5}));
+        let want = status(json!({"upgrade-done": 5}));
+        let mut live = json!({"status": {"state": "ready", "driverUpgrade": have}});
+        merge(&mut live, &driver_upgrade_patch(Some(&have), Some(&want)));
+        assert_eq!(
+            live["status"]["driverUpgrade"]["nodes"],
+            json!({"upgrade-done": 5}),
+            "{live}"
+        );
+        assert_eq!(
+            live["status"]["state"], "ready",
+            "the rest of status is kept"
+        );
+        // Nothing to drop without a previous status; no status at all when none is wanted.
+        let first = driver_upgrade_patch(None, Some(&want));
+        assert_eq!(
+            first["status"]["driverUpgrade"]["nodes"],
+            json!({"upgrade-done": 5})
+        );
+        assert_eq!(
+            driver_upgrade_patch(Some(&have), None),
+            json!({"status": {"driverUpgrade": null}})
+        );
     }
 
     fn ds() -> DaemonSet {

@@ -347,7 +347,26 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         ["toolkit-validation"]
     );
 
-    // Steady state: a reconcile woken by a node label change writes nothing.
+    // Steady state: a reconcile woken by a node label change writes nothing. The driver upgrade
+    // loop labels every GPU node `upgrade-done` after `ready` and then writes its counts, so
+    // wait for those first (and for the counts to name no state no node is in).
+    cluster
+        .wait_for("the driver upgrade counts settled", TIMEOUT, || async {
+            let p = policies.get(&name).await?;
+            let du = p.status.and_then(|s| s.driver_upgrade);
+            Ok(match du {
+                Some(d)
+                    if d.total_nodes > 0
+                        && d.upgrades_done == d.total_nodes
+                        && d.nodes.len() == 1
+                        && d.nodes.get("upgrade-done") == Some(&d.total_nodes) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await?;
     let before = snapshot(&client, &name).await?;
     let cpu = "cpu-node-1";
     nodes
