@@ -37,6 +37,37 @@ fn stderr(out: &std::process::Output) -> String {
 }
 
 #[test]
+fn operator_without_a_usable_kubeconfig_says_so_once_and_what_to_pass() {
+    let missing = kiln(&["operator", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let err = stderr(&missing);
+    assert!(
+        err.contains("cannot read --kubeconfig /nonexistent/kubeconfig"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    let home = tempfile::tempdir().unwrap();
+    for args in [&["operator"][..], &["operator", "cleanup"]] {
+        let none = kiln(args)
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(!none.status.success());
+        let err = stderr(&none);
+        assert!(err.contains("no Kubernetes configuration"), "{err}");
+        assert!(
+            err.contains("pass --kubeconfig FILE or set KUBECONFIG"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+}
+
+#[test]
 fn an_empty_driver_ready_file_parses_as_flag_and_as_env_var() {
     let out = kiln(&["device-plugin", "--driver-ready-file", ""])
         .env("KILN_CHECK_ARGS", "1")

@@ -146,7 +146,7 @@ impl ConfigMapCache {
     }
 
     /// Ask for the ConfigMap `name`: from now on its changes call the watch's `on_change`
-    /// ([`read_references`] does this for every name a policy or CR references).
+    /// (the reconcilers' reference read does this for every name a policy or CR references).
     pub fn want(&self, name: &str) {
         let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
         if !wanted.contains(name) {

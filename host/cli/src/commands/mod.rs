@@ -167,6 +167,34 @@ pub(crate) fn plugin_host(
     Ok(std::sync::Arc::new(host))
 }
 
+/// A Kubernetes client from `kubeconfig` (a kubeconfig file) or, without one, kube's own
+/// inference: `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster configuration (a
+/// pod's service account). Used by `kiln operator` and its hooks.
+///
+/// # Errors
+/// One line saying which configuration could not be used and why (kube's error text once, not
+/// its cause chain again), with what to pass instead.
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<kube::Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let Some(path) = kubeconfig else {
+        return kube::Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no Kubernetes configuration: {e}; pass --kubeconfig FILE or set KUBECONFIG \
+                 (in a pod, the in-cluster configuration is used)"
+            )
+        });
+    };
+    let kc = Kubeconfig::read_from(path)
+        .map_err(|e| anyhow::anyhow!("cannot read --kubeconfig {}: {e}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot use --kubeconfig {}: {e}", path.display()))?;
+    kube::Client::try_from(cfg)
+        .map_err(|e| anyhow::anyhow!("cannot build a client from {}: {e}", path.display()))
+}
+
 /// `println!` for command output, through [`write_stdout`] (a closed pipe is not an error,
 /// where `println!` panics); `?`s the write error, so the caller returns `anyhow::Result`.
 macro_rules! outln {

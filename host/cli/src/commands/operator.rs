@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// Arguments of `kiln operator`.
 #[derive(Debug, Args)]
@@ -61,17 +60,7 @@ impl OperatorArgs {
     }
 
     async fn run_async(self) -> anyhow::Result<()> {
-        let client = match &self.kubeconfig {
-            Some(path) => {
-                let kc = Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                    .await
-                    .with_context(|| format!("loading kubeconfig {}", path.display()))?;
-                kube::Client::try_from(cfg)?
-            }
-            None => kube::Client::try_default().await.context("kube client")?,
-        };
+        let client = super::kube_client(self.kubeconfig.as_deref()).await?;
         let host = super::plugin_host(
             self.plugins_dir.clone(),
             kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,

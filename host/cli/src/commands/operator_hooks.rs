@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// The chart-hook subcommands of `kiln operator`.
 #[derive(Debug, Subcommand)]
@@ -48,17 +47,7 @@ pub struct CleanupArgs {
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?;
-            Ok(kube::Client::try_from(cfg)?)
-        }
-        None => kube::Client::try_default().await.context("kube client"),
-    }
+    super::kube_client(kubeconfig.map(PathBuf::as_path)).await
 }
 
 impl OperatorHook {
