@@ -295,17 +295,19 @@ fn which(name: &str) -> Result<PathBuf, ()> {
 #[test]
 fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples");
-    let render = |policy: &Path| {
+    let sample_cr = dir.join("nvidiadriver.yaml");
+    let render_cr = |policy: &Path, cr: &Path| {
         Command::new(KILN)
             .arg("render")
             .arg("--policy")
             .arg(policy)
             .arg("--nvidia-driver")
-            .arg(dir.join("nvidiadriver.yaml"))
+            .arg(cr)
             .args(["-o", "json"])
             .output()
             .unwrap()
     };
+    let render = |policy: &Path| render_cr(policy, &sample_cr);
     // The sample policy keeps its own driver: an NVIDIADriver would be Disabled there.
     let refused = render(&dir.join("clusterpolicy.yaml"));
     assert!(!refused.status.success());
@@ -352,21 +354,14 @@ fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
         "{images:?}"
     );
     // What the operator refuses (ReconcileFailed, nothing applied) is refused here too.
-    let cr = std::fs::read_to_string(dir.join("nvidiadriver.yaml")).unwrap();
+    let cr = std::fs::read_to_string(&sample_cr).unwrap();
     let host_manager = tmp.path().join("vgpu-host-manager.yaml");
     std::fs::write(
         &host_manager,
         cr.replace("driverType: gpu", "driverType: vgpu-host-manager"),
     )
     .unwrap();
-    let out = Command::new(KILN)
-        .arg("render")
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--nvidia-driver")
-        .arg(&host_manager)
-        .output()
-        .unwrap();
+    let out = render_cr(&policy, &host_manager);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("driverType vgpu-host-manager is not supported"),

@@ -388,6 +388,19 @@ fn listing_context(server: &Arc<Mutex<Server>>) -> DriverContext {
     )
 }
 
+/// Feed `w` a first list of `objects`, as a watch's initial list (the store is then ready).
+fn listed<K>(w: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
+where
+    K: kube::Resource + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        w.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
+}
+
 /// A store holding the server's objects under `prefix` now.
 fn filled<K>(server: &Arc<Mutex<Server>>, prefix: &str, dt: K::DynamicType) -> Store<K>
 where
@@ -403,13 +416,12 @@ where
             .collect()
     };
     let mut w = Writer::<K>::new(dt);
-    w.apply_watcher_event(&watcher::Event::Init);
-    for o in objects {
-        w.apply_watcher_event(&watcher::Event::InitApply(
-            serde_json::from_value(o).unwrap(),
-        ));
-    }
-    w.apply_watcher_event(&watcher::Event::InitDone);
+    listed(
+        &mut w,
+        objects
+            .into_iter()
+            .map(|o| serde_json::from_value(o).unwrap()),
+    );
     w.as_reader()
 }
 
@@ -454,6 +466,11 @@ fn calls(server: &Arc<Mutex<Server>>, method: &Method) -> Vec<Call> {
         .collect()
 }
 
+/// The paths of the recorded `method` requests, in order.
+fn paths(server: &Arc<Mutex<Server>>, method: &Method) -> Vec<String> {
+    calls(server, method).into_iter().map(|c| c.path).collect()
+}
+
 fn ds_applies(server: &Arc<Mutex<Server>>) -> Vec<Call> {
     calls(server, &Method::PATCH)
         .into_iter()
@@ -490,9 +507,8 @@ async fn from_caches_a_reconcile_reads_no_node_policy_or_driver() {
             .await
             .unwrap();
     }
-    let reads: Vec<String> = calls(&server, &Method::GET)
+    let reads: Vec<String> = paths(&server, &Method::GET)
         .into_iter()
-        .map(|c| c.path)
         .filter(|p| {
             p.starts_with("/api/v1/nodes")
                 || p.contains("/clusterpolicies")
@@ -558,16 +574,14 @@ impl Fed {
     fn wired(server: &Arc<Mutex<Server>>) -> (Self, Arc<DriverContext>) {
         let mut ctx = Arc::into_inner(cached_context(server)).unwrap();
         let mut daemonsets = Writer::<DaemonSet>::default();
-        daemonsets.apply_watcher_event(&watcher::Event::Init);
-        daemonsets.apply_watcher_event(&watcher::Event::InitDone);
+        listed(&mut daemonsets, []);
         assert!(ctx.caches.daemonsets.set(daemonsets.as_reader()).is_ok());
         let mut shared = Vec::new();
         let mut stores = Vec::new();
         for (group, version, kind) in SHARED_KINDS {
             let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
             let mut w = Writer::<Meta>::new(ar.clone());
-            w.apply_watcher_event(&watcher::Event::Init);
-            w.apply_watcher_event(&watcher::Event::InitDone);
+            listed(&mut w, []);
             stores.push((ar.clone(), w.as_reader()));
             shared.push(((ar.api_version, kind), w));
         }
@@ -673,10 +687,7 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
-    let again: Vec<String> = calls(&server, &Method::PATCH)
-        .iter()
-        .map(|c| c.path.clone())
-        .collect();
+    let again = paths(&server, &Method::PATCH);
     assert_eq!(
         again,
         [format!(
@@ -699,10 +710,7 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
     reconcile(typed_driver(&server, "pool-a"), Arc::new(ctx))
         .await
         .unwrap();
-    let deletes: Vec<String> = calls(&server, &Method::DELETE)
-        .iter()
-        .map(|c| c.path.clone())
-        .collect();
+    let deletes = paths(&server, &Method::DELETE);
     assert_eq!(
         deletes,
         [format!(
@@ -780,9 +788,7 @@ async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_chan
     );
     put_repo_config(&server, "7", &["a.list", "b.list"]);
     let mut watched = Writer::<PartialObjectMeta<ConfigMap>>::default();
-    watched.apply_watcher_event(&watcher::Event::Init);
-    watched.apply_watcher_event(&watcher::Event::InitApply(config_map_meta("repos", "7")));
-    watched.apply_watcher_event(&watcher::Event::InitDone);
+    listed(&mut watched, [config_map_meta("repos", "7")]);
     let cache = Arc::new(ConfigMapCache::from_store(watched.as_reader()));
     let mut ctx = Arc::into_inner(cached_context(&server)).unwrap();
     ctx.caches.config_maps = Some(cache.clone());
@@ -990,11 +996,7 @@ fn store(
     objs: Vec<Meta>,
 ) -> (ApiResource, kube::runtime::reflector::Store<Meta>) {
     let mut w = Writer::<Meta>::new(ar.clone());
-    w.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        w.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    w.apply_watcher_event(&watcher::Event::InitDone);
+    listed(&mut w, objs);
     (ar.clone(), w.as_reader())
 }
 

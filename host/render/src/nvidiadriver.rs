@@ -95,14 +95,6 @@ pub enum NvidiaDriverError {
         #[source]
         source: PolicyError,
     },
-    /// kiln does not render this CR ([`unsupported`]).
-    #[error("NVIDIADriver {name}: {why}")]
-    Unsupported {
-        /// The CR.
-        name: String,
-        /// Why, naming the field.
-        why: &'static str,
-    },
     /// The driver state's chain failed.
     #[error("NVIDIADriver {name}: {source}")]
     Render {
@@ -140,7 +132,7 @@ pub fn derived_policy(
 
 /// Why kiln renders no driver for `spec`, naming the field; `None` when it can. One rule for
 /// the operator's NVIDIADriver controller (a `ReconcileFailed` status, nothing applied) and
-/// `kiln render --nvidia-driver` (exit 1):
+/// `kiln render --nvidia-driver` (exit 1), each checking it before [`render_pools`]:
 /// - `driverType: vgpu-host-manager`: not supported by kiln's NVIDIADriver controller (the
 ///   ClusterPolicy's `vgpuManager` runs the vGPU host driver);
 /// - `gds` or `gdrcopy` enabled with `usePrecompiled` (upstream refuses it too: precompiled
@@ -178,12 +170,6 @@ pub fn render_pools(
     pools: &[NodePool],
     base: &TransformContext,
 ) -> Result<Vec<(NodePool, Vec<Value>)>, NvidiaDriverError> {
-    if let Some(why) = unsupported(spec) {
-        return Err(NvidiaDriverError::Unsupported {
-            name: name.to_string(),
-            why,
-        });
-    }
     let mut out = Vec::with_capacity(pools.len());
     for pool in pools {
         let mut ctx = base.clone();

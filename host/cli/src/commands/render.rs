@@ -299,6 +299,9 @@ impl RenderArgs {
                 "warning: {file}: spec.{key} is not an NVIDIADriver field; it is ignored (the API server prunes it)"
             );
         }
+        if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
+            bail!("{file}: NVIDIADriver {}: {why}", cr.name);
+        }
         let mut node = cr.spec.effective_selector();
         node.insert(OS_ID_LABEL.into(), self.os.id.clone());
         node.insert(OS_VERSION_LABEL.into(), self.os.version_id.clone());
