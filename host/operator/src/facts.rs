@@ -43,8 +43,8 @@ pub fn gpu_node_os(gpu_nodes: &[&SlimNode]) -> Option<NodeOs> {
 
 /// The transform context for this reconcile: `base` with the runtime, and the GPU node OS when
 /// the nodes publish it (else `base`'s).
-pub fn transform_context(base: &TransformContext, nodes: &[SlimNode]) -> TransformContext {
-    let gpu: Vec<&SlimNode> = nodes.iter().filter(|n| n.is_gpu()).collect();
+pub fn transform_context(base: &TransformContext, nodes: &[&SlimNode]) -> TransformContext {
+    let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
     let mut ctx = base.clone();
     ctx.runtime = container_runtime(&gpu);
     if let Some(os) = gpu_node_os(&gpu) {
@@ -308,7 +308,7 @@ mod tests {
         let cpu = node(json!({}), "docker://27");
         assert_eq!(container_runtime(&[&a]), ContainerRuntime::Crio);
         assert_eq!(container_runtime(&[&a, &b]), ContainerRuntime::Containerd);
-        let ctx = transform_context(&TransformContext::default(), &[cpu, a]);
+        let ctx = transform_context(&TransformContext::default(), &[&cpu, &a]);
         assert_eq!(ctx.runtime, ContainerRuntime::Crio);
         assert_eq!(
             ctx.gpu_node_os,

@@ -8,7 +8,8 @@
 //!   (a node label change, a DaemonSet status change) reuses it and calls no plugin;
 //! - [`release_idle_memory`] drops the loaded plugins once a reconcile is done (they reload from
 //!   the precompiled disk cache, about 2 ms each, when inputs change) and returns freed heap
-//!   pages to the OS.
+//!   pages to the OS;
+//! - [`tune_malloc`] keeps glibc from holding on to the pages of big transient allocations.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -94,28 +95,41 @@ fn trim_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim_heap() {}
 
-/// Most glibc malloc arenas the operator uses ([`limit_malloc_arenas`]).
+/// Most glibc malloc arenas the operator uses ([`tune_malloc`]).
 pub const MALLOC_ARENAS: i32 = 2;
 
-/// Caps glibc's malloc arenas at [`MALLOC_ARENAS`] (glibc's default is eight per core, each
-/// keeping its own free memory); call before the runtime starts its threads. Same effect as
-/// `MALLOC_ARENA_MAX=2`, which still wins when set. Other C libraries: no-op.
+/// Allocations of at least this many bytes get pages of their own from glibc (`mmap`), which
+/// go back to the OS as soon as they are freed ([`tune_malloc`]): 256 KiB.
+pub const MALLOC_MMAP_THRESHOLD: i32 = 256 * 1024;
+
+/// Tunes glibc's allocator for a long-running process whose big allocations are transient (a
+/// page of a 5,000-node list, a render's JSON): caps the malloc arenas at [`MALLOC_ARENAS`]
+/// (glibc's default is eight per core, each keeping its own free memory) and fixes the mmap
+/// threshold at [`MALLOC_MMAP_THRESHOLD`]. glibc otherwise raises that threshold to the size of
+/// each big block freed (up to 32 MiB), after which such blocks are carved from the heap and
+/// their pages stay with the process until a `malloc_trim`; measured at 5,000 nodes, the heap
+/// held about 12 MiB while the process kept 23 MiB of anonymous memory. Call before the
+/// runtime starts its threads. `MALLOC_ARENA_MAX` and `MALLOC_MMAP_THRESHOLD_`, when set,
+/// still win. Other C libraries: no-op.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-pub fn limit_malloc_arenas() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
-    // SAFETY: mallopt takes two integers and changes an allocator setting; M_ARENA_MAX only
-    // limits how many arenas later threads may create.
+pub fn tune_malloc() {
+    // SAFETY: mallopt takes two integers and changes an allocator setting: M_ARENA_MAX only
+    // limits how many arenas later threads may create, M_MMAP_THRESHOLD which sizes are
+    // served by mmap from now on.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        }
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD);
+        }
     }
 }
 
 /// No-op off glibc.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn limit_malloc_arenas() {}
+pub fn tune_malloc() {}
 
 #[cfg(test)]
 mod tests {

@@ -317,14 +317,16 @@ pub async fn follow_nodes<S>(
 /// 5,000-node cluster labels every node; one at a time that took minutes).
 pub const LABEL_CONCURRENCY: usize = 16;
 
-/// Label every node per `policy` ([`LABEL_CONCURRENCY`] patches at a time); `nodes` are
-/// updated in place to what they now carry.
+/// Label every node per `policy` ([`LABEL_CONCURRENCY`] patches at a time); each node that was
+/// patched is replaced in `nodes` by a copy with the labels it now carries (the others stay the
+/// store's own: no node is copied that did not change, so a full reconcile of 5,000 nodes at rest
+/// copies none).
 ///
 /// # Errors
 /// [`Error::Kube`] naming the node when a patch fails (the other patches already sent stand).
 pub async fn label_nodes(
     client: &Client,
-    nodes: &mut [SlimNode],
+    nodes: &mut [Arc<SlimNode>],
     policy: &LabelPolicy,
 ) -> Result<NodeSummary> {
     use futures::{StreamExt, TryStreamExt};
@@ -351,7 +353,7 @@ pub async fn label_nodes(
         .await?;
     for (i, patch) in done {
         let node = &mut nodes[i];
-        *node = node.with_labels(&apply_patch(&node.labels().to_map(), &patch));
+        *node = Arc::new(node.with_labels(&apply_patch(&node.labels().to_map(), &patch)));
         summary.patched += 1;
     }
     for node in nodes.iter() {

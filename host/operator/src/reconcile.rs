@@ -141,7 +141,15 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
     {
         return judge_and_write(ctx, &policy, &last, &node_refs).await;
     }
-    full_reconcile(ctx, &policy, nodes).await
+    let result = full_reconcile(ctx, &policy, nodes).await;
+    // Once the whole reconcile is done (its renders, plan, applies and status are dropped by
+    // now, so the heap they used goes back to the OS with the plugins), on every path out.
+    let released = crate::memory::release_idle_memory(&ctx.renderer);
+    tracing::debug!(
+        plugins = released,
+        "released loaded plugins and free heap until the next render"
+    );
+    result
 }
 
 /// Whether an object kiln applied was deleted, or changed by someone else, since: the cache
@@ -188,14 +196,14 @@ async fn full_reconcile(
     tracing::info!(policy = %name, "full reconcile");
     let rules = LabelPolicy::from_spec(&parsed.spec);
     *ctx.caches.labels.lock().expect("labels lock") = Some(rules.clone());
-    // Labelling updates each node's labels in this copy (interned: a copy shares the text).
-    let mut nodes: Vec<SlimNode> = nodes.iter().map(|n| (**n).clone()).collect();
+    // Labelling replaces a node it patched with a copy carrying the new labels.
+    let mut nodes = nodes;
     let summary = label_nodes(&ctx.client, &mut nodes, &rules).await?;
     ctx.metrics.writes("label", summary.patched as u64);
-    let node_refs: Vec<&SlimNode> = nodes.iter().collect();
+    let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();
     let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
-    let mut tctx = facts::transform_context(&base, &nodes);
+    let mut tctx = facts::transform_context(&base, &node_refs);
     let config_maps = ctx.caches.config_maps.get().map(|c| &**c);
     facts::read_references(
         &ctx.client,
@@ -224,11 +232,6 @@ async fn full_reconcile(
         };
         renders.push((state, rendered, t0.elapsed()));
     }
-    let released = crate::memory::release_idle_memory(&ctx.renderer);
-    tracing::debug!(
-        plugins = released,
-        "released loaded plugins until the next render"
-    );
     let live = ctx.live().await?;
     if !live.ready(LIVE_READY_LIMIT).await {
         tracing::warn!(

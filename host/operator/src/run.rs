@@ -54,7 +54,7 @@ pub fn owning_policies(ds: DaemonSet) -> Vec<ObjectRef<ClusterPolicy>> {
 /// # Errors
 /// When the runtime cannot start its threads.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    crate::memory::limit_malloc_arenas();
+    crate::memory::tune_malloc();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .max_blocking_threads(MAX_BLOCKING_THREADS)

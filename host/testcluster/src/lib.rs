@@ -89,7 +89,13 @@ pub struct Options {
     pub gpus_per_node: u32,
     /// Cluster directory; a fresh one under the system temp dir when `None`.
     pub dir: Option<PathBuf>,
+    /// How long `testcluster up` waits for the apiserver and every node to be Ready
+    /// (`--timeout`). Default [`UP_TIMEOUT`]; a 5,000-node cluster on 2 cores can take longer.
+    pub up_timeout: Duration,
 }
+
+/// The default [`Options::up_timeout`]: 180 s (the Go binary's own default).
+pub const UP_TIMEOUT: Duration = Duration::from_secs(180);
 
 impl Default for Options {
     fn default() -> Self {
@@ -98,6 +104,7 @@ impl Default for Options {
             gpu_nodes: 5,
             gpus_per_node: 1,
             dir: None,
+            up_timeout: UP_TIMEOUT,
         }
     }
 }
@@ -155,6 +162,10 @@ impl TestCluster {
             .arg(format!("--nodes={}", cluster.options.nodes))
             .arg(format!("--gpu-nodes={}", cluster.options.gpu_nodes))
             .arg(format!("--gpus-per-node={}", cluster.options.gpus_per_node))
+            .arg(format!(
+                "--timeout={}s",
+                cluster.options.up_timeout.as_secs()
+            ))
             // The cluster goes away with this process even if Drop never runs
             // (a panic in a static initializer, a killed test binary).
             .arg(format!("--watch-pid={}", std::process::id()))

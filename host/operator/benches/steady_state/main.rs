@@ -9,6 +9,8 @@
 //! KILN_BENCH_SIZES=5000:5000 KILN_BENCH_POLICY_PATCH='{"spec":{…}}' …  # the sample, merge-patched
 //! KILN_BENCH_READY_S=900 …   # give up waiting for `ready` after 900 s (default 1200) and print
 //!                            # the operator's RSS, CPU and requests so far instead
+//! KILN_BENCH_UP_S=600 …      # wait up to 600 s for testcluster's nodes (default 180; 5,000
+//!                            # nodes came up in 160-180+ s on 2 cores)
 //! ```
 //!
 //! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
@@ -234,6 +236,7 @@ async fn measure(
         let c = TestCluster::start(Options {
             nodes,
             gpu_nodes,
+            up_timeout: Duration::from_secs(env_or("KILN_BENCH_UP_S", 180)),
             ..Options::default()
         })?;
         let log = c.enable_audit_log()?;
