@@ -89,8 +89,9 @@ pub struct Options {
     pub gpus_per_node: u32,
     /// Cluster directory; a fresh one under the system temp dir when `None`.
     pub dir: Option<PathBuf>,
-    /// How long `testcluster up` waits for the apiserver and every node to be Ready
-    /// (`--timeout`). Default [`UP_TIMEOUT`]; a 5,000-node cluster on 2 cores can take longer.
+    /// How long `testcluster up` waits (`--timeout`), once for the apiserver to be ready and
+    /// again for the nodes to be created and Ready. Default [`UP_TIMEOUT`]; a 5,000-node cluster
+    /// on 2 cores took 160 s to over 180 s.
     pub up_timeout: Duration,
 }
 
@@ -139,7 +140,8 @@ fn unique_dir() -> PathBuf {
 impl TestCluster {
     /// Starts a cluster and waits until the apiserver is ready and every node is Ready.
     ///
-    /// Blocks the calling thread (start-up takes a few seconds). Fails with a message
+    /// Blocks the calling thread (start-up takes a few seconds; minutes at thousands of nodes,
+    /// see [`Options::up_timeout`]). Fails with a message
     /// naming `testcluster/build.sh` when the binary has not been built, and with the
     /// component logs' tails when start-up fails.
     pub fn start(options: Options) -> anyhow::Result<Self> {
