@@ -171,7 +171,7 @@ async fn drifted(ctx: &Context) -> Result<bool> {
 async fn full_reconcile(
     ctx: &Context,
     policy: &Arc<DynamicObject>,
-    nodes: Vec<Arc<SlimNode>>,
+    mut nodes: Vec<Arc<SlimNode>>,
 ) -> Result<Action> {
     let name = policy.name_any();
     let raw = serde_json::to_value(&**policy).map_err(|e| Error::Json {
@@ -197,7 +197,6 @@ async fn full_reconcile(
     let rules = LabelPolicy::from_spec(&parsed.spec);
     *ctx.caches.labels.lock().expect("labels lock") = Some(rules.clone());
     // Labelling replaces a node it patched with a copy carrying the new labels.
-    let mut nodes = nodes;
     let summary = label_nodes(&ctx.client, &mut nodes, &rules).await?;
     ctx.metrics.writes("label", summary.patched as u64);
     let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();

@@ -236,7 +236,10 @@ async fn measure(
         let c = TestCluster::start(Options {
             nodes,
             gpu_nodes,
-            up_timeout: Duration::from_secs(env_or("KILN_BENCH_UP_S", 180)),
+            up_timeout: Duration::from_secs(env_or(
+                "KILN_BENCH_UP_S",
+                kiln_testcluster::UP_TIMEOUT.as_secs(),
+            )),
             ..Options::default()
         })?;
         let log = c.enable_audit_log()?;
