@@ -106,6 +106,11 @@ pub struct Caches {
     /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
     /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).
     pub config_maps: OnceLock<Arc<crate::facts::ConfigMapCache>>,
+    /// The NVIDIADriver CRs (the NVIDIADriver controller's store, shared with
+    /// [`crate::nvidiadriver::DriverCaches::drivers`] and set when that controller starts): a
+    /// policy that hands the driver off judges the CRs' readiness from it. Not set (no
+    /// NVIDIADriver CRD, tests): listed.
+    pub drivers: Arc<OnceLock<Store<kiln_core::spec::nvidiadriver::NVIDIADriver>>>,
 }
 
 /// One state as the last full reconcile left it.

@@ -22,8 +22,9 @@
 //! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
 //! [`policy_driver_result`].
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, future};
@@ -38,7 +39,6 @@ use kiln_core::spec::nvidiadriver::{
 use kiln_core::status::{ConditionSpec, StateResult, set_condition};
 use kiln_render::{Policy, Renderer};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
@@ -90,7 +90,17 @@ pub struct DriverContext {
     /// Each CR's last successful render (its desired objects, owners set) and the inputs it
     /// came from: a reconcile with the same inputs (a DaemonSet status event) calls no plugin.
     pub renders: crate::memory::RenderCache<String, Vec<Value>>,
+    /// Changes of a render input other than the CR itself seen so far
+    /// ([`DriverContext::inputs_changed`]).
+    changes: AtomicU64,
+    /// Per CR: the UID, generation and [`DriverContext::changes`] count its cached render was
+    /// made at; while all three hold, a reconcile reuses that render without reading its
+    /// inputs again (the `secretEnv` Secret GET included).
+    fresh: Mutex<HashMap<String, Fresh>>,
 }
+
+/// A CR's UID and generation and the input change count a render was made at.
+type Fresh = (String, Option<i64>, u64);
 
 /// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
 /// reconcile reads nothing from the API server however many nodes there are). A store not set
@@ -104,8 +114,9 @@ pub struct DriverCaches {
     pub nodes: Option<kube::runtime::reflector::Store<SlimNode>>,
     /// The ClusterPolicies (the policy controller's store).
     pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
-    /// Every NVIDIADriver: the controller's own store, set by [`run`].
-    pub drivers: std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>,
+    /// Every NVIDIADriver: the controller's own store, set by [`run`] (shared with the
+    /// ClusterPolicy reconciler's [`crate::context::Caches::drivers`]).
+    pub drivers: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>>,
     /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
     pub pods: Option<Arc<readiness::PodWatches>>,
     /// The CRs' DaemonSets (labelled [`NVIDIADRIVER_LABEL`], managed fields dropped): set by
@@ -161,7 +172,31 @@ impl DriverContext {
             upgrader: None,
             caches: DriverCaches::default(),
             renders: crate::memory::RenderCache::default(),
+            changes: AtomicU64::new(0),
+            fresh: Mutex::default(),
         }
+    }
+
+    /// Record that a render input other than a CR's own spec may have changed: a node pool,
+    /// the ClusterPolicy, a referenced ConfigMap, another CR deleted ([`run`] calls this for
+    /// each of its `cluster_changes` and each CR deletion before the reconciles they trigger).
+    /// Every CR then reads its inputs again on its next reconcile.
+    pub fn inputs_changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The count [`DriverContext::inputs_changed`] has reached.
+    fn changes_seen(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// Forget `cr`'s render (deleted, or its render failed).
+    fn forget(&self, cr: &str) {
+        self.renders.forget(&cr.to_string());
+        self.fresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(cr);
     }
 }
 
@@ -242,15 +277,18 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
     )
 }
 
-/// Run the NVIDIADriver controller until `shutdown`. Triggers: the CRs, a CR deleted, a change
-/// of the CRs' DaemonSets, and `cluster_changes` — the node watch's pool changes
+/// Run the NVIDIADriver controller until `shutdown`. Triggers: a CR changed (itself; a CR
+/// deleted, every other one: it can end an overlap), a change of one of the CRs' DaemonSets
+/// (the CR its [`NVIDIADRIVER_LABEL`] names, [`owner_of`]; every CR once their watch has
+/// listed), and `cluster_changes` — the node watch's pool changes
 /// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
-/// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each reconciles every CR (pools and overlaps depend on every node and CR; CRs
-/// are few, one per node pool, and a reconcile with unchanged inputs sends nothing).
-/// Every CR change (its status included) also wakes the ClusterPolicy reconciler through
-/// `wake`: the policy's readiness includes the CRs'. Two watches of NVIDIADrivers: the
-/// controller's, and one of their metadata for the wake-ups; one of the CRs' DaemonSets (by
-/// [`NVIDIADRIVER_LABEL`]), which fills [`DriverCaches::daemonsets`].
+/// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each
+/// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per
+/// node pool, and a reconcile with unchanged inputs sends nothing). Two watches: the CRs' (it
+/// fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes the
+/// ClusterPolicy reconciler through `wake`, since the policy's readiness includes the CRs',
+/// after the store holds the change), and the CRs' DaemonSets' (by [`NVIDIADRIVER_LABEL`],
+/// filling [`DriverCaches::daemonsets`]).
 pub async fn run(
     ctx: Arc<DriverContext>,
     wake: crate::live::Wake,
@@ -258,28 +296,31 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use kube::runtime::WatchStreamExt;
-    // A deleted CR can end an overlap: every other CR is judged again.
     let (deleted_tx, driver_deletes) = futures::channel::mpsc::unbounded();
+    let writer = reflector::store::Writer::<NVIDIADriver>::default();
+    let _ = ctx.caches.drivers.set(writer.as_reader());
     let memo = ctx.clone();
-    let to_policy = watcher(
-        Api::<PartialObjectMeta<NVIDIADriver>>::all(ctx.client.clone()),
+    let drivers = watcher(
+        Api::<NVIDIADriver>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
-    .for_each(move |ev| {
-        match ev {
-            Ok(watcher::Event::Apply(_)) => wake.reconcile(),
-            Ok(watcher::Event::Delete(m)) => {
-                memo.renders.forget(&m.name_any());
-                wake.reconcile();
-                let _ = deleted_tx.unbounded_send(());
-            }
-            _ => {}
+    // Managed fields are nothing kiln reads.
+    .modify(|d: &mut NVIDIADriver| d.metadata.managed_fields = None)
+    .reflect(writer)
+    .inspect(move |ev| match ev {
+        Ok(watcher::Event::Apply(_)) => wake.reconcile(),
+        Ok(watcher::Event::Delete(d)) => {
+            memo.forget(&d.name_any());
+            memo.inputs_changed();
+            wake.reconcile();
+            let _ = deleted_tx.unbounded_send(());
         }
-        future::ready(())
-    });
-    let to_policy = tokio::spawn(to_policy);
+        _ => {}
+    })
+    .applied_objects();
+    let store = ctx.caches.drivers.get().expect("set above").clone();
     let (ds_tx, ds_changes) = futures::channel::mpsc::unbounded();
+    let (listed_tx, ds_listed) = futures::channel::mpsc::unbounded();
     let writer = reflector::store::Writer::<DaemonSet>::default();
     let _ = ctx.caches.daemonsets.set(writer.as_reader());
     let ds_watch = watcher(
@@ -291,23 +332,28 @@ pub async fn run(
     .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
     let ds_watch = tokio::spawn(reflector::reflector(writer, ds_watch).for_each(move |ev| {
         match ev {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                let _ = ds_tx.unbounded_send(());
+            Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d)) => {
+                if let Some(cr) = owner_of(&d) {
+                    let _ = ds_tx.unbounded_send(cr);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let _ = listed_tx.unbounded_send(());
             }
             Err(e) => tracing::warn!(error = %e, "watch of NVIDIADriver DaemonSets"),
             Ok(_) => {}
         }
         future::ready(())
     }));
-    let drivers: Api<NVIDIADriver> = Api::all(ctx.client.clone());
-    let controller = Controller::new(drivers, watcher::Config::default());
-    let _ = ctx.caches.drivers.set(controller.store());
+    let counted = ctx.clone();
+    let cluster_changes = cluster_changes.inspect(move |()| counted.inputs_changed());
     let triggers = futures::stream::select(
         futures::stream::select(cluster_changes, driver_deletes),
-        ds_changes,
+        ds_listed,
     );
-    controller
+    Controller::for_stream(drivers, store)
         .reconcile_all_on(triggers)
+        .reconcile_on(ds_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -320,8 +366,15 @@ pub async fn run(
             future::ready(())
         })
         .await;
-    to_policy.abort();
     ds_watch.abort();
+}
+
+/// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
+/// every DaemonSet [`render`] produces); `None` without the label.
+pub fn owner_of(ds: &DaemonSet) -> Option<ObjectRef<NVIDIADriver>> {
+    ds.labels()
+        .get(NVIDIADRIVER_LABEL)
+        .map(|cr| ObjectRef::new(cr))
 }
 
 /// The controller's error policy: retry after 10 s.
@@ -371,6 +424,9 @@ async fn all_drivers(ctx: &DriverContext) -> Result<Vec<Arc<NVIDIADriver>>> {
 /// The verdict, and whether a driver upgrade of the CR's DaemonSets is under way.
 async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict, bool)> {
     let name = cr.name_any();
+    // Before any input is read: a change arriving after this makes the next reconcile read
+    // them again.
+    let seen = ctx.changes_seen();
     let policies = crate::context::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
     let Some(cp) = crate::context::active_of(&policies) else {
         return Ok(still(DriverVerdict::new(
@@ -424,7 +480,7 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     let cp_owner = cp
         .controller_owner_ref(&crate::status::policy_resource())
         .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
-    let desired = match render(cr, &policy, cp_owner.as_ref(), ctx, &nodes).await {
+    let desired = match render(cr, &policy, cp_owner.as_ref(), ctx, &nodes, seen).await {
         Ok(d) => d,
         Err(e) => {
             return Ok(still(DriverVerdict::new(
@@ -513,7 +569,12 @@ fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
 /// [`kiln_core::plan::Render::HandedOff`]; left out when `None`). `nodes` are the labels of
 /// every node. Reuses the CR's last render ([`DriverContext::renders`]) when every input
 /// (CR UID and spec, derived policy spec and driver chain, cluster facts and referenced
-/// objects, pools, policy owner) is unchanged: no plugin is called.
+/// objects, pools, policy owner) is unchanged: no plugin is called. While the CR's UID and
+/// generation and the input change count `seen` ([`DriverContext::inputs_changed`], read
+/// before `policy` and `nodes` were) are those of its last render, that render is reused
+/// without reading the inputs again (no `secretEnv` GET on a DaemonSet status event). After a
+/// render the loaded plugins are dropped and free heap returned
+/// ([`crate::memory::release_idle_memory`]).
 ///
 /// # Errors
 /// The render error's text (naming the CR and the plugin or field).
@@ -523,9 +584,20 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     cp_owner: Option<&Value>,
     ctx: &DriverContext,
     nodes: &[L],
+    seen: u64,
 ) -> std::result::Result<Vec<Value>, String> {
     let name = cr.name_any();
     let uid = cr.metadata.uid.clone().unwrap_or_default();
+    let fresh: Fresh = (uid.clone(), cr.metadata.generation, seen);
+    let known = ctx
+        .fresh
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&name)
+        == Some(&fresh);
+    if known && let Some(objects) = ctx.renders.last(&name) {
+        return Ok(objects);
+    }
     let derived = kiln_render::nvidiadriver::derived_policy(policy, &name, &cr.spec)
         .map_err(|e| e.to_string())?;
     let mut base = kiln_render::defaults::render_context();
@@ -551,7 +623,14 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
         derived.plugins.chain(State::Driver),
         cr.spec
     );
+    let remember = |ctx: &DriverContext| {
+        ctx.fresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone(), fresh.clone());
+    };
     if let Some(objects) = ctx.renders.get(&name, &inputs) {
+        remember(ctx);
         return Ok(objects);
     }
     let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
@@ -561,10 +640,14 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     })
     .await
     .map_err(|e| format!("render task: {e}"));
+    // Renders are rare (inputs changed): the plugins go until the next one, as after a
+    // ClusterPolicy's full reconcile ([`crate::memory::release_idle_memory`]).
+    let released = crate::memory::release_idle_memory(&ctx.renderer);
+    tracing::debug!(nvidiadriver = %name, plugins = released, "released loaded plugins and free heap");
     let rendered = match rendered.and_then(|r| r) {
         Ok(r) => r,
         Err(e) => {
-            ctx.renders.forget(&name);
+            ctx.forget(&name);
             return Err(e);
         }
     };
@@ -583,7 +666,8 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
             }
         }
     }
-    ctx.renders.put(name, inputs, out.clone());
+    ctx.renders.put(name.clone(), inputs, out.clone());
+    remember(ctx);
     Ok(out)
 }
 
@@ -688,12 +772,19 @@ pub async fn orphan(client: &Client, keys: &[ObjectKey]) -> Result<u64> {
 /// The ClusterPolicy's `driver` state result while it hands the driver to NVIDIADriver CRs:
 /// ready when every NVIDIADriver is `ready`; not ready naming each one that is not (or when
 /// none exists: no driver would run). A CR whose status was not yet written counts as not
-/// ready. Without the CRD served, not ready saying so.
+/// ready. The CRs come from `store` (the NVIDIADriver controller's, [`DriverCaches::drivers`]:
+/// no request) when set, else they are listed; without the CRD served, not ready saying so.
 ///
 /// # Errors
 /// [`Error::Kube`] when listing the CRs fails for another reason than the kind not being
 /// served.
-pub async fn policy_driver_result(client: &Client) -> Result<StateResult> {
+pub async fn policy_driver_result(
+    client: &Client,
+    store: Option<&Store<NVIDIADriver>>,
+) -> Result<StateResult> {
+    if let Some(store) = store {
+        return Ok(driver_result(store.state().iter().map(|d| &**d)));
+    }
     let list = match Api::<NVIDIADriver>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -709,8 +800,9 @@ pub async fn policy_driver_result(client: &Client) -> Result<StateResult> {
     Ok(driver_result(&list))
 }
 
-/// [`policy_driver_result`] over the listed CRs.
-pub fn driver_result(drivers: &[NVIDIADriver]) -> StateResult {
+/// [`policy_driver_result`] over the CRs.
+pub fn driver_result<'a>(drivers: impl IntoIterator<Item = &'a NVIDIADriver>) -> StateResult {
+    let drivers: Vec<&NVIDIADriver> = drivers.into_iter().collect();
     if drivers.is_empty() {
         return StateResult::NotReady(
             "driver.useNvidiaDriverCRD is set but no NVIDIADriver exists".into(),
@@ -771,9 +863,17 @@ mod tests {
     }
 
     #[test]
+    fn a_daemonset_event_wakes_the_nvidiadriver_its_label_names() {
+        let mut ds = DaemonSet::default();
+        assert_eq!(owner_of(&ds), None);
+        ds.metadata.labels = Some([(NVIDIADRIVER_LABEL.to_string(), "pool-a".into())].into());
+        assert_eq!(owner_of(&ds), Some(ObjectRef::new("pool-a")));
+    }
+
+    #[test]
     fn policy_readiness_follows_every_nvidiadriver() {
         assert!(
-            matches!(driver_result(&[]), StateResult::NotReady(m) if m.contains("no NVIDIADriver"))
+            matches!(driver_result(std::iter::empty()), StateResult::NotReady(m) if m.contains("no NVIDIADriver"))
         );
         let ready = cr("a", Some(NvidiaDriverState::Ready), "");
         assert_eq!(

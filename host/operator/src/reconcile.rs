@@ -325,7 +325,10 @@ async fn judge_and_write(
     for (state, kept) in &last.states {
         let result = match kept {
             Kept::Disabled => StateResult::Disabled,
-            Kept::HandedOff => crate::nvidiadriver::policy_driver_result(&ctx.client).await?,
+            Kept::HandedOff => {
+                crate::nvidiadriver::policy_driver_result(&ctx.client, ctx.caches.drivers.get())
+                    .await?
+            }
             Kept::Failed(e) => StateResult::Failed(e.clone()),
             Kept::Applied(daemonsets) => {
                 let mut not_ready = Vec::new();

@@ -1,7 +1,8 @@
 //! Wiring: metrics server, leader election, and the kube-runtime Controller.
 //!
 //! Triggers (no fixed polling at steady state), all read from reflector stores:
-//! - the ClusterPolicy itself (any change; [`Controller::store`] is the policy cache);
+//! - the ClusterPolicy itself (any change; one watch fills the policy cache the controller and
+//!   the NVIDIADriver reconciler read, [`crate::context::Caches::policies`]);
 //! - labelled objects ([`crate::live`]): a DaemonSet status change re-judges readiness from the
 //!   cache; an object deleted behind kiln's back is re-applied;
 //! - node changes of what the operator reads ([`crate::nodes::watch_nodes`]: a new GPU node,
@@ -203,37 +204,40 @@ pub async fn run_until(
         node_writer,
     ));
 
+    // One watch of the ClusterPolicies: it fills the controller's store (the policy cache) and
+    // reports what the controller does not: a deleted policy makes every other one judged
+    // again (the next oldest becomes active), and any policy change re-judges every
+    // NVIDIADriver (it renders with the policy). The reflector writes an event to the store
+    // before it passes it on, so whoever a change wakes reads the store with that change.
     let ar = crate::status::policy_resource();
-    let policies: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let controller = Controller::new_with(policies.clone(), watcher::Config::default(), ar);
-    ctx.caches.set_policies(controller.store());
-    // One metadata watch of the ClusterPolicies beside the controller's (which reports no
-    // deletions): a deleted policy makes every other one judged again (the next oldest becomes
-    // active); any policy change re-judges every NVIDIADriver (it renders with the policy).
     let (deleted_tx, policy_deletes) = futures::channel::mpsc::unbounded();
     let (changed_tx, policy_changes) = futures::channel::mpsc::unbounded();
-    {
+    let controller = {
         use kube::runtime::WatchStreamExt;
-        let meta = Api::<kube::core::PartialObjectMeta<ClusterPolicy>>::all(client.clone());
-        tokio::spawn(
-            watcher(meta, watcher::Config::default())
-                .default_backoff()
-                .for_each(move |ev| {
-                    // A closed channel: that controller is not running (no NVIDIADriver CRD).
-                    match ev {
-                        Ok(watcher::Event::Delete(_)) => {
-                            let _ = deleted_tx.unbounded_send(());
-                            let _ = changed_tx.unbounded_send(());
-                        }
-                        Ok(watcher::Event::Apply(_)) => {
-                            let _ = changed_tx.unbounded_send(());
-                        }
-                        _ => {}
-                    }
-                    future::ready(())
-                }),
-        );
-    }
+        let writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        let store = writer.as_reader();
+        ctx.caches.set_policies(store.clone());
+        let policies = watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &ar),
+            watcher::Config::default(),
+        )
+        .reflect(writer)
+        .inspect(move |ev| {
+            // A closed channel: that controller is not running (no NVIDIADriver CRD).
+            match ev {
+                Ok(watcher::Event::Delete(_)) => {
+                    let _ = deleted_tx.unbounded_send(());
+                    let _ = changed_tx.unbounded_send(());
+                }
+                Ok(watcher::Event::Apply(_)) => {
+                    let _ = changed_tx.unbounded_send(());
+                }
+                _ => {}
+            }
+        })
+        .applied_objects();
+        Controller::for_stream_with(policies, store, ar)
+    };
     // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::upgrade`]), reading the
     // reconciler's caches.
     let upgrader = crate::upgrade::Upgrader::start(
@@ -274,6 +278,7 @@ pub async fn run_until(
             pods: ctx.caches.pods.get().cloned(),
             config_maps: ctx.caches.config_maps.get().cloned(),
             live: Some(ctx.shared_live().await?.clone()),
+            drivers: ctx.caches.drivers.clone(),
             ..Default::default()
         };
         tokio::spawn(crate::nvidiadriver::run(

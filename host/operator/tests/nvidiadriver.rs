@@ -9,8 +9,10 @@
 //! - with the operator's caches wired, a reconcile reads no node, ClusterPolicy or
 //!   NVIDIADriver from the API server;
 //! - woken again with nothing changed (a DaemonSet status event), a reconcile sends no request
-//!   and calls no plugin; a drifted DaemonSet alone is applied again; a pool's stale DaemonSet
+//!   (not the `secretEnv` Secret's GET either) and calls no plugin, and a render drops the
+//!   plugins it loaded; a drifted DaemonSet alone is applied again; a pool's stale DaemonSet
 //!   is found in the cache and deleted without a LIST;
+//! - a handed-off ClusterPolicy judges the CRs' readiness from their store, with no LIST;
 //! - a referenced ConfigMap (`repoConfig`) is read once, again only when its metadata watch
 //!   shows a new `resourceVersion`, and not at all when the watch shows it gone;
 //! - the ClusterPolicy, once it hands the driver off, deletes its driver DaemonSet with
@@ -631,14 +633,27 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
     let server = server_with(
         &[
             handed_off(),
-            driver("pool-a", json!({"nodeSelector": {"pool": "a"}})),
+            driver(
+                "pool-a",
+                json!({"nodeSelector": {"pool": "a"}, "secretEnv": "driver-env"}),
+            ),
         ],
         &[("a", 2)],
+    );
+    let secret = format!("/api/v1/namespaces/{NS}/secrets/driver-env");
+    server.lock().unwrap().objects.insert(
+        secret.clone(),
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "driver-env", "namespace": NS}}),
     );
     let (mut fed, ctx) = Fed::wired(&server);
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
+    assert!(
+        paths(&server, &Method::GET).contains(&secret),
+        "the render read the secretEnv Secret"
+    );
     let first = calls(&server, &Method::PATCH);
     let applied: Vec<&str> = first
         .iter()
@@ -658,20 +673,29 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
         ],
         "the first reconcile applies the state"
     );
+    // The render dropped the plugins it loaded (they reload from the disk cache next time).
+    let host = ctx.renderer.host();
+    assert!(host.has_disk_cache());
+    assert!(host.calls() > 0, "the first reconcile rendered");
+    assert_eq!(host.loaded_plugins(), Vec::<String>::new());
     // The watches catch up; the CR comes back with its status (as the controller's store
-    // hands it over); the plugins are dropped, as the operator does between reconciles.
+    // hands it over).
     fed.sync(&server);
-    ctx.renderer.host().release_loaded();
     clear_calls(&server);
+    let rendered = host.calls();
     // A DaemonSet status event, say: the same inputs, the same live objects.
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
-    assert_eq!(all_calls(&server), Vec::<String>::new(), "no request");
     assert_eq!(
-        ctx.renderer.host().loaded_plugins(),
+        all_calls(&server),
         Vec::<String>::new(),
-        "the render was reused: no plugin loaded or called"
+        "no request (not even the Secret's GET)"
+    );
+    assert_eq!(
+        host.calls(),
+        rendered,
+        "the render was reused: no plugin called"
     );
     // Someone edits the DaemonSet (its generation moves): it is applied again, alone.
     {
@@ -707,6 +731,8 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
     }
     let mut ctx = Arc::into_inner(ctx).unwrap();
     ctx.caches.nodes = Some(filled::<SlimNode>(&server, "/api/v1/nodes/", ()));
+    // As the node watch's pool signal does.
+    ctx.inputs_changed();
     reconcile(typed_driver(&server, "pool-a"), Arc::new(ctx))
         .await
         .unwrap();
@@ -718,8 +744,10 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
         )],
         "the stale DaemonSet, without a LIST"
     );
-    assert!(
-        !all_calls(&server).iter().any(|c| c.starts_with("GET ")),
+    // The pools changed, so the inputs are read again: the Secret's GET, and nothing listed.
+    assert_eq!(
+        paths(&server, &Method::GET),
+        [secret],
         "{:?}",
         all_calls(&server)
     );
@@ -815,6 +843,8 @@ async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_chan
     // A key is added: the watch shows a new resourceVersion, so it is read again.
     put_repo_config(&server, "8", &["a.list", "b.list", "c.list"]);
     watched.apply_watcher_event(&watcher::Event::Apply(config_map_meta("repos", "8")));
+    // As the watch's change callback does (the ConfigMap is wanted).
+    ctx.inputs_changed();
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
@@ -822,6 +852,7 @@ async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_chan
     assert_eq!(repo_mounts(&server), ["a.list", "b.list", "c.list"]);
     // Deleted: the watch no longer lists it, so nothing is read and the CR fails naming it.
     watched.apply_watcher_event(&watcher::Event::Delete(config_map_meta("repos", "8")));
+    ctx.inputs_changed();
     clear_calls(&server);
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
@@ -1000,8 +1031,10 @@ fn store(
     (ar.clone(), w.as_reader())
 }
 
-#[tokio::test]
-async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
+/// A full reconcile of the handed-off policy against a server holding the policy, the CR
+/// `pool-a` (no status) and what the policy's own driver state left there; `drivers`, when
+/// given, is the NVIDIADriver store the policy reads the CRs' readiness from.
+async fn reconcile_handed_off(drivers: Option<Store<NVIDIADriver>>) -> Arc<Mutex<Server>> {
     let cp = handed_off();
     let server = server_with(
         &[
@@ -1055,10 +1088,25 @@ async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
         "v1.36.0".into(),
     );
     assert!(ctx.set_live(live));
+    if let Some(store) = drivers {
+        assert!(ctx.caches.drivers.set(store).is_ok());
+    }
     let typed: Arc<kube::api::DynamicObject> = Arc::new(serde_json::from_value(cp).unwrap());
     kiln_operator::reconcile::reconcile(typed, Arc::new(ctx))
         .await
         .unwrap();
+    server
+}
+
+/// The policy's status (`status` of `cluster-policy` on `server`).
+fn policy_status(server: &Arc<Mutex<Server>>) -> Value {
+    server.lock().unwrap().objects["/apis/nvidia.com/v1/clusterpolicies/cluster-policy"]["status"]
+        .clone()
+}
+
+#[tokio::test]
+async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
+    let server = reconcile_handed_off(None).await;
     let deletes: Vec<Call> = calls(&server, &Method::DELETE)
         .into_iter()
         .filter(|c| c.path.contains("nvidia-driver"))
@@ -1086,11 +1134,41 @@ async fn switching_use_nvidia_driver_crd_on_orphans_the_policys_driver_pods() {
             .any(|c| c.path.ends_with("/daemonsets/nvidia-driver-daemonset"))
     );
     // The policy's readiness is the NVIDIADriver's (no status yet: not ready).
-    let s = server.lock().unwrap();
-    let st = &s.objects["/apis/nvidia.com/v1/clusterpolicies/cluster-policy"]["status"];
+    let st = policy_status(&server);
     assert_eq!(st["state"], "notReady", "{st}");
     assert!(
         st.to_string().contains("NVIDIADriver pool-a: notReady"),
+        "{st}"
+    );
+}
+
+/// With the NVIDIADriver controller's store wired (as `run` does), a handed-off policy judges
+/// the CRs from it: no LIST of NVIDIADrivers on any reconcile (a DaemonSet status event of a
+/// rollout re-judges the policy's readiness), and what the store holds is what counts.
+#[tokio::test]
+async fn a_handed_off_policy_reads_the_crs_readiness_from_their_store() {
+    let mut ready = driver("pool-a", json!({"nodeSelector": {"pool": "a"}}));
+    ready["status"] = json!({"state": "ready", "conditions": []});
+    let mut waiting = driver("pool-b", json!({"nodeSelector": {"pool": "b"}}));
+    waiting["status"] = json!({"state": "notReady", "conditions": [{"type": "Error",
+        "status": "True", "reason": "DriverNotReady", "message": "2 of 3 pods ready",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+    let mut w = Writer::<NVIDIADriver>::default();
+    listed(
+        &mut w,
+        [ready, waiting].map(|d| serde_json::from_value(d).unwrap()),
+    );
+    let server = reconcile_handed_off(Some(w.as_reader())).await;
+    let lists: Vec<String> = all_calls(&server)
+        .into_iter()
+        .filter(|c| c.contains("nvidiadrivers"))
+        .collect();
+    assert_eq!(lists, Vec::<String>::new(), "no NVIDIADriver request");
+    let st = policy_status(&server).to_string();
+    // pool-a is ready in the store (the server's copy has no status), pool-b is not.
+    assert!(!st.contains("NVIDIADriver pool-a"), "{st}");
+    assert!(
+        st.contains("NVIDIADriver pool-b: notReady (2 of 3 pods ready)"),
         "{st}"
     );
 }

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use kiln_core::context::TransformContext;
@@ -123,6 +124,8 @@ pub struct PluginHost {
     /// (and so never pages in) its embedded bytes.
     bundled_digests: HashMap<String, String>,
     plugins: RwLock<HashMap<String, Arc<LoadedPlugin>>>,
+    /// Plugin calls run so far ([`PluginHost::calls`]).
+    calls: AtomicU64,
     _ticker: EpochTicker,
 }
 
@@ -147,6 +150,7 @@ impl PluginHost {
             linker,
             cache,
             plugins: RwLock::default(),
+            calls: AtomicU64::new(0),
             _ticker,
         })
     }
@@ -283,6 +287,12 @@ impl PluginHost {
         names
     }
 
+    /// How many plugin calls this host has run (each sandboxed call of one plugin, failed ones
+    /// included): a caller that reuses a render instead of rendering again shows it here.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
     /// Drops every loaded plugin (compiled code, linked instances) so their memory — the
     /// mapped precompiled artifacts and Wasmtime's per-module metadata — goes back to the OS;
     /// the next call of a plugin loads it again from the disk cache (about 2 ms each, no
@@ -367,6 +377,7 @@ impl PluginHost {
         spec: &str,
         ctx: &TransformContext,
     ) -> Result<(Vec<Option<Value>>, PluginLog), PluginError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let serialized: Vec<String>;
         let texts = match texts {
             Some(t) => t,
