@@ -178,8 +178,9 @@ impl DriverContext {
     }
 
     /// Record that a render input other than a CR's own spec may have changed: a node pool,
-    /// the ClusterPolicy, a referenced ConfigMap, another CR deleted ([`run`] calls this for
-    /// each of its `cluster_changes` and each CR deletion before the reconciles they trigger).
+    /// the ClusterPolicy (any change of it, its status included, and each re-list), a
+    /// referenced ConfigMap ([`run`] calls this for each of its `cluster_changes`, and for each
+    /// CR deletion, before the reconciles they trigger).
     /// Every CR then reads its inputs again on its next reconcile.
     pub fn inputs_changed(&self) {
         self.changes.fetch_add(1, Ordering::SeqCst);
@@ -308,7 +309,8 @@ pub async fn run(
     .modify(|d: &mut NVIDIADriver| d.metadata.managed_fields = None)
     .reflect(writer)
     .inspect(move |ev| match ev {
-        Ok(watcher::Event::Apply(_)) => wake.reconcile(),
+        // A listed store (at start, after a watch gap) may change the policy's verdict too.
+        Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => wake.reconcile(),
         Ok(watcher::Event::Delete(d)) => {
             memo.forget(&d.name_any());
             memo.inputs_changed();
@@ -782,7 +784,10 @@ pub async fn policy_driver_result(
     client: &Client,
     store: Option<&Store<NVIDIADriver>>,
 ) -> Result<StateResult> {
-    if let Some(store) = store {
+    // Only a store that has listed: before that it would say no CR exists.
+    if let Some(store) = store
+        && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+    {
         return Ok(driver_result(store.state().iter().map(|d| &**d)));
     }
     let list = match Api::<NVIDIADriver>::all(client.clone())

@@ -229,7 +229,8 @@ pub async fn run_until(
                     let _ = deleted_tx.unbounded_send(());
                     let _ = changed_tx.unbounded_send(());
                 }
-                Ok(watcher::Event::Apply(_)) => {
+                // A re-list (after a watch gap) may hold changes no Apply reported.
+                Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
                     let _ = changed_tx.unbounded_send(());
                 }
                 _ => {}
