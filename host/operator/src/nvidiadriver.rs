@@ -22,9 +22,9 @@
 //! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
 //! [`policy_driver_result`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, future};
@@ -87,20 +87,19 @@ pub struct DriverContext {
     pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
     /// What a reconcile reads instead of the API server.
     pub caches: DriverCaches,
-    /// Each CR's last successful render (its desired objects, owners set) and the inputs it
-    /// came from: a reconcile with the same inputs (a DaemonSet status event) calls no plugin.
-    pub renders: crate::memory::RenderCache<String, Vec<Value>>,
+    /// Each CR's last successful render (its desired objects, owners set), the inputs it came
+    /// from and the [`Fresh`] it was last confirmed at: a reconcile with the same inputs (a
+    /// DaemonSet status event) calls no plugin, and one at the same [`Fresh`] reads no input.
+    pub renders: crate::memory::RenderCache<String, (Fresh, Vec<Value>)>,
     /// Changes of a render input other than the CR itself seen so far
     /// ([`DriverContext::inputs_changed`]).
     changes: AtomicU64,
-    /// Per CR: the UID, generation and [`DriverContext::changes`] count its cached render was
-    /// made at; while all three hold, a reconcile reuses that render without reading its
-    /// inputs again (the `secretEnv` Secret GET included).
-    fresh: Mutex<HashMap<String, Fresh>>,
 }
 
-/// A CR's UID and generation and the input change count a render was made at.
-type Fresh = (String, Option<i64>, u64);
+/// A CR's UID and generation and the input change count a render was made at: while all
+/// three hold, a reconcile reuses that render without reading its inputs again (the
+/// `secretEnv` Secret GET included).
+pub type Fresh = (String, Option<i64>, u64);
 
 /// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
 /// reconcile reads nothing from the API server however many nodes there are). A store not set
@@ -173,7 +172,6 @@ impl DriverContext {
             caches: DriverCaches::default(),
             renders: crate::memory::RenderCache::default(),
             changes: AtomicU64::new(0),
-            fresh: Mutex::default(),
         }
     }
 
@@ -189,15 +187,6 @@ impl DriverContext {
     /// The count [`DriverContext::inputs_changed`] has reached.
     fn changes_seen(&self) -> u64 {
         self.changes.load(Ordering::SeqCst)
-    }
-
-    /// Forget `cr`'s render (deleted, or its render failed).
-    fn forget(&self, cr: &str) {
-        self.renders.forget(&cr.to_string());
-        self.fresh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(cr);
     }
 }
 
@@ -312,7 +301,7 @@ pub async fn run(
         // A listed store (at start, after a watch gap) may change the policy's verdict too.
         Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => wake.reconcile(),
         Ok(watcher::Event::Delete(d)) => {
-            memo.forget(&d.name_any());
+            memo.renders.forget(&d.name_any());
             memo.inputs_changed();
             wake.reconcile();
             let _ = deleted_tx.unbounded_send(());
@@ -408,15 +397,23 @@ pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result
     })
 }
 
-/// Every NVIDIADriver: the controller's store once [`run`] set it, else listed.
-async fn all_drivers(ctx: &DriverContext) -> Result<Vec<Arc<NVIDIADriver>>> {
-    if let Some(store) = ctx.caches.drivers.get() {
+/// Every NVIDIADriver: from `store` (the controller's, [`DriverCaches::drivers`]) once it has
+/// listed — before that it would show none — else listed. Used by both reconcilers.
+///
+/// # Errors
+/// The listing's error (no listed store only).
+async fn drivers_from(
+    store: Option<&Store<NVIDIADriver>>,
+    client: &Client,
+) -> kube::Result<Vec<Arc<NVIDIADriver>>> {
+    if let Some(store) = store
+        && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+    {
         return Ok(store.state());
     }
-    Ok(Api::<NVIDIADriver>::all(ctx.client.clone())
+    Ok(Api::<NVIDIADriver>::all(client.clone())
         .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list nvidiadrivers", e))?
+        .await?
         .items
         .into_iter()
         .map(Arc::new)
@@ -468,7 +465,9 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     }
     let nodes = crate::context::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
     let nodes: Vec<&NodeLabels> = nodes.iter().map(|n| n.labels()).collect();
-    let all = all_drivers(ctx).await?;
+    let all = drivers_from(ctx.caches.drivers.get(), &ctx.client)
+        .await
+        .map_err(|e| Error::kube("list nvidiadrivers", e))?;
     let specs: Vec<(String, &NvidiaDriverSpec)> =
         all.iter().map(|d| (d.name_any(), &d.spec)).collect();
     if let Some(others) = overlaps(&specs, nodes.iter().copied()).get(&name) {
@@ -591,13 +590,9 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     let name = cr.name_any();
     let uid = cr.metadata.uid.clone().unwrap_or_default();
     let fresh: Fresh = (uid.clone(), cr.metadata.generation, seen);
-    let known = ctx
-        .fresh
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&name)
-        == Some(&fresh);
-    if known && let Some(objects) = ctx.renders.last(&name) {
+    if let Some((at, objects)) = ctx.renders.last(&name)
+        && at == fresh
+    {
         return Ok(objects);
     }
     let derived = kiln_render::nvidiadriver::derived_policy(policy, &name, &cr.spec)
@@ -625,14 +620,9 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
         derived.plugins.chain(State::Driver),
         cr.spec
     );
-    let remember = |ctx: &DriverContext| {
-        ctx.fresh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone(), fresh.clone());
-    };
-    if let Some(objects) = ctx.renders.get(&name, &inputs) {
-        remember(ctx);
+    if let Some((_, objects)) = ctx.renders.get(&name, &inputs) {
+        ctx.renders
+            .put(name.clone(), inputs, (fresh, objects.clone()));
         return Ok(objects);
     }
     let (renderer, spec, n) = (ctx.renderer.clone(), cr.spec.clone(), name.clone());
@@ -649,7 +639,7 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     let rendered = match rendered.and_then(|r| r) {
         Ok(r) => r,
         Err(e) => {
-            ctx.forget(&name);
+            ctx.renders.forget(&name);
             return Err(e);
         }
     };
@@ -668,8 +658,7 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
             }
         }
     }
-    ctx.renders.put(name.clone(), inputs, out.clone());
-    remember(ctx);
+    ctx.renders.put(name, inputs, (fresh, out.clone()));
     Ok(out)
 }
 
@@ -784,17 +773,8 @@ pub async fn policy_driver_result(
     client: &Client,
     store: Option<&Store<NVIDIADriver>>,
 ) -> Result<StateResult> {
-    // Only a store that has listed: before that it would say no CR exists.
-    if let Some(store) = store
-        && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
-    {
-        return Ok(driver_result(store.state().iter().map(|d| &**d)));
-    }
-    let list = match Api::<NVIDIADriver>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(l) => l.items,
+    let list = match drivers_from(store, client).await {
+        Ok(l) => l,
         Err(e) if is_not_found(&e) => {
             return Ok(StateResult::NotReady(
                 "driver.useNvidiaDriverCRD is set but the NVIDIADriver CRD is not installed".into(),
@@ -802,7 +782,7 @@ pub async fn policy_driver_result(
         }
         Err(e) => return Err(Error::kube("list nvidiadrivers", e)),
     };
-    Ok(driver_result(&list))
+    Ok(driver_result(list.iter().map(|d| &**d)))
 }
 
 /// [`policy_driver_result`] over the CRs.
