@@ -321,6 +321,7 @@ impl Context {
                     &self.applier,
                     &self.config.namespace,
                     &self.caches.wake,
+                    self.caches.config_maps.get().map(|c| c.store()),
                 )
                 .await
                 .map(Arc::new)

@@ -132,6 +132,12 @@ impl ConfigMapCache {
         }
     }
 
+    /// The ConfigMaps' metadata as the watch holds them (the labelled-object cache's
+    /// ConfigMaps: [`crate::live::LiveCache::with_config_maps`]).
+    pub fn store(&self) -> Store<PartialObjectMeta<ConfigMap>> {
+        self.store.clone()
+    }
+
     /// Wait until the watch has listed the namespace once.
     pub async fn ready(&self) {
         let _ = self.store.wait_until_ready().await;
@@ -156,12 +162,16 @@ impl ConfigMapCache {
 
     /// Start the metadata watch of `namespace`'s ConfigMaps (a task on the current runtime,
     /// retrying with kube-runtime's default backoff); `on_change` runs when a wanted one
-    /// ([`ConfigMapCache::wanted`]) is added, changed or deleted. The operator's Role already
-    /// lists and watches ConfigMaps there (the operand Roles grant it).
+    /// ([`ConfigMapCache::wanted`]) is added, changed or deleted. The same watch serves the
+    /// ConfigMaps kiln applied ([`crate::live::LiveCache::with_config_maps`]): their events
+    /// wake `wake` as a watch of the labelled ones would ([`crate::live::LabelledEvents`]).
+    /// The operator's Role already lists and watches ConfigMaps there (the operand Roles grant
+    /// it).
     pub fn start(
         client: &kube::Client,
         namespace: &str,
         on_change: impl Fn() + Send + 'static,
+        wake: &crate::live::Wake,
     ) -> Self {
         use futures::StreamExt;
         use kube::runtime::WatchStreamExt;
@@ -172,7 +182,14 @@ impl ConfigMapCache {
         let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
         let cache = Self::from_store(store);
         let wanted = cache.wanted.clone();
+        let mut labelled = crate::live::LabelledEvents::new(
+            kube::api::ApiResource::erase::<ConfigMap>(&()),
+            wake.clone(),
+        );
         tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+            if let Ok(ev) = &ev {
+                labelled.observe(ev);
+            }
             match ev {
                 Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => {
                     let name = m.metadata.name.unwrap_or_default();

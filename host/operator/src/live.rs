@@ -7,6 +7,7 @@
 //! ```text
 //! metadata watch ?labelSelector=kiln.dev/state ─► Store (per kind) ─► LiveCache::objects
 //! DaemonSet watch (full objects: readiness reads their status) ─► LiveCache::daemonset
+//! ConfigMaps: the ConfigMap cache's metadata watch of the namespace (all of them), labelled ones
 //! every event ─► Wake::reconcile (a delete also marks the object gone: Wake::gone)
 //! ```
 //!
@@ -21,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kiln_core::State;
 use kiln_core::plan::{LiveObject, ObjectKey, STATE_LABEL};
 use kube::Client;
@@ -122,11 +124,72 @@ impl Wake {
 }
 
 /// One store per watched kind, with the kind it holds (a metadata watch reports every object
-/// as `PartialObjectMetadata`, so the kind comes from here), and the DaemonSets as full objects.
+/// as `PartialObjectMetadata`, so the kind comes from here), the DaemonSets as full objects,
+/// and the ConfigMaps from the [`crate::facts::ConfigMapCache`]'s watch of every ConfigMap of
+/// the namespace, of which only the labelled ones count.
 pub struct LiveCache {
     stores: Vec<(ApiResource, Store<Meta>)>,
     daemonsets: Option<Store<DaemonSet>>,
+    config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
     waited: std::sync::atomic::AtomicBool,
+}
+
+/// Whether `meta` carries [`STATE_LABEL`] (kiln applied it).
+fn labelled(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(STATE_LABEL))
+}
+
+/// The wake-ups of an unfiltered watch of one kind, as a watch selected by [`STATE_LABEL`]
+/// would give them: an event of a labelled object reconciles; a labelled object deleted, or
+/// losing the label, is [`Wake::gone`] (re-applied); unlabelled objects wake nothing. Used by
+/// the ConfigMap cache's watch, which the labelled ConfigMaps share.
+pub struct LabelledEvents {
+    ar: ApiResource,
+    wake: Wake,
+    /// The labelled objects the watch has shown, by (namespace, name).
+    seen: HashSet<(Option<String>, String)>,
+}
+
+impl LabelledEvents {
+    /// Wake-ups for the watch of kind `ar` through `wake`.
+    pub fn new(ar: ApiResource, wake: Wake) -> Self {
+        LabelledEvents {
+            ar,
+            wake,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Wake for `ev` as described above.
+    pub fn observe<K: kube::Resource>(&mut self, ev: &watcher::Event<K>) {
+        let id = |o: &K| {
+            (
+                o.meta().namespace.clone(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        match ev {
+            watcher::Event::Init => self.seen.clear(),
+            watcher::Event::InitApply(o) => {
+                if labelled(o.meta()) {
+                    self.seen.insert(id(o));
+                }
+            }
+            watcher::Event::Apply(o) if labelled(o.meta()) => {
+                self.seen.insert(id(o));
+                self.wake.reconcile();
+            }
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                if self.seen.remove(&id(o)) {
+                    self.wake.gone(live_object_of(&self.ar, o.meta()).key);
+                    self.wake.reconcile();
+                }
+            }
+            watcher::Event::InitDone => {}
+        }
+    }
 }
 
 impl LiveCache {
@@ -135,8 +198,17 @@ impl LiveCache {
         LiveCache {
             stores,
             daemonsets: None,
+            config_maps: None,
             waited: Default::default(),
         }
+    }
+
+    /// This cache with the ConfigMaps of `store` (every ConfigMap of the operator namespace,
+    /// metadata only) that carry [`STATE_LABEL`] as its labelled ConfigMaps.
+    #[must_use]
+    pub fn with_config_maps(mut self, store: Store<PartialObjectMeta<ConfigMap>>) -> Self {
+        self.config_maps = Some(store);
+        self
     }
 
     /// This cache with `store` as its labelled DaemonSets (full objects, status included);
@@ -156,7 +228,10 @@ impl LiveCache {
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
     /// does not serve, say ServiceMonitor without its CRD, is not watched). The reflectors run
-    /// as tasks on the current runtime, retrying with kube-runtime's default backoff.
+    /// as tasks on the current runtime, retrying with kube-runtime's default backoff. With
+    /// `config_maps` (the [`crate::facts::ConfigMapCache`]'s store of every ConfigMap of
+    /// `namespace`, whose watch wakes through [`LabelledEvents`]) ConfigMaps get no watch of
+    /// their own.
     ///
     /// # Errors
     /// [`crate::Error::Kube`] when discovery of a kind fails other than "not served".
@@ -165,6 +240,7 @@ impl LiveCache {
         applier: &Applier,
         namespace: &str,
         wake: &Wake,
+        config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
     ) -> Result<Self> {
         let mut stores = Vec::new();
         let mut daemonsets = None;
@@ -174,6 +250,10 @@ impl LiveCache {
             };
             if (api_version.as_str(), kind.as_str()) == ("apps/v1", "DaemonSet") {
                 daemonsets = Some(start_daemonsets(client, namespace, wake));
+                continue;
+            }
+            if (api_version.as_str(), kind.as_str()) == ("v1", "ConfigMap") && config_maps.is_some()
+            {
                 continue;
             }
             // `Api<PartialObjectMeta<_>>`: metadata-only list and watch.
@@ -203,6 +283,7 @@ impl LiveCache {
         }
         let mut cache = Self::from_stores(stores);
         cache.daemonsets = daemonsets;
+        cache.config_maps = config_maps;
         Ok(cache)
     }
 
@@ -212,11 +293,16 @@ impl LiveCache {
     pub async fn ready(&self, limit: std::time::Duration) -> bool {
         let all = || {
             let ds = self.daemonsets.iter().map(|s| s.wait_until_ready().boxed());
+            let cms = self
+                .config_maps
+                .iter()
+                .map(|s| s.wait_until_ready().boxed());
             futures::future::join_all(
                 self.stores
                     .iter()
                     .map(|(_, s)| s.wait_until_ready().boxed())
-                    .chain(ds),
+                    .chain(ds)
+                    .chain(cms),
             )
         };
         if self.waited.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -241,6 +327,16 @@ impl LiveCache {
                 .daemonset(ns, &key.name)
                 .map(|d| crate::apply::marker_of(&d.metadata));
         }
+        if (key.api_version.as_str(), key.kind.as_str()) == ("v1", "ConfigMap")
+            && let Some(store) = &self.config_maps
+        {
+            let r = reflector::ObjectRef::new(&key.name)
+                .within(key.namespace.as_deref().unwrap_or_default());
+            return store
+                .get(&r)
+                .filter(|m| labelled(&m.metadata))
+                .map(|m| crate::apply::marker_of(&m.metadata));
+        }
         let (ar, store) = self
             .stores
             .iter()
@@ -260,10 +356,18 @@ impl LiveCache {
             .iter()
             .flat_map(|s| s.state())
             .map(|d| live_object_of(&ds_ar, &d.metadata));
+        let cm_ar = ApiResource::erase::<ConfigMap>(&());
+        let config_maps = self
+            .config_maps
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|m| labelled(&m.metadata))
+            .map(|m| live_object_of(&cm_ar, &m.metadata));
         self.stores
             .iter()
             .flat_map(|(ar, store)| store.state().into_iter().map(move |m| live_object(ar, &m)))
             .chain(daemonsets)
+            .chain(config_maps)
             .collect()
     }
 }
@@ -395,5 +499,87 @@ mod tests {
         w.apply_watcher_event(&watcher::Event::Init);
         w.apply_watcher_event(&watcher::Event::InitDone);
         assert_eq!(cache.ready(long).now_or_never(), Some(true));
+    }
+
+    #[test]
+    fn an_unfiltered_watch_wakes_for_labelled_objects_only_and_a_lost_label_is_gone() {
+        let ar = ApiResource::erase::<ConfigMap>(&());
+        let (wake, mut wakes) = Wake::channel();
+        let mut events = LabelledEvents::new(ar, wake.clone());
+        let cm = |name: &str, label: bool| {
+            let mut m = PartialObjectMeta::<ConfigMap>::default();
+            m.metadata.name = Some(name.into());
+            m.metadata.namespace = Some("gpu-operator".into());
+            if label {
+                m.metadata.labels = Some([(STATE_LABEL.to_string(), "dcgm".to_string())].into());
+            }
+            m
+        };
+        let woken = |w: &mut mpsc::UnboundedReceiver<()>| {
+            let mut n = 0;
+            while w.try_recv().is_ok() {
+                n += 1;
+            }
+            n
+        };
+        let key = |name: &str| ObjectKey {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("gpu-operator".into()),
+            name: name.into(),
+        };
+        type Ev = watcher::Event<PartialObjectMeta<ConfigMap>>;
+        events.observe(&Ev::Init);
+        events.observe(&watcher::Event::InitApply(cm("ours", true)));
+        events.observe(&watcher::Event::InitApply(cm("site", false)));
+        events.observe(&Ev::InitDone);
+        assert_eq!(woken(&mut wakes), 0, "a listing wakes nothing here");
+        events.observe(&watcher::Event::Apply(cm("site", false)));
+        events.observe(&watcher::Event::Delete(cm("site", false)));
+        assert_eq!(woken(&mut wakes), 0, "a site ConfigMap wakes nothing");
+        events.observe(&watcher::Event::Apply(cm("ours", true)));
+        assert_eq!(woken(&mut wakes), 1);
+        assert!(!wake.any_gone([key("ours")].iter()));
+        // Its label removed: as a labelled watch would report it, deleted.
+        events.observe(&watcher::Event::Apply(cm("ours", false)));
+        assert_eq!(woken(&mut wakes), 1);
+        assert!(wake.any_gone([key("ours")].iter()));
+        wake.clear_gone();
+        events.observe(&watcher::Event::Apply(cm("ours", false)));
+        assert_eq!(woken(&mut wakes), 0, "no longer ours");
+        events.observe(&watcher::Event::Apply(cm("new", true)));
+        events.observe(&watcher::Event::Delete(cm("new", true)));
+        assert_eq!(woken(&mut wakes), 2);
+        assert!(wake.any_gone([key("new")].iter()));
+    }
+
+    #[test]
+    fn the_shared_config_map_store_counts_labelled_config_maps_only() {
+        let mut w = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
+        let mut cm = |name: &str, label: bool| {
+            let mut m = PartialObjectMeta::<ConfigMap>::default();
+            m.metadata.name = Some(name.into());
+            m.metadata.namespace = Some("gpu-operator".into());
+            m.metadata.resource_version = Some("7".into());
+            if label {
+                m.metadata.labels = Some([(STATE_LABEL.to_string(), "dcgm".to_string())].into());
+            }
+            w.apply_watcher_event(&watcher::Event::Apply(m));
+        };
+        cm("ours", true);
+        cm("site", false);
+        let cache = LiveCache::from_stores(vec![]).with_config_maps(w.as_reader());
+        let objects = cache.objects();
+        assert_eq!(objects.len(), 1, "{objects:?}");
+        assert_eq!(objects[0].key.to_string(), "ConfigMap gpu-operator/ours");
+        assert_eq!(objects[0].state, "dcgm");
+        let key = |name: &str| ObjectKey {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("gpu-operator".into()),
+            name: name.into(),
+        };
+        assert!(cache.marker(&key("ours")).is_some());
+        assert_eq!(cache.marker(&key("site")), None);
     }
 }

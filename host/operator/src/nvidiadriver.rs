@@ -176,7 +176,8 @@ impl DriverContext {
     }
 
     /// Record that a render input other than a CR's own spec may have changed: a node pool,
-    /// the ClusterPolicy (any change of it, its status included, and each re-list), a
+    /// the ClusterPolicy (one added, deleted, replaced or edited — not a status write,
+    /// [`kiln_core::singleton::PolicyRevisions`] — and each re-list), a
     /// referenced ConfigMap ([`run`] calls this for each of its `cluster_changes`, and for each
     /// CR deletion, before the reconciles they trigger).
     /// Every CR then reads its inputs again on its next reconcile.

@@ -14,12 +14,9 @@
 use std::sync::Arc;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_core::spec::ClusterPolicy;
 use kiln_render::Renderer;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 
 use crate::context::{Config, Context};
@@ -36,19 +33,23 @@ pub const WORKER_THREADS: usize = 2;
 /// Most threads of the blocking pool (plugin calls, one state at a time per reconcile).
 pub const MAX_BLOCKING_THREADS: usize = 4;
 
-/// The ClusterPolicies that own `ds` (owner references of kind `ClusterPolicy`, `nvidia.com/v1`),
-/// keyed as the cluster-scoped objects they are. kube-runtime's `owns` keys an owner with its
-/// child's namespace, which for a cluster-scoped owner is a second queue key for the same policy:
-/// two workers then reconciled one policy at once (double applies, contradictory Events).
-pub fn owning_policies(ds: DaemonSet) -> Vec<ObjectRef<ClusterPolicy>> {
-    ds.metadata
-        .owner_references
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|o| o.kind == "ClusterPolicy" && o.api_version == "nvidia.com/v1")
-        .map(|o| ObjectRef::new(&o.name))
-        .collect()
-}
+/// Every resource the operator watches besides the asset kinds
+/// ([`crate::live::asset_kinds`]), as (API group, resource, namespaced): nodes
+/// ([`crate::nodes`]), the pods and ControllerRevisions of `OnDelete` DaemonSets and the
+/// validator pods ([`crate::readiness::PodWatches`], [`crate::timeline`]), the NVIDIADrivers'
+/// DaemonSets, the ConfigMaps' metadata ([`crate::facts::ConfigMapCache`]), ClusterPolicies and
+/// NVIDIADrivers. A namespaced one is watched in the operator namespace only. The operator's
+/// RBAC must grant `list` and `watch` on each (`tests/deploy.rs`): a watch refused after its
+/// list leaves its store at that first list for good, retried every 30 s.
+pub const WATCHED_RESOURCES: &[(&str, &str, bool)] = &[
+    ("", "nodes", false),
+    ("", "pods", true),
+    ("apps", "controllerrevisions", true),
+    ("apps", "daemonsets", true),
+    ("", "configmaps", true),
+    ("nvidia.com", "clusterpolicies", false),
+    ("nvidia.com", "nvidiadrivers", false),
+];
 
 /// The Tokio runtime `kiln operator` runs on ([`WORKER_THREADS`], [`MAX_BLOCKING_THREADS`]).
 ///
@@ -182,10 +183,15 @@ pub async fn run_until(
     // A referenced ConfigMap changed: a full reconcile of the policy, every NVIDIADriver again.
     let (config_map_tx, config_map_changes) = futures::channel::mpsc::unbounded();
     let config_map_wake = wake.clone();
-    let config_maps = crate::facts::ConfigMapCache::start(&client, &config.namespace, move || {
-        config_map_wake.full();
-        let _ = config_map_tx.unbounded_send(());
-    });
+    let config_maps = crate::facts::ConfigMapCache::start(
+        &client,
+        &config.namespace,
+        move || {
+            config_map_wake.full();
+            let _ = config_map_tx.unbounded_send(());
+        },
+        &wake,
+    );
     let _ = ctx.caches.config_maps.set(Arc::new(config_maps));
     // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
     let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
@@ -206,12 +212,14 @@ pub async fn run_until(
 
     // One watch of the ClusterPolicies: it fills the controller's store (the policy cache) and
     // reports what the controller does not: a deleted policy makes every other one judged
-    // again (the next oldest becomes active), and any policy change re-judges every
-    // NVIDIADriver (it renders with the policy). The reflector writes an event to the store
+    // again (the next oldest becomes active), and a policy added, deleted, replaced or edited
+    // (a new generation; [`kiln_core::singleton::PolicyRevisions`]) re-judges every
+    // NVIDIADriver (it renders with the policy) — a status write does not. The reflector writes an event to the store
     // before it passes it on, so whoever a change wakes reads the store with that change.
     let ar = crate::status::policy_resource();
     let (deleted_tx, policy_deletes) = futures::channel::mpsc::unbounded();
     let (changed_tx, policy_changes) = futures::channel::mpsc::unbounded();
+    let mut revisions = kiln_core::singleton::PolicyRevisions::default();
     let controller = {
         use kube::runtime::WatchStreamExt;
         let writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(ar.clone());
@@ -225,12 +233,22 @@ pub async fn run_until(
         .inspect(move |ev| {
             // A closed channel: that controller is not running (no NVIDIADriver CRD).
             match ev {
-                Ok(watcher::Event::Delete(_)) => {
+                Ok(watcher::Event::Delete(p)) => {
+                    revisions.deleted(&p.metadata);
                     let _ = deleted_tx.unbounded_send(());
                     let _ = changed_tx.unbounded_send(());
                 }
+                // The operator's own status writes are most of a policy's events and change
+                // nothing an NVIDIADriver render reads.
+                // (The guard records the revision.)
+                Ok(watcher::Event::Apply(p)) if revisions.applied(&p.metadata) => {
+                    let _ = changed_tx.unbounded_send(());
+                }
+                Ok(watcher::Event::InitApply(p)) => {
+                    revisions.applied(&p.metadata);
+                }
                 // A re-list (after a watch gap) may hold changes no Apply reported.
-                Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
+                Ok(watcher::Event::InitDone) => {
                     let _ = changed_tx.unbounded_send(());
                 }
                 _ => {}
@@ -324,31 +342,5 @@ pub async fn run_until(
     } else {
         controller.await;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_daemonset_maps_to_its_cluster_scoped_policy_key() {
-        let policy: ClusterPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}
-        }))
-        .unwrap();
-        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": "gpu-operator",
-                "ownerReferences": [
-                    {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                     "name": "cluster-policy", "uid": "u1", "controller": true},
-                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"}
-                ]}
-        }))
-        .unwrap();
-        // The same key the controller gives the policy itself: no namespace.
-        assert_eq!(owning_policies(ds), vec![ObjectRef::from_obj(&policy)]);
-        assert!(owning_policies(DaemonSet::default()).is_empty());
     }
 }

@@ -279,6 +279,36 @@ fn operator_rbac_lists_and_watches_every_asset_kind() {
     );
 }
 
+/// The operator's other watches ([`kiln_operator::run::WATCHED_RESOURCES`]): each must be
+/// allowed to list and watch, else its store stays at the first list (a refused
+/// ControllerRevision watch kept the driver's revisions from ever updating and was retried
+/// every 30 s, 2 requests a minute at rest).
+#[test]
+fn operator_rbac_lists_and_watches_every_watched_resource() {
+    let (cluster, namespaced, _) = chart_rules();
+    let in_ns: Vec<Value> = namespaced.iter().chain(&cluster).cloned().collect();
+    let mut missing = Vec::new();
+    for (group, resource, is_namespaced) in kiln_operator::run::WATCHED_RESOURCES {
+        let held = if *is_namespaced { &in_ns } else { &cluster };
+        let want =
+            json!([{"apiGroups": [group], "resources": [resource], "verbs": ["list", "watch"]}]);
+        missing.extend(rbac::uncovered(held, &want));
+    }
+    assert!(
+        missing.is_empty(),
+        "the operator cannot list/watch: {missing:?}"
+    );
+    // The check itself: a list-only grant is reported.
+    let list_only = json!([{"apiGroups": ["apps"], "resources": ["controllerrevisions"],
+        "verbs": ["list"]}]);
+    let want = json!([{"apiGroups": ["apps"], "resources": ["controllerrevisions"],
+        "verbs": ["list", "watch"]}]);
+    assert_eq!(
+        rbac::uncovered(list_only.as_array().unwrap(), &want).len(),
+        1
+    );
+}
+
 /// The operator pod: non-root, RuntimeDefault seccomp, and each container without privilege
 /// escalation, capabilities or a writable root filesystem.
 fn assert_locked_down(deployment: &Value) {

@@ -753,6 +753,68 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
     );
 }
 
+/// The render is reused on its CR's UID, generation and the input change count: an edit of
+/// the CR's spec (a new generation) renders again though no other input changed, and only the
+/// DaemonSet the edit changes is applied.
+#[tokio::test]
+async fn an_edited_cr_renders_again_without_an_input_change() {
+    let server = server_with(
+        &[
+            handed_off(),
+            driver("pool-a", json!({"nodeSelector": {"pool": "a"}})),
+        ],
+        &[("a", 2)],
+    );
+    let (mut fed, ctx) = Fed::wired(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    let first = ds_applies(&server);
+    assert_eq!(first.len(), 1, "one pool, one DaemonSet");
+    fed.sync(&server);
+    clear_calls(&server);
+    let host = ctx.renderer.host();
+    let rendered = host.calls();
+    // The CR's spec edited: the API server bumps its generation.
+    {
+        let mut s = server.lock().unwrap();
+        let cr = s
+            .objects
+            .values_mut()
+            .find(|o| o["kind"] == "NVIDIADriver")
+            .unwrap();
+        cr["spec"]["env"] = json!([{"name": "KILN_TEST_EDIT", "value": "1"}]);
+        cr["metadata"]["generation"] = json!(2);
+    }
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert!(host.calls() > rendered, "the edited CR was rendered again");
+    let again = ds_applies(&server);
+    assert_eq!(
+        ds_applies_names(&again),
+        ds_applies_names(&first),
+        "its DaemonSet, applied again"
+    );
+    let env = &again[0].body["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "KILN_TEST_EDIT" && e["value"] == "1"),
+        "with the edit: {env}"
+    );
+    let others: Vec<String> = paths(&server, &Method::PATCH)
+        .into_iter()
+        .filter(|p| !p.ends_with("/status") && !p.contains("/daemonsets/"))
+        .collect();
+    assert_eq!(
+        others,
+        Vec::<String>::new(),
+        "the shared objects are current"
+    );
+}
+
 /// The metadata store of the ConfigMap cache, fed by hand (as its watch would).
 fn config_map_meta(name: &str, rv: &str) -> PartialObjectMeta<ConfigMap> {
     serde_json::from_value(json!({

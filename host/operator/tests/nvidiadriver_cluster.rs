@@ -433,9 +433,14 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     //    order, so one call means the first did not count.
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = calls.clone();
-    let cache = ConfigMapCache::start(&client, NS, move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    });
+    let cache = ConfigMapCache::start(
+        &client,
+        NS,
+        move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        },
+        &kiln_operator::live::Wake::default(),
+    );
     cache.ready().await;
     cache.want("referenced");
     for name in ["unreferenced", "referenced"] {
