@@ -141,10 +141,10 @@ fn labelled(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -
         .is_some_and(|l| l.contains_key(STATE_LABEL))
 }
 
-/// The wake-ups of an unfiltered watch of one kind, as a watch selected by [`STATE_LABEL`]
-/// would give them: an event of a labelled object reconciles; a labelled object deleted, or
-/// losing the label, is [`Wake::gone`] (re-applied); unlabelled objects wake nothing. Used by
-/// the ConfigMap cache's watch, which the labelled ConfigMaps share.
+/// The wake-ups of a watch of one kind's labelled objects: an event of a labelled object
+/// reconciles; a labelled object deleted, or losing the label, is [`Wake::gone`] (re-applied);
+/// unlabelled objects wake nothing. Serves the watches selected by [`STATE_LABEL`] and the
+/// ConfigMap cache's unfiltered watch, which the labelled ConfigMaps share.
 pub struct LabelledEvents {
     ar: ApiResource,
     wake: Wake,
@@ -266,16 +266,12 @@ impl LiveCache {
             let store = writer.as_reader();
             let stream =
                 watcher(api, watcher::Config::default().labels(STATE_LABEL)).default_backoff();
-            let (name, wake, kind_ar) = (kind.clone(), wake.clone(), ar.clone());
+            let name = kind.clone();
+            let mut events = LabelledEvents::new(ar.clone(), wake.clone());
             tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
                 match ev {
                     Err(e) => tracing::warn!(kind = %name, error = %e, "watch of labelled objects"),
-                    Ok(watcher::Event::Delete(m)) => {
-                        wake.gone(live_object(&kind_ar, &m).key);
-                        wake.reconcile();
-                    }
-                    Ok(watcher::Event::Apply(_)) => wake.reconcile(),
-                    Ok(_) => {}
+                    Ok(ev) => events.observe(&ev),
                 }
                 futures::future::ready(())
             }));
@@ -379,27 +375,20 @@ fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<Daem
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let writer = reflector::store::Writer::<DaemonSet>::default();
     let store = writer.as_reader();
-    let ar = ApiResource::erase::<DaemonSet>(&());
+    let mut events = LabelledEvents::new(ApiResource::erase::<DaemonSet>(&()), wake.clone());
     let stream = watcher(api, watcher::Config::default().labels(STATE_LABEL))
         .default_backoff()
         // Managed fields are most of a DaemonSet's size and nothing kiln reads.
         .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
     let wake = wake.clone();
     tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+        if let Ok(ev) = &ev {
+            events.observe(ev);
+        }
         match ev {
             Err(e) => tracing::warn!(error = %e, "watch of labelled DaemonSets"),
-            Ok(watcher::Event::Delete(d)) => {
-                wake.gone(live_object_of(&ar, &d.metadata).key);
-                wake.reconcile();
-                if is_driver(&d) {
-                    wake.upgrade();
-                }
-            }
-            Ok(watcher::Event::Apply(d)) => {
-                wake.reconcile();
-                if is_driver(&d) {
-                    wake.upgrade();
-                }
+            Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d)) if is_driver(&d) => {
+                wake.upgrade();
             }
             Ok(watcher::Event::InitDone) => {
                 wake.reconcile();
@@ -501,32 +490,40 @@ mod tests {
         assert_eq!(cache.ready(long).now_or_never(), Some(true));
     }
 
+    /// A ConfigMap's metadata in `gpu-operator`, labelled `kiln.dev/state=dcgm` when `label`.
+    fn cm(name: &str, label: bool) -> PartialObjectMeta<ConfigMap> {
+        let mut m = PartialObjectMeta::<ConfigMap>::default();
+        m.metadata.name = Some(name.into());
+        m.metadata.namespace = Some("gpu-operator".into());
+        m.metadata.resource_version = Some("7".into());
+        if label {
+            m.metadata.labels = Some([(STATE_LABEL.to_string(), "dcgm".to_string())].into());
+        }
+        m
+    }
+
+    /// The key of ConfigMap `gpu-operator/name`.
+    fn cm_key(name: &str) -> ObjectKey {
+        ObjectKey {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("gpu-operator".into()),
+            name: name.into(),
+        }
+    }
+
     #[test]
     fn an_unfiltered_watch_wakes_for_labelled_objects_only_and_a_lost_label_is_gone() {
         let ar = ApiResource::erase::<ConfigMap>(&());
         let (wake, mut wakes) = Wake::channel();
         let mut events = LabelledEvents::new(ar, wake.clone());
-        let cm = |name: &str, label: bool| {
-            let mut m = PartialObjectMeta::<ConfigMap>::default();
-            m.metadata.name = Some(name.into());
-            m.metadata.namespace = Some("gpu-operator".into());
-            if label {
-                m.metadata.labels = Some([(STATE_LABEL.to_string(), "dcgm".to_string())].into());
-            }
-            m
-        };
+        let key = cm_key;
         let woken = |w: &mut mpsc::UnboundedReceiver<()>| {
             let mut n = 0;
             while w.try_recv().is_ok() {
                 n += 1;
             }
             n
-        };
-        let key = |name: &str| ObjectKey {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: Some("gpu-operator".into()),
-            name: name.into(),
         };
         type Ev = watcher::Event<PartialObjectMeta<ConfigMap>>;
         events.observe(&Ev::Init);
@@ -556,30 +553,14 @@ mod tests {
     #[test]
     fn the_shared_config_map_store_counts_labelled_config_maps_only() {
         let mut w = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
-        let mut cm = |name: &str, label: bool| {
-            let mut m = PartialObjectMeta::<ConfigMap>::default();
-            m.metadata.name = Some(name.into());
-            m.metadata.namespace = Some("gpu-operator".into());
-            m.metadata.resource_version = Some("7".into());
-            if label {
-                m.metadata.labels = Some([(STATE_LABEL.to_string(), "dcgm".to_string())].into());
-            }
-            w.apply_watcher_event(&watcher::Event::Apply(m));
-        };
-        cm("ours", true);
-        cm("site", false);
+        w.apply_watcher_event(&watcher::Event::Apply(cm("ours", true)));
+        w.apply_watcher_event(&watcher::Event::Apply(cm("site", false)));
         let cache = LiveCache::from_stores(vec![]).with_config_maps(w.as_reader());
         let objects = cache.objects();
         assert_eq!(objects.len(), 1, "{objects:?}");
         assert_eq!(objects[0].key.to_string(), "ConfigMap gpu-operator/ours");
         assert_eq!(objects[0].state, "dcgm");
-        let key = |name: &str| ObjectKey {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: Some("gpu-operator".into()),
-            name: name.into(),
-        };
-        assert!(cache.marker(&key("ours")).is_some());
-        assert_eq!(cache.marker(&key("site")), None);
+        assert_eq!(cache.marker(&cm_key("ours")).as_deref(), Some("rv7"));
+        assert_eq!(cache.marker(&cm_key("site")), None);
     }
 }
