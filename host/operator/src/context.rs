@@ -106,6 +106,10 @@ pub struct Caches {
     /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
     /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).
     pub config_maps: OnceLock<Arc<crate::facts::ConfigMapCache>>,
+    /// Every DaemonSet of the operator namespace ([`crate::live::start_daemonsets`], set by
+    /// `run` and shared with the NVIDIADriver controller); else the labelled objects' cache
+    /// starts that watch itself.
+    pub daemonsets: OnceLock<Store<k8s_openapi::api::apps::v1::DaemonSet>>,
     /// The NVIDIADriver CRs (the NVIDIADriver controller's store, shared with
     /// [`crate::nvidiadriver::DriverCaches::drivers`] and set when that controller starts): a
     /// policy that hands the driver off judges the CRs' readiness from it. Not set (no
@@ -322,6 +326,7 @@ impl Context {
                     &self.config.namespace,
                     &self.caches.wake,
                     self.caches.config_maps.get().map(|c| c.store()),
+                    self.caches.daemonsets.get().cloned(),
                 )
                 .await
                 .map(Arc::new)

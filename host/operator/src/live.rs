@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! metadata watch ?labelSelector=kiln.dev/state ─► Store (per kind) ─► LiveCache::objects
-//! DaemonSet watch (full objects: readiness reads their status) ─► LiveCache::daemonset
+//! DaemonSets: one watch of the namespace (full objects: readiness reads their status), shared
+//!   with the NVIDIADriver controller, labelled ones ─► LiveCache::daemonset
 //! ConfigMaps: the ConfigMap cache's metadata watch of the namespace (all of them), labelled ones
 //! every event ─► Wake::reconcile (a delete also marks the object gone: Wake::gone)
 //! ```
@@ -211,8 +212,9 @@ impl LiveCache {
         self
     }
 
-    /// This cache with `store` as its labelled DaemonSets (full objects, status included);
-    /// without one, [`LiveCache::daemonset`] finds none.
+    /// This cache with the DaemonSets of `store` (full objects, status included) that carry
+    /// [`STATE_LABEL`] as its labelled DaemonSets; without one, [`LiveCache::daemonset`] finds
+    /// none.
     #[must_use]
     pub fn with_daemonsets(mut self, store: Store<DaemonSet>) -> Self {
         self.daemonsets = Some(store);
@@ -224,6 +226,7 @@ impl LiveCache {
         self.daemonsets
             .as_ref()?
             .get(&reflector::ObjectRef::new(name).within(namespace))
+            .filter(|d| labelled(&d.metadata))
     }
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
@@ -231,7 +234,8 @@ impl LiveCache {
     /// as tasks on the current runtime, retrying with kube-runtime's default backoff. With
     /// `config_maps` (the [`crate::facts::ConfigMapCache`]'s store of every ConfigMap of
     /// `namespace`, whose watch wakes through [`LabelledEvents`]) ConfigMaps get no watch of
-    /// their own.
+    /// their own; with `shared_daemonsets` (the store of [`start_daemonsets`], started by
+    /// `run` for both controllers) neither do DaemonSets, else one is started here.
     ///
     /// # Errors
     /// [`crate::Error::Kube`] when discovery of a kind fails other than "not served".
@@ -241,6 +245,7 @@ impl LiveCache {
         namespace: &str,
         wake: &Wake,
         config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
+        shared_daemonsets: Option<Store<DaemonSet>>,
     ) -> Result<Self> {
         let mut stores = Vec::new();
         let mut daemonsets = None;
@@ -249,7 +254,10 @@ impl LiveCache {
                 continue;
             };
             if (api_version.as_str(), kind.as_str()) == ("apps/v1", "DaemonSet") {
-                daemonsets = Some(start_daemonsets(client, namespace, wake));
+                daemonsets = Some(match &shared_daemonsets {
+                    Some(store) => store.clone(),
+                    None => start_daemonsets(client, namespace, wake, |_| {}),
+                });
                 continue;
             }
             if (api_version.as_str(), kind.as_str()) == ("v1", "ConfigMap") && config_maps.is_some()
@@ -351,6 +359,7 @@ impl LiveCache {
             .daemonsets
             .iter()
             .flat_map(|s| s.state())
+            .filter(|d| labelled(&d.metadata))
             .map(|d| live_object_of(&ds_ar, &d.metadata));
         let cm_ar = ApiResource::erase::<ConfigMap>(&());
         let config_maps = self
@@ -368,25 +377,39 @@ impl LiveCache {
     }
 }
 
-/// The labelled DaemonSets of `namespace`, full objects (readiness reads their status), each
-/// event waking the controller: a status change re-judges readiness from this store, with no
-/// request.
-fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<DaemonSet> {
+/// Every DaemonSet of `namespace`, full objects with managed fields dropped (readiness reads
+/// their status): one watch for both controllers, since a label selector cannot match the
+/// policy's ([`STATE_LABEL`]) and the NVIDIADriver CRs' DaemonSets
+/// ([`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`]) at once. A labelled one's event
+/// wakes the ClusterPolicy controller through [`LabelledEvents`] (a status change re-judges
+/// readiness from this store, with no request), the policy's driver DaemonSet's also the
+/// driver upgrade loop, and a listed store both; every event is passed to `also` (the
+/// NVIDIADriver controller's side, [`crate::nvidiadriver::daemonset_feed`]) after the store
+/// holds it. Unlabelled DaemonSets of the namespace wake nothing here.
+pub fn start_daemonsets(
+    client: &Client,
+    namespace: &str,
+    wake: &Wake,
+    mut also: impl FnMut(&watcher::Event<DaemonSet>) + Send + 'static,
+) -> Store<DaemonSet> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let writer = reflector::store::Writer::<DaemonSet>::default();
     let store = writer.as_reader();
     let mut events = LabelledEvents::new(ApiResource::erase::<DaemonSet>(&()), wake.clone());
-    let stream = watcher(api, watcher::Config::default().labels(STATE_LABEL))
+    let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         // Managed fields are most of a DaemonSet's size and nothing kiln reads.
         .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
     let wake = wake.clone();
     tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
-        if let Ok(ev) = &ev {
-            events.observe(ev);
+        match &ev {
+            Err(e) => tracing::warn!(error = %e, "watch of the namespace's DaemonSets"),
+            Ok(ev) => {
+                events.observe(ev);
+                also(ev);
+            }
         }
         match ev {
-            Err(e) => tracing::warn!(error = %e, "watch of labelled DaemonSets"),
             Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d)) if is_driver(&d) => {
                 wake.upgrade();
             }
@@ -394,7 +417,7 @@ fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<Daem
                 wake.reconcile();
                 wake.upgrade();
             }
-            Ok(_) => {}
+            _ => {}
         }
         futures::future::ready(())
     }));
@@ -403,7 +426,7 @@ fn start_daemonsets(client: &Client, namespace: &str, wake: &Wake) -> Store<Daem
 
 /// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
 fn is_driver(ds: &DaemonSet) -> bool {
-    ds.metadata.name.as_deref() == Some(crate::upgrade::DRIVER_DAEMONSET)
+    ds.metadata.name.as_deref() == Some(crate::upgrade::DRIVER_DAEMONSET) && labelled(&ds.metadata)
 }
 
 /// `m` (of kind `ar`) as the plan sees it.
@@ -562,5 +585,64 @@ mod tests {
         assert_eq!(objects[0].state, "dcgm");
         assert_eq!(cache.marker(&cm_key("ours")).as_deref(), Some("rv7"));
         assert_eq!(cache.marker(&cm_key("site")), None);
+    }
+
+    #[test]
+    fn the_shared_daemonset_store_counts_labelled_daemonsets_only() {
+        let ds = |name: &str, labels: &[(&str, &str)]| {
+            let mut d = DaemonSet::default();
+            d.metadata.name = Some(name.into());
+            d.metadata.namespace = Some("gpu-operator".into());
+            d.metadata.resource_version = Some("9".into());
+            d.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            d
+        };
+        let mut w = reflector::store::Writer::<DaemonSet>::default();
+        w.apply_watcher_event(&watcher::Event::Apply(ds(
+            "nvidia-dcgm-exporter",
+            &[(STATE_LABEL, "dcgm-exporter")],
+        )));
+        // An NVIDIADriver CR's DaemonSet shares the store and is not the policy's.
+        w.apply_watcher_event(&watcher::Event::Apply(ds(
+            "nvidia-gpu-driver-ubuntu22.04-pool-a",
+            &[(kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL, "pool-a")],
+        )));
+        let cache = LiveCache::from_stores(vec![]).with_daemonsets(w.as_reader());
+        let objects = cache.objects();
+        assert_eq!(objects.len(), 1, "{objects:?}");
+        assert_eq!(
+            objects[0].key.to_string(),
+            "DaemonSet gpu-operator/nvidia-dcgm-exporter"
+        );
+        assert_eq!(objects[0].state, "dcgm-exporter");
+        let key = |name: &str| ObjectKey {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            namespace: Some("gpu-operator".into()),
+            name: name.into(),
+        };
+        assert_eq!(
+            cache.marker(&key("nvidia-dcgm-exporter")).as_deref(),
+            Some("rv9")
+        );
+        assert_eq!(
+            cache.marker(&key("nvidia-gpu-driver-ubuntu22.04-pool-a")),
+            None
+        );
+        assert!(
+            cache
+                .daemonset("gpu-operator", "nvidia-gpu-driver-ubuntu22.04-pool-a")
+                .is_none()
+        );
+        assert!(!is_driver(&ds(crate::upgrade::DRIVER_DAEMONSET, &[])));
+        assert!(is_driver(&ds(
+            crate::upgrade::DRIVER_DAEMONSET,
+            &[(STATE_LABEL, "driver")]
+        )));
     }
 }

@@ -118,8 +118,9 @@ pub struct DriverCaches {
     pub drivers: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>>,
     /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
     pub pods: Option<Arc<readiness::PodWatches>>,
-    /// The CRs' DaemonSets (labelled [`NVIDIADRIVER_LABEL`], managed fields dropped): set by
-    /// [`run`] from its watch of them; their markers, readiness and stale ones come from here.
+    /// Every DaemonSet of the namespace (managed fields dropped; the watch `run` shares with the
+    /// ClusterPolicy controller, [`crate::live::start_daemonsets`]), of which those labelled
+    /// [`NVIDIADRIVER_LABEL`] count: the CRs' markers, readiness and stale ones come from here.
     /// Not set (tests): every object is applied and stale ones are listed.
     pub daemonsets: std::sync::OnceLock<Store<DaemonSet>>,
     /// The labelled objects ([`crate::live::LiveCache`], the ClusterPolicy reconciler's): the
@@ -145,10 +146,14 @@ impl DriverCaches {
         self.live.as_ref()?.marker(key)
     }
 
-    /// The CR DaemonSet `key` as the cache holds it (status included).
+    /// The CR DaemonSet `key` (labelled [`NVIDIADRIVER_LABEL`]) as the cache holds it (status
+    /// included).
     fn daemonset(&self, key: &ObjectKey) -> Option<Arc<DaemonSet>> {
         let r = ObjectRef::new(&key.name).within(key.namespace.as_deref().unwrap_or_default());
-        self.daemonsets.get()?.get(&r)
+        self.daemonsets
+            .get()?
+            .get(&r)
+            .filter(|d| owner_of(d).is_some())
     }
 }
 
@@ -275,15 +280,17 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 /// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
 /// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each
 /// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per
-/// node pool, and a reconcile with unchanged inputs sends nothing). Two watches: the CRs' (it
-/// fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes the
-/// ClusterPolicy reconciler through `wake`, since the policy's readiness includes the CRs',
-/// after the store holds the change), and the CRs' DaemonSets' (by [`NVIDIADRIVER_LABEL`],
-/// filling [`DriverCaches::daemonsets`]).
+/// node pool, and a reconcile with unchanged inputs sends nothing). One watch of its own, the
+/// CRs' (it fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes
+/// the ClusterPolicy reconciler through `wake`, since the policy's readiness includes the
+/// CRs', after the store holds the change); the DaemonSet changes come from the namespace's
+/// DaemonSet watch the two controllers share (`daemonsets`, [`daemonset_feed`]), whose store
+/// is [`DriverCaches::daemonsets`].
 pub async fn run(
     ctx: Arc<DriverContext>,
     wake: crate::live::Wake,
     cluster_changes: impl futures::Stream<Item = ()> + Send + 'static,
+    daemonsets: DaemonSetFeed,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use kube::runtime::WatchStreamExt;
@@ -311,41 +318,15 @@ pub async fn run(
     })
     .applied_objects();
     let store = ctx.caches.drivers.get().expect("set above").clone();
-    let (ds_tx, ds_changes) = futures::channel::mpsc::unbounded();
-    let (listed_tx, ds_listed) = futures::channel::mpsc::unbounded();
-    let writer = reflector::store::Writer::<DaemonSet>::default();
-    let _ = ctx.caches.daemonsets.set(writer.as_reader());
-    let ds_watch = watcher(
-        Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.namespace),
-        watcher::Config::default().labels(NVIDIADRIVER_LABEL),
-    )
-    .default_backoff()
-    // Managed fields are most of a DaemonSet's size and nothing kiln reads.
-    .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
-    let ds_watch = tokio::spawn(reflector::reflector(writer, ds_watch).for_each(move |ev| {
-        match ev {
-            Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d)) => {
-                if let Some(cr) = owner_of(&d) {
-                    let _ = ds_tx.unbounded_send(cr);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                let _ = listed_tx.unbounded_send(());
-            }
-            Err(e) => tracing::warn!(error = %e, "watch of NVIDIADriver DaemonSets"),
-            Ok(_) => {}
-        }
-        future::ready(())
-    }));
     let counted = ctx.clone();
     let cluster_changes = cluster_changes.inspect(move |()| counted.inputs_changed());
     let triggers = futures::stream::select(
         futures::stream::select(cluster_changes, driver_deletes),
-        ds_listed,
+        daemonsets.listed,
     );
     Controller::for_stream(drivers, store)
         .reconcile_all_on(triggers)
-        .reconcile_on(ds_changes)
+        .reconcile_on(daemonsets.changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -358,7 +339,38 @@ pub async fn run(
             future::ready(())
         })
         .await;
-    ds_watch.abort();
+}
+
+/// What the namespace's DaemonSet watch ([`crate::live::start_daemonsets`]) tells [`run`]: the
+/// CR a changed DaemonSet belongs to ([`owner_of`]), and that the store has listed.
+pub struct DaemonSetFeed {
+    /// The owning CR of each DaemonSet applied or deleted.
+    pub changes: futures::channel::mpsc::UnboundedReceiver<ObjectRef<NVIDIADriver>>,
+    /// One per (re-)list of the DaemonSets: every CR is judged again.
+    pub listed: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
+/// The NVIDIADriver side of the namespace's DaemonSet watch: the watch's `also` callback and
+/// the [`DaemonSetFeed`] it fills. A DaemonSet without [`NVIDIADRIVER_LABEL`] feeds nothing;
+/// a dropped feed makes the callback a no-op.
+pub fn daemonset_feed() -> (
+    impl FnMut(&watcher::Event<DaemonSet>) + Send + 'static,
+    DaemonSetFeed,
+) {
+    let (ds_tx, changes) = futures::channel::mpsc::unbounded();
+    let (listed_tx, listed) = futures::channel::mpsc::unbounded();
+    let feed = move |ev: &watcher::Event<DaemonSet>| match ev {
+        watcher::Event::Apply(d) | watcher::Event::Delete(d) => {
+            if let Some(cr) = owner_of(d) {
+                let _ = ds_tx.unbounded_send(cr);
+            }
+        }
+        watcher::Event::InitDone => {
+            let _ = listed_tx.unbounded_send(());
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    (feed, DaemonSetFeed { changes, listed })
 }
 
 /// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
@@ -854,6 +866,36 @@ mod tests {
         assert_eq!(owner_of(&ds), None);
         ds.metadata.labels = Some([(NVIDIADRIVER_LABEL.to_string(), "pool-a".into())].into());
         assert_eq!(owner_of(&ds), Some(ObjectRef::new("pool-a")));
+    }
+
+    #[test]
+    fn the_shared_daemonset_watch_feeds_the_cr_a_daemonset_names_and_each_listing() {
+        let (mut feed, mut out) = daemonset_feed();
+        let mut ours = DaemonSet::default();
+        ours.metadata.labels = Some([(NVIDIADRIVER_LABEL.to_string(), "pool-a".into())].into());
+        let mut policy = DaemonSet::default();
+        policy.metadata.labels =
+            Some([(kiln_core::plan::STATE_LABEL.to_string(), "driver".into())].into());
+        feed(&watcher::Event::Init);
+        feed(&watcher::Event::InitApply(ours.clone()));
+        feed(&watcher::Event::InitDone);
+        feed(&watcher::Event::Apply(policy.clone()));
+        feed(&watcher::Event::Delete(policy));
+        feed(&watcher::Event::Apply(ours.clone()));
+        feed(&watcher::Event::Delete(ours));
+        let mut changes = Vec::new();
+        while let Ok(cr) = out.changes.try_recv() {
+            changes.push(cr);
+        }
+        assert_eq!(
+            changes,
+            vec![ObjectRef::new("pool-a"), ObjectRef::new("pool-a")]
+        );
+        assert!(out.listed.try_recv().is_ok());
+        assert!(out.listed.try_recv().is_err(), "one listing");
+        drop(out);
+        // Nobody listening (no NVIDIADriver CRD): sends are dropped.
+        feed(&watcher::Event::InitDone);
     }
 
     #[test]

@@ -36,8 +36,8 @@ pub const MAX_BLOCKING_THREADS: usize = 4;
 /// Every resource the operator watches besides the asset kinds
 /// ([`crate::live::asset_kinds`]), as (API group, resource, namespaced): nodes
 /// ([`crate::nodes`]), the pods and ControllerRevisions of `OnDelete` DaemonSets and the
-/// validator pods ([`crate::readiness::PodWatches`], [`crate::timeline`]), the NVIDIADrivers'
-/// DaemonSets, the ConfigMaps' metadata ([`crate::facts::ConfigMapCache`]), ClusterPolicies and
+/// validator pods ([`crate::readiness::PodWatches`], [`crate::timeline`]), every DaemonSet
+/// ([`crate::live::start_daemonsets`], the policy's and the NVIDIADrivers'), the ConfigMaps' metadata ([`crate::facts::ConfigMapCache`]), ClusterPolicies and
 /// NVIDIADrivers. A namespaced one is watched in the operator namespace only. The operator's
 /// RBAC must grant `list` and `watch` on each (`tests/deploy.rs`): a watch refused after its
 /// list leaves its store at that first list for good, retried every 30 s.
@@ -193,6 +193,12 @@ pub async fn run_until(
         &wake,
     );
     let _ = ctx.caches.config_maps.set(Arc::new(config_maps));
+    // One watch of the namespace's DaemonSets for both controllers (the NVIDIADriver side's
+    // feed is dropped unless its CRD is served).
+    let (daemonset_feed, driver_daemonsets) = crate::nvidiadriver::daemonset_feed();
+    let daemonsets =
+        crate::live::start_daemonsets(&client, &config.namespace, &wake, daemonset_feed);
+    let _ = ctx.caches.daemonsets.set(daemonsets.clone());
     // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
     let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
     let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
@@ -300,6 +306,7 @@ pub async fn run_until(
             drivers: ctx.caches.drivers.clone(),
             ..Default::default()
         };
+        let _ = drivers.caches.daemonsets.set(daemonsets);
         tokio::spawn(crate::nvidiadriver::run(
             Arc::new(drivers),
             wake.clone(),
@@ -307,11 +314,17 @@ pub async fn run_until(
                 futures::stream::select(pools_rx, policy_changes),
                 config_map_changes,
             ),
+            driver_daemonsets,
             shutdown.clone(),
         ));
     } else {
         // Closed now, so the watches' sends are dropped instead of queued for nobody.
-        drop((pools_rx, policy_changes, config_map_changes));
+        drop((
+            pools_rx,
+            policy_changes,
+            config_map_changes,
+            driver_daemonsets,
+        ));
     }
     let controller = controller
         .reconcile_all_on(futures::stream::select(wakes, policy_deletes))
