@@ -7,9 +7,10 @@
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, EnvVar, Pod, PodCondition, PodSpec, PodStatus,
+    Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod,
+    PodCondition, PodSpec, PodStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,7 +67,9 @@ impl Drop for Watched {
 /// Watches of the pods and ControllerRevisions of each `OnDelete` DaemonSet, by its
 /// `spec.selector.matchLabels` (slimmed: [`SlimPod`], [`slim_revision`]); restarted when the
 /// selector changes. Every event wakes the controller (a pod moving to the new revision changes
-/// readiness).
+/// readiness) and the driver upgrade loop. Also the watch of the pods matching a selector (the
+/// validator pods, [`PodWatches::matching`]), shared with the readiness timeline, whose events
+/// wake the upgrade loop only.
 pub struct PodWatches {
     client: Client,
     wake: Wake,
@@ -77,8 +80,26 @@ pub struct PodWatches {
     judged: Mutex<HashMap<(String, String), Judged>>,
 }
 
+/// Who a watch's events wake: an `OnDelete` DaemonSet's pods and revisions change its
+/// readiness (the controller) and the driver upgrade; the validator pods concern the upgrade
+/// only.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wakes {
+    ReconcileAndUpgrade,
+    Upgrade,
+}
+
+/// What else sees a watch's events, after its store holds them (the readiness timeline sees
+/// the validator pods' through [`PodWatches::tap_matching`]).
+pub type Tap<K> = Box<dyn FnMut(&watcher::Event<K>) + Send>;
+
 /// A judged readiness with the DaemonSet `resourceVersion` and watch change count it is for.
 type Judged = (Option<String>, u64, Readiness);
+
+/// The [`PodWatches`] key of the watch of the pods matching `selector`.
+fn matching_key(selector: &str) -> String {
+    format!("selector {selector}")
+}
 
 fn selector_of(ds: &DaemonSet) -> String {
     ds.spec
@@ -95,8 +116,9 @@ fn spawn_reflector<K>(
     api: Api<K>,
     selector: &str,
     slim: fn(K) -> K,
-    wake: Wake,
+    wakes: (Wake, Wakes),
     changes: Arc<AtomicU64>,
+    mut tap: Option<Tap<K>>,
 ) -> (Store<K>, tokio::task::JoinHandle<()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -113,14 +135,22 @@ where
     let stream = watcher(api, watcher::Config::default().labels(selector))
         .default_backoff()
         .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
+    let (wake, wakes) = wakes;
+    let kind = K::kind(&());
+    let selector = selector.to_string();
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
-        if ev.is_ok() {
+        if let Ok(ev) = &ev {
             changes.fetch_add(1, Ordering::Relaxed);
+            if let Some(tap) = &mut tap {
+                tap(ev);
+            }
         }
         match ev {
-            Err(e) => tracing::warn!(error = %e, "watch of OnDelete DaemonSet pods"),
+            Err(e) => tracing::warn!(%kind, %selector, error = %e, "pod watch"),
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                wake.reconcile();
+                if wakes == Wakes::ReconcileAndUpgrade {
+                    wake.reconcile();
+                }
                 wake.upgrade();
             }
             Ok(_) => {}
@@ -149,7 +179,7 @@ impl PodWatches {
     ) -> (Vec<Arc<SlimPod>>, Vec<Arc<ControllerRevision>>, u64) {
         let ns = ds.metadata.namespace.clone().unwrap_or_default();
         let name = ds.metadata.name.clone().unwrap_or_default();
-        let (pods, revisions, changes) = self.watch(&ns, name, &selector_of(ds), true);
+        let (pods, revisions, changes) = self.watch(&ns, name, &selector_of(ds), true, None);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, async {
             let _ = pods.wait_until_ready().await;
             if let Some(r) = &revisions {
@@ -189,12 +219,37 @@ impl PodWatches {
     }
 
     /// The pods in `namespace` matching the label selector `selector` (the driver upgrade's
-    /// validator pods), from a watch of their own started on first need, then waited for at
-    /// most [`POD_WATCH_READY_LIMIT`].
+    /// validator pods), from a watch of their own started on first need (or by
+    /// [`PodWatches::tap_matching`]), then waited for at most [`POD_WATCH_READY_LIMIT`]. Its
+    /// events wake the driver upgrade loop only.
     pub async fn matching(&self, namespace: &str, selector: &str) -> Vec<Arc<SlimPod>> {
-        let (pods, _, _) = self.watch(namespace, format!("selector {selector}"), selector, false);
+        let (pods, _, _) = self.watch(namespace, matching_key(selector), selector, false, None);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, pods.wait_until_ready()).await;
         pods.state()
+    }
+
+    /// Start the watch [`PodWatches::matching`] reads for `namespace` and `selector` now,
+    /// passing each of its events to `tap` (the readiness timeline's validator pods: one watch
+    /// serves both). A watch already running keeps its own taps and `tap` is dropped; returns
+    /// whether `tap` was installed.
+    pub fn tap_matching(
+        &self,
+        namespace: &str,
+        selector: &str,
+        tap: impl FnMut(&watcher::Event<SlimPod>) + Send + 'static,
+    ) -> bool {
+        let key = (namespace.to_string(), matching_key(selector));
+        if self
+            .watched
+            .lock()
+            .expect("watched lock")
+            .get(&key)
+            .is_some_and(|w| w.selector == selector)
+        {
+            return false;
+        }
+        self.watch(namespace, key.1, selector, false, Some(Box::new(tap)));
+        true
     }
 
     /// The stores of watch `key` in `ns` (started, or restarted when its selector changed).
@@ -204,6 +259,7 @@ impl PodWatches {
         key: String,
         selector: &str,
         with_revisions: bool,
+        tap: Option<Tap<SlimPod>>,
     ) -> (
         Store<SlimPod>,
         Option<Store<ControllerRevision>>,
@@ -213,12 +269,18 @@ impl PodWatches {
         let key = (ns.to_string(), key);
         if watched.get(&key).is_none_or(|w| w.selector != selector) {
             let changes = Arc::new(AtomicU64::new(0));
+            let wakes = if with_revisions {
+                Wakes::ReconcileAndUpgrade
+            } else {
+                Wakes::Upgrade
+            };
             let (pods, t1) = spawn_reflector(
                 Api::<SlimPod>::namespaced(self.client.clone(), ns),
                 selector,
                 SlimPod::trim,
-                self.wake.clone(),
+                (self.wake.clone(), wakes),
                 changes.clone(),
+                tap,
             );
             let mut tasks = vec![t1];
             let revisions = with_revisions.then(|| {
@@ -226,8 +288,9 @@ impl PodWatches {
                     Api::<ControllerRevision>::namespaced(self.client.clone(), ns),
                     selector,
                     slim_revision,
-                    self.wake.clone(),
+                    (self.wake.clone(), wakes),
                     changes.clone(),
+                    None,
                 );
                 tasks.push(t2);
                 revisions
@@ -333,10 +396,11 @@ pub const POD_PAGE: u32 = 100;
 
 /// A pod as the operator's pod stores hold it ([`PodWatches`]): what the `OnDelete` rule and
 /// the driver upgrade read ([`kiln_core::readiness::daemonset_readiness`],
-/// [`kiln_core::upgrade::DriverPodFacts`], the validator's readiness) and nothing else — name,
-/// namespace, labels, owner references, deletion timestamp, the node it is bound to, its
-/// `DRIVER_CONFIG_DIGEST`, phase, the `Ready` condition and each container's ready flag and
-/// restart count. Deserialized straight from the API's JSON (every other field is skipped while
+/// [`kiln_core::upgrade::DriverPodFacts`], the validator's readiness) and the readiness
+/// timeline ([`crate::timeline::validator_facts`]), and nothing else — name, namespace, labels,
+/// owner references, deletion timestamp, the node it is bound to, its `DRIVER_CONFIG_DIGEST`,
+/// phase, the `Ready` condition with its transition time and each container's name, ready
+/// flag, restart count and, when it terminated, exit code and finish time. Deserialized straight from the API's JSON (every other field is skipped while
 /// parsing), about 0.6 KB a pod against 2.5 KB for an empty `Pod` struct: these stores hold two
 /// pods a GPU node. [`SlimPod::to_pod`] gives the rules the `Pod` they read.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -382,19 +446,43 @@ struct SlimStatus {
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct SlimCondition {
     #[serde(rename = "type")]
     type_: String,
     status: String,
+    /// When the status last changed (the readiness timeline's `validated` stage).
+    #[serde(default)]
+    last_transition_time: Option<Time>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SlimContainerStatus {
     #[serde(default)]
+    name: String,
+    #[serde(default)]
     ready: bool,
     #[serde(default)]
     restart_count: i32,
+    /// How the container last ended, when it did (the timeline's validator init containers).
+    #[serde(default)]
+    state: SlimState,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct SlimState {
+    #[serde(default)]
+    terminated: Option<SlimTerminated>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimTerminated {
+    #[serde(default)]
+    exit_code: i32,
+    #[serde(default)]
+    finished_at: Option<Time>,
 }
 
 impl kube::Resource for SlimPod {
@@ -476,14 +564,23 @@ impl SlimPod {
     }
 
     /// The pod the rules read: this one's fields in a `Pod` (the digest as the environment of
-    /// one container; container statuses without names or images).
+    /// one container; container statuses without images, their state only when terminated).
     pub fn to_pod(&self) -> Pod {
         let statuses = |v: &Option<Vec<SlimContainerStatus>>| {
             v.as_ref().map(|cs| {
                 cs.iter()
                     .map(|c| ContainerStatus {
+                        name: c.name.clone(),
                         ready: c.ready,
                         restart_count: c.restart_count,
+                        state: c.state.terminated.as_ref().map(|t| ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: t.exit_code,
+                                finished_at: t.finished_at.clone(),
+                                ..ContainerStateTerminated::default()
+                            }),
+                            ..ContainerState::default()
+                        }),
                         ..ContainerStatus::default()
                     })
                     .collect()
@@ -518,6 +615,7 @@ impl SlimPod {
                         .map(|c| PodCondition {
                             type_: c.type_.clone(),
                             status: c.status.clone(),
+                            last_transition_time: c.last_transition_time.clone(),
                             ..PodCondition::default()
                         })
                         .collect()

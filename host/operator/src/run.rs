@@ -166,18 +166,25 @@ pub async fn run_until(
     ctx.caches.wake = wake.clone();
     let ctx = Arc::new(ctx);
     // Per-node readiness timeline and allocatable gauges, while this replica leads, fed by the
-    // node watch below.
+    // node watch below and the validator pods' events from the driver upgrade's watch of them.
     let (timeline_tx, timeline_rx) = futures::channel::mpsc::channel(crate::timeline::NODE_EVENTS);
-    tokio::spawn(crate::timeline::run(
-        client.clone(),
-        config.namespace.clone(),
-        metrics.clone(),
-        ctx.recorder.clone(),
-        timeline_rx,
-    ));
     let pod_watches = Arc::new(crate::readiness::PodWatches::new(
         client.clone(),
         wake.clone(),
+    ));
+    let (validator_tx, validator_events) = futures::channel::mpsc::unbounded();
+    pod_watches.tap_matching(
+        &config.namespace,
+        crate::timeline::VALIDATOR_SELECTOR,
+        move |ev| {
+            let _ = validator_tx.unbounded_send(ev.clone());
+        },
+    );
+    tokio::spawn(crate::timeline::run(
+        metrics.clone(),
+        ctx.recorder.clone(),
+        timeline_rx,
+        validator_events,
     ));
     let _ = ctx.caches.pods.set(pod_watches.clone());
     // A referenced ConfigMap changed: a full reconcile of the policy, every NVIDIADriver again.

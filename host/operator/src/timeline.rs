@@ -25,8 +25,10 @@
 //! alerts when the second stays below the first.
 //!
 //! IO: the node watch's events ([`crate::nodes::follow_nodes`] hands on each node's
-//! [`NodeFacts`] when they change; no watch of its own) and one watch on the validator pods of
-//! the operator namespace ([`VALIDATOR_SELECTOR`]), of which only [`ValidatorFacts`] are kept.
+//! [`NodeFacts`] when they change) and the events of the driver upgrade's watch of the
+//! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
+//! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept:
+//! no watch of its own.
 //! The decisions are [`Tracker`]'s, with no IO.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -36,13 +38,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::Api;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 
 use crate::metrics::Metrics;
 use crate::node::SlimNode;
+use crate::readiness::SlimPod;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
 pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
@@ -518,33 +519,29 @@ pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
     }
 }
 
-/// One input: a node watch event's facts, or a validator pod watch event (boxed: a Pod is big).
+/// One input: a node watch event's facts, or a validator pod watch event (boxed: a pod is
+/// bigger).
 enum Input {
     Node(watcher::Event<NodeFacts>),
-    Pod(Box<Result<watcher::Event<Pod>, watcher::Error>>),
+    Pod(Box<watcher::Event<SlimPod>>),
 }
 
 /// Room for node events between the node watch and the timeline ([`run`]'s `nodes`).
 pub const NODE_EVENTS: usize = 1024;
 
 /// Keep the timeline metrics and Events (see the module docs) from `nodes` (the node watch's
-/// events, [`crate::nodes::NodeWatch::timeline`]) and a watch of the validator pods of
-/// `namespace`. Runs until both end (the pod watch never does: it retries with kube-runtime's
-/// default backoff); run it as a task while this replica leads.
+/// events, [`crate::nodes::NodeWatch::timeline`]) and `pods` (the validator pod watch's events,
+/// [`crate::readiness::PodWatches::tap_matching`]; that watch retries on errors with
+/// kube-runtime's default backoff). Runs until both end; run it as a task while this replica
+/// leads.
 pub async fn run(
-    client: Client,
-    namespace: String,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
+    pods: futures::channel::mpsc::UnboundedReceiver<watcher::Event<SlimPod>>,
 ) {
     let nodes = nodes.map(Input::Node);
-    let pods = watcher(
-        Api::<Pod>::namespaced(client, &namespace),
-        watcher::Config::default().labels(VALIDATOR_SELECTOR),
-    )
-    .default_backoff()
-    .map(|e| Input::Pod(Box::new(e)));
+    let pods = pods.map(|ev| Input::Pod(Box::new(ev)));
     let mut inputs = std::pin::pin!(futures::stream::select(nodes, pods));
     let mut tracker = Tracker::default();
     while let Some(input) = inputs.next().await {
@@ -560,20 +557,16 @@ pub async fn run(
                 watcher::Event::Delete(f) => tracker.node_deleted(&f.name),
             },
             Input::Pod(ev) => match *ev {
-                Err(e) => {
-                    tracing::debug!(error = %e, "timeline pod watch");
-                    Vec::new()
-                }
-                Ok(watcher::Event::Init) => {
+                watcher::Event::Init => {
                     tracker.begin_list(Source::Pods);
                     Vec::new()
                 }
-                Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p)) => {
+                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
                     let name = p.metadata.name.clone().unwrap_or_default();
-                    tracker.pod(&name, validator_facts(&p, now), now)
+                    tracker.pod(&name, validator_facts(&p.to_pod(), now), now)
                 }
-                Ok(watcher::Event::InitDone) => tracker.end_list(Source::Pods, now),
-                Ok(watcher::Event::Delete(p)) => {
+                watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
+                watcher::Event::Delete(p) => {
                     tracker.pod_deleted(p.metadata.name.as_deref().unwrap_or_default());
                     Vec::new()
                 }
@@ -751,7 +744,7 @@ mod tests {
 
     #[test]
     fn validator_facts_read_init_containers_and_ready() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
+        let json = serde_json::json!({
             "metadata": {"name": "nvidia-operator-validator-x"},
             "spec": {"nodeName": "gpu-node-1", "containers": []},
             "status": {
@@ -763,21 +756,28 @@ mod tests {
                     {"name": "toolkit-validation", "ready": false, "restartCount": 1, "image": "", "imageID": "",
                      "state": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:45Z"}}}
                 ]}
-        }))
-        .unwrap();
-        let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
-        let f = validator_facts(&pod, now);
-        assert_eq!(f.node, "gpu-node-1");
-        assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
-        assert_eq!(f.toolkit, None, "a failed validation is not ready");
-        assert_eq!(f.validated, None);
-        // A Ready pod has passed every validation.
-        let mut ready = pod.clone();
-        ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
-        ready.status.as_mut().unwrap().init_container_statuses = None;
-        let f = validator_facts(&ready, now);
-        let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
-        assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
+        });
+        let full: Pod = serde_json::from_value(json.clone()).unwrap();
+        // As the shared validator pod watch holds it.
+        let slim = serde_json::from_value::<SlimPod>(json)
+            .unwrap()
+            .trim()
+            .to_pod();
+        for pod in [full, slim] {
+            let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
+            let f = validator_facts(&pod, now);
+            assert_eq!(f.node, "gpu-node-1");
+            assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
+            assert_eq!(f.toolkit, None, "a failed validation is not ready");
+            assert_eq!(f.validated, None);
+            // A Ready pod has passed every validation.
+            let mut ready = pod.clone();
+            ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+            ready.status.as_mut().unwrap().init_container_statuses = None;
+            let f = validator_facts(&ready, now);
+            let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
+            assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
+        }
     }
 
     #[test]
