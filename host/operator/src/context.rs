@@ -101,7 +101,8 @@ pub struct Caches {
     /// When the last reconcile of the active policy started ([`crate::reconcile::RECONCILE_EVERY`]).
     pub paced: Mutex<Option<std::time::Instant>>,
     /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
-    /// set; else readiness lists them).
+    /// set; else readiness lists them) and of the validator pods (started by `run` with the
+    /// readiness timeline's tap).
     pub pods: OnceLock<Arc<crate::readiness::PodWatches>>,
     /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
     /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).

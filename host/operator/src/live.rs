@@ -9,7 +9,8 @@
 //! DaemonSets: one watch of the namespace (full objects: readiness reads their status), shared
 //!   with the NVIDIADriver controller, labelled ones ─► LiveCache::daemonset
 //! ConfigMaps: the ConfigMap cache's metadata watch of the namespace (all of them), labelled ones
-//! every event ─► Wake::reconcile (a delete also marks the object gone: Wake::gone)
+//! a labelled object's event ─► Wake::reconcile (one deleted or losing the label is also gone:
+//!   Wake::gone); every DaemonSet event also ─► the NVIDIADriver controller's feed
 //! ```
 //!
 //! [`Wake`] is how the caches wake the controller: a trigger that reconciles every
@@ -125,9 +126,10 @@ impl Wake {
 }
 
 /// One store per watched kind, with the kind it holds (a metadata watch reports every object
-/// as `PartialObjectMetadata`, so the kind comes from here), the DaemonSets as full objects,
-/// and the ConfigMaps from the [`crate::facts::ConfigMapCache`]'s watch of every ConfigMap of
-/// the namespace, of which only the labelled ones count.
+/// as `PartialObjectMetadata`, so the kind comes from here), the DaemonSets as full objects
+/// from the namespace's one DaemonSet watch ([`start_daemonsets`], shared with the NVIDIADriver
+/// controller), and the ConfigMaps from the [`crate::facts::ConfigMapCache`]'s watch of every
+/// ConfigMap of the namespace; of these two only the labelled ones count.
 pub struct LiveCache {
     stores: Vec<(ApiResource, Store<Meta>)>,
     daemonsets: Option<Store<DaemonSet>>,
@@ -144,8 +146,9 @@ fn labelled(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -
 
 /// The wake-ups of a watch of one kind's labelled objects: an event of a labelled object
 /// reconciles; a labelled object deleted, or losing the label, is [`Wake::gone`] (re-applied);
-/// unlabelled objects wake nothing. Serves the watches selected by [`STATE_LABEL`] and the
-/// ConfigMap cache's unfiltered watch, which the labelled ConfigMaps share.
+/// unlabelled objects wake nothing. Serves the watches selected by [`STATE_LABEL`] and the two
+/// unfiltered watches the labelled objects share: the ConfigMap cache's and the namespace's
+/// DaemonSet watch ([`start_daemonsets`]).
 pub struct LabelledEvents {
     ar: ApiResource,
     wake: Wake,
@@ -385,7 +388,8 @@ impl LiveCache {
 /// readiness from this store, with no request), the policy's driver DaemonSet's also the
 /// driver upgrade loop, and a listed store both; every event is passed to `also` (the
 /// NVIDIADriver controller's side, [`crate::nvidiadriver::daemonset_feed`]) after the store
-/// holds it. Unlabelled DaemonSets of the namespace wake nothing here.
+/// holds it. Unlabelled DaemonSets of the namespace (a site's, or NVIDIA's operator's during a
+/// migration: held in full too) wake nothing here, except one that just lost the label.
 pub fn start_daemonsets(
     client: &Client,
     namespace: &str,

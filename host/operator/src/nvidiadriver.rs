@@ -275,8 +275,8 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 
 /// Run the NVIDIADriver controller until `shutdown`. Triggers: a CR changed (itself; a CR
 /// deleted, every other one: it can end an overlap), a change of one of the CRs' DaemonSets
-/// (the CR its [`NVIDIADRIVER_LABEL`] names, [`owner_of`]; every CR once their watch has
-/// listed), and `cluster_changes` — the node watch's pool changes
+/// (the CR its [`NVIDIADRIVER_LABEL`] names, [`owner_of`]; every CR each time the shared
+/// DaemonSet watch lists), and `cluster_changes` — the node watch's pool changes
 /// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
 /// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each
 /// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per

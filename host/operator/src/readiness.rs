@@ -1,9 +1,11 @@
-//! DaemonSet readiness: judge a DaemonSet (from the cache of labelled DaemonSets) with
-//! [`kiln_core::readiness::daemonset_readiness`]; a DaemonSet ready by upstream's rules is
-//! still not ready while it covers fewer nodes than its selector matches
-//! ([`kiln_core::plan::uncovered_nodes`]). `OnDelete` DaemonSets also need their pods and
-//! ControllerRevisions: from watches on the DaemonSet's selector ([`PodWatches`], started on
-//! first need, each event waking the controller), or, without them, listed.
+//! DaemonSet readiness: judge a DaemonSet (from the store of the namespace's shared DaemonSet
+//! watch, [`crate::live::start_daemonsets`]) with [`kiln_core::readiness::daemonset_readiness`];
+//! a DaemonSet ready by upstream's rules is still not ready while it covers fewer nodes than its
+//! selector matches ([`kiln_core::plan::uncovered_nodes`]). `OnDelete` DaemonSets also need
+//! their pods and ControllerRevisions: from watches on the DaemonSet's selector ([`PodWatches`],
+//! started on first need, each change waking the controller and the driver upgrade loop), or,
+//! without them, listed. [`PodWatches`] also holds the validator pod watch, which wakes the
+//! upgrade loop only and feeds the readiness timeline ([`PodWatches::tap_matching`]).
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{
@@ -66,10 +68,10 @@ impl Drop for Watched {
 
 /// Watches of the pods and ControllerRevisions of each `OnDelete` DaemonSet, by its
 /// `spec.selector.matchLabels` (slimmed: [`SlimPod`], [`slim_revision`]); restarted when the
-/// selector changes. Every event wakes the controller (a pod moving to the new revision changes
-/// readiness) and the driver upgrade loop. Also the watch of the pods matching a selector (the
-/// validator pods, [`PodWatches::matching`]), shared with the readiness timeline, whose events
-/// wake the upgrade loop only.
+/// selector changes. Their changes wake the controller (a pod moving to the new revision
+/// changes readiness) and the driver upgrade loop. Also the watch of the pods matching a
+/// selector (the validator pods, [`PodWatches::matching`]), whose changes wake the upgrade loop
+/// only and whose events the readiness timeline reads ([`PodWatches::tap_matching`]).
 pub struct PodWatches {
     client: Client,
     wake: Wake,
@@ -179,7 +181,7 @@ impl PodWatches {
     ) -> (Vec<Arc<SlimPod>>, Vec<Arc<ControllerRevision>>, u64) {
         let ns = ds.metadata.namespace.clone().unwrap_or_default();
         let name = ds.metadata.name.clone().unwrap_or_default();
-        let (pods, revisions, changes) = self.watch(&ns, name, &selector_of(ds), true, None);
+        let (pods, revisions, changes, _) = self.watch(&ns, name, &selector_of(ds), true, None);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, async {
             let _ = pods.wait_until_ready().await;
             if let Some(r) = &revisions {
@@ -223,36 +225,30 @@ impl PodWatches {
     /// [`PodWatches::tap_matching`]), then waited for at most [`POD_WATCH_READY_LIMIT`]. Its
     /// events wake the driver upgrade loop only.
     pub async fn matching(&self, namespace: &str, selector: &str) -> Vec<Arc<SlimPod>> {
-        let (pods, _, _) = self.watch(namespace, matching_key(selector), selector, false, None);
+        let (pods, ..) = self.watch(namespace, matching_key(selector), selector, false, None);
         let _ = tokio::time::timeout(POD_WATCH_READY_LIMIT, pods.wait_until_ready()).await;
         pods.state()
     }
 
     /// Start the watch [`PodWatches::matching`] reads for `namespace` and `selector` now,
-    /// passing each of its events to `tap` (the readiness timeline's validator pods: one watch
-    /// serves both). A watch already running keeps its own taps and `tap` is dropped; returns
-    /// whether `tap` was installed.
+    /// passing each of its events, from its first listing on, to `tap` (the readiness
+    /// timeline's validator pods: one watch serves both). A watch already running (one
+    /// [`PodWatches::matching`] started has no tap) is kept and `tap` dropped; returns whether
+    /// `tap` was installed.
     pub fn tap_matching(
         &self,
         namespace: &str,
         selector: &str,
         tap: impl FnMut(&watcher::Event<SlimPod>) + Send + 'static,
     ) -> bool {
-        let key = (namespace.to_string(), matching_key(selector));
-        if self
-            .watched
-            .lock()
-            .expect("watched lock")
-            .get(&key)
-            .is_some_and(|w| w.selector == selector)
-        {
-            return false;
-        }
-        self.watch(namespace, key.1, selector, false, Some(Box::new(tap)));
-        true
+        let key = matching_key(selector);
+        self.watch(namespace, key, selector, false, Some(Box::new(tap)))
+            .3
     }
 
-    /// The stores of watch `key` in `ns` (started, or restarted when its selector changed).
+    /// The stores of watch `key` in `ns` (started, or restarted when its selector changed,
+    /// `tap` then seeing its events), its change count, and whether it was started now; one
+    /// lock held throughout, so two callers never both start it.
     fn watch(
         &self,
         ns: &str,
@@ -264,10 +260,12 @@ impl PodWatches {
         Store<SlimPod>,
         Option<Store<ControllerRevision>>,
         Arc<AtomicU64>,
+        bool,
     ) {
         let mut watched = self.watched.lock().expect("watched lock");
         let key = (ns.to_string(), key);
-        if watched.get(&key).is_none_or(|w| w.selector != selector) {
+        let start = watched.get(&key).is_none_or(|w| w.selector != selector);
+        if start {
             let changes = Arc::new(AtomicU64::new(0));
             let wakes = if with_revisions {
                 Wakes::ReconcileAndUpgrade
@@ -307,7 +305,12 @@ impl PodWatches {
             );
         }
         let w = &watched[&key];
-        (w.pods.clone(), w.revisions.clone(), w.changes.clone())
+        (
+            w.pods.clone(),
+            w.revisions.clone(),
+            w.changes.clone(),
+            start,
+        )
     }
 }
 
@@ -400,9 +403,12 @@ pub const POD_PAGE: u32 = 100;
 /// timeline ([`crate::timeline::validator_facts`]), and nothing else — name, namespace, labels,
 /// owner references, deletion timestamp, the node it is bound to, its `DRIVER_CONFIG_DIGEST`,
 /// phase, the `Ready` condition with its transition time and each container's name, ready
-/// flag, restart count and, when it terminated, exit code and finish time. Deserialized straight from the API's JSON (every other field is skipped while
-/// parsing), about 0.6 KB a pod against 2.5 KB for an empty `Pod` struct: these stores hold two
-/// pods a GPU node. [`SlimPod::to_pod`] gives the rules the `Pod` they read.
+/// flag, restart count and, when it terminated, exit code and finish time. Deserialized
+/// straight from the API's JSON (every other field is skipped while parsing): about 0.6 KB a
+/// pod measured before the names, terminated states and transition time were kept (a few
+/// dozen bytes a container more; not measured since), against 2.5 KB for an empty `Pod`
+/// struct: these stores hold two pods a GPU node. [`SlimPod::to_pod`] gives the rules the `Pod`
+/// they read.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 pub struct SlimPod {
     /// Name, namespace, labels, owner references and deletion timestamp ([`SlimPod::trim`]
@@ -527,7 +533,9 @@ impl kiln_core::readiness::PodFacts for SlimPod {
 
 impl SlimPod {
     /// Keep only what the rules read: the metadata named in [`SlimPod`], the digest (the
-    /// containers' environments dropped), the `Ready` condition.
+    /// containers' environments dropped), the `Ready` condition (with its transition time) and
+    /// the container statuses (name, ready, restarts, a termination's exit code and finish
+    /// time).
     #[must_use]
     pub fn trim(self) -> SlimPod {
         let m = self.metadata;
@@ -663,6 +671,78 @@ pub fn as_daemonset(name: &str, live: &DynamicObject) -> Result<DaemonSet> {
 mod tests {
     use super::*;
     use kiln_core::upgrade::DriverPodFacts;
+
+    /// A client whose API server lists one validator pod and refuses every watch (the
+    /// watcher retries it with backoff, never listing again); counts the LISTs.
+    fn listing_client(lists: Arc<AtomicU64>) -> Client {
+        use axum::http::{Request, Response};
+        use kube::client::Body;
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let lists = lists.clone();
+            async move {
+                let watch = req.uri().query().unwrap_or_default().contains("watch=true");
+                let (status, out) = if watch {
+                    (500, serde_json::json!({"kind": "Status", "code": 500}))
+                } else {
+                    lists.fetch_add(1, Ordering::SeqCst);
+                    let pod = serde_json::json!({
+                        "metadata": {"name": "nvidia-operator-validator-a",
+                            "namespace": "gpu-operator", "resourceVersion": "3"},
+                        "spec": {"nodeName": "gpu-node-1"}});
+                    (
+                        200,
+                        serde_json::json!({"apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": "3"}, "items": [pod]}),
+                    )
+                };
+                Ok::<_, kube::Error>(
+                    Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                        .unwrap(),
+                )
+            }
+        });
+        Client::new(svc, "default")
+    }
+
+    #[tokio::test]
+    async fn the_tapped_validator_watch_feeds_its_first_listing_and_serves_matching() {
+        let lists = Arc::new(AtomicU64::new(0));
+        let (wake, _wakes) = Wake::channel();
+        let watches = PodWatches::new(listing_client(lists.clone()), wake);
+        let selector = kiln_core::upgrade::VALIDATOR_SELECTOR;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let tapped = watches.tap_matching("gpu-operator", selector, move |ev| {
+            let seen = match ev {
+                watcher::Event::Init => "init".to_string(),
+                watcher::Event::InitApply(p) => {
+                    format!("list {}", p.metadata.name.clone().unwrap())
+                }
+                watcher::Event::InitDone => "done".to_string(),
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) => "change".to_string(),
+            };
+            let _ = tx.unbounded_send(seen);
+        });
+        assert!(tapped);
+        assert!(
+            !watches.tap_matching("gpu-operator", selector, |_| {}),
+            "one watch per selector: a second tap is refused"
+        );
+        let seen: Vec<String> = tokio::time::timeout(Duration::from_secs(10), rx.take(3).collect())
+            .await
+            .expect("the tap sees the first listing");
+        assert_eq!(seen, ["init", "list nvidia-operator-validator-a", "done"]);
+        let pods = watches.matching("gpu-operator", selector).await;
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].spec.node_name.as_deref(), Some("gpu-node-1"));
+        assert_eq!(
+            lists.load(Ordering::SeqCst),
+            1,
+            "matching reads the tapped watch"
+        );
+    }
 
     fn driver_pod() -> serde_json::Value {
         serde_json::json!({

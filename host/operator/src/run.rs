@@ -36,11 +36,13 @@ pub const MAX_BLOCKING_THREADS: usize = 4;
 /// Every resource the operator watches besides the asset kinds
 /// ([`crate::live::asset_kinds`]), as (API group, resource, namespaced): nodes
 /// ([`crate::nodes`]), the pods and ControllerRevisions of `OnDelete` DaemonSets and the
-/// validator pods ([`crate::readiness::PodWatches`], [`crate::timeline`]), every DaemonSet
-/// ([`crate::live::start_daemonsets`], the policy's and the NVIDIADrivers'), the ConfigMaps' metadata ([`crate::facts::ConfigMapCache`]), ClusterPolicies and
-/// NVIDIADrivers. A namespaced one is watched in the operator namespace only. The operator's
-/// RBAC must grant `list` and `watch` on each (`tests/deploy.rs`): a watch refused after its
-/// list leaves its store at that first list for good, retried every 30 s.
+/// validator pods ([`crate::readiness::PodWatches`]; the validator pods' events also feed
+/// [`crate::timeline`]), every DaemonSet ([`crate::live::start_daemonsets`], the policy's and
+/// the NVIDIADrivers'), the ConfigMaps' metadata ([`crate::facts::ConfigMapCache`]),
+/// ClusterPolicies and NVIDIADrivers. A namespaced one is watched in the operator namespace
+/// only. The operator's RBAC must grant `list` and `watch` on each (`tests/deploy.rs`): a
+/// watch refused after its list leaves its store at that first list for good, retried every
+/// 30 s.
 pub const WATCHED_RESOURCES: &[(&str, &str, bool)] = &[
     ("", "nodes", false),
     ("", "pods", true),
@@ -172,14 +174,18 @@ pub async fn run_until(
         client.clone(),
         wake.clone(),
     ));
+    // Unbounded: about one validator pod a GPU node, and the timeline keeps up between them.
     let (validator_tx, validator_events) = futures::channel::mpsc::unbounded();
-    pod_watches.tap_matching(
+    let tapped = pod_watches.tap_matching(
         &config.namespace,
         crate::timeline::VALIDATOR_SELECTOR,
         move |ev| {
             let _ = validator_tx.unbounded_send(ev.clone());
         },
     );
+    if !tapped {
+        tracing::warn!("validator pod watch already running: no readiness timeline of validators");
+    }
     tokio::spawn(crate::timeline::run(
         metrics.clone(),
         ctx.recorder.clone(),
