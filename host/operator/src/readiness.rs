@@ -82,15 +82,6 @@ pub struct PodWatches {
     judged: Mutex<HashMap<(String, String), Judged>>,
 }
 
-/// Who a watch's events wake: an `OnDelete` DaemonSet's pods and revisions change its
-/// readiness (the controller) and the driver upgrade; the validator pods concern the upgrade
-/// only.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Wakes {
-    ReconcileAndUpgrade,
-    Upgrade,
-}
-
 /// What else sees a watch's events, after its store holds them (the readiness timeline sees
 /// the validator pods' through [`PodWatches::tap_matching`]).
 pub type Tap<K> = Box<dyn FnMut(&watcher::Event<K>) + Send>;
@@ -114,11 +105,16 @@ fn selector_of(ds: &DaemonSet) -> String {
         .join(",")
 }
 
+/// A reflector over the objects of `api` matching `selector`, slimmed by `slim`, as a task.
+/// Each change wakes the driver upgrade loop and, with `reconciles` (an `OnDelete` DaemonSet's
+/// pods and revisions: they change its readiness), the controller; every event is counted in
+/// `changes` and passed to `tap` after the store holds it.
 fn spawn_reflector<K>(
     api: Api<K>,
     selector: &str,
     slim: fn(K) -> K,
-    wakes: (Wake, Wakes),
+    wake: Wake,
+    reconciles: bool,
     changes: Arc<AtomicU64>,
     mut tap: Option<Tap<K>>,
 ) -> (Store<K>, tokio::task::JoinHandle<()>)
@@ -137,7 +133,6 @@ where
     let stream = watcher(api, watcher::Config::default().labels(selector))
         .default_backoff()
         .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
-    let (wake, wakes) = wakes;
     let kind = K::kind(&());
     let selector = selector.to_string();
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
@@ -150,7 +145,7 @@ where
         match ev {
             Err(e) => tracing::warn!(%kind, %selector, error = %e, "pod watch"),
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                if wakes == Wakes::ReconcileAndUpgrade {
+                if reconciles {
                     wake.reconcile();
                 }
                 wake.upgrade();
@@ -248,7 +243,8 @@ impl PodWatches {
 
     /// The stores of watch `key` in `ns` (started, or restarted when its selector changed,
     /// `tap` then seeing its events), its change count, and whether it was started now; one
-    /// lock held throughout, so two callers never both start it.
+    /// lock held throughout, so two callers never both start it. `with_revisions`: an
+    /// `OnDelete` DaemonSet's watches (its revisions too, and changes wake the controller).
     fn watch(
         &self,
         ns: &str,
@@ -267,16 +263,12 @@ impl PodWatches {
         let start = watched.get(&key).is_none_or(|w| w.selector != selector);
         if start {
             let changes = Arc::new(AtomicU64::new(0));
-            let wakes = if with_revisions {
-                Wakes::ReconcileAndUpgrade
-            } else {
-                Wakes::Upgrade
-            };
             let (pods, t1) = spawn_reflector(
                 Api::<SlimPod>::namespaced(self.client.clone(), ns),
                 selector,
                 SlimPod::trim,
-                (self.wake.clone(), wakes),
+                self.wake.clone(),
+                with_revisions,
                 changes.clone(),
                 tap,
             );
@@ -286,7 +278,8 @@ impl PodWatches {
                     Api::<ControllerRevision>::namespaced(self.client.clone(), ns),
                     selector,
                     slim_revision,
-                    (self.wake.clone(), wakes),
+                    self.wake.clone(),
+                    true,
                     changes.clone(),
                     None,
                 );
@@ -675,36 +668,26 @@ mod tests {
     /// A client whose API server lists one validator pod and refuses every watch (the
     /// watcher retries it with backoff, never listing again); counts the LISTs.
     fn listing_client(lists: Arc<AtomicU64>) -> Client {
-        use axum::http::{Request, Response};
-        use kube::client::Body;
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            let lists = lists.clone();
-            async move {
-                let watch = req.uri().query().unwrap_or_default().contains("watch=true");
-                let (status, out) = if watch {
-                    (500, serde_json::json!({"kind": "Status", "code": 500}))
-                } else {
-                    lists.fetch_add(1, Ordering::SeqCst);
-                    let pod = serde_json::json!({
-                        "metadata": {"name": "nvidia-operator-validator-a",
-                            "namespace": "gpu-operator", "resourceVersion": "3"},
-                        "spec": {"nodeName": "gpu-node-1"}});
-                    (
-                        200,
-                        serde_json::json!({"apiVersion": "v1", "kind": "PodList",
-                        "metadata": {"resourceVersion": "3"}, "items": [pod]}),
-                    )
-                };
-                Ok::<_, kube::Error>(
-                    Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&out).unwrap()))
-                        .unwrap(),
-                )
+        use axum::extract::RawQuery;
+        use axum::http::{StatusCode, header};
+        let pods = move |RawQuery(query): RawQuery| async move {
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            if query.unwrap_or_default().contains("watch=true") {
+                return (StatusCode::INTERNAL_SERVER_ERROR, json, String::new());
             }
-        });
-        Client::new(svc, "default")
+            lists.fetch_add(1, Ordering::SeqCst);
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": "3"},
+                "items": [{"metadata": {"name": "nvidia-operator-validator-a",
+                    "namespace": "gpu-operator", "resourceVersion": "3"},
+                    "spec": {"nodeName": "gpu-node-1"}}]});
+            (StatusCode::OK, json, list.to_string())
+        };
+        let api = axum::Router::new().route(
+            "/api/v1/namespaces/gpu-operator/pods",
+            axum::routing::get(pods),
+        );
+        Client::new(api, "default")
     }
 
     #[tokio::test]
