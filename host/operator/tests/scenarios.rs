@@ -1,5 +1,6 @@
-//! Reconciler scenarios against an in-memory API server (a `tower` service behind a real
-//! `kube::Client`, in the style of controller-rs's mock API tests): no cluster, no timing.
+//! Reconciler scenarios against an in-memory API server (`support/mock_api.rs`: a `tower`
+//! service behind a real `kube::Client`, in the style of controller-rs's mock API tests): no
+//! cluster, no timing.
 //! Each scenario calls [`reconcile`] once or twice on a fresh [`Context`] and asserts on the
 //! requests the fake server recorded:
 //! - a newer ClusterPolicy is `ignored`, and nothing but its status is written;
@@ -15,197 +16,25 @@
 //!   request but the status write and its Event, and none at all when the verdict is unchanged;
 //! - GFD's per-minute label churn on nodes wakes nothing; a new GPU node is labelled alone.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::{Method, Request, Response, StatusCode};
+use axum::http::Method;
 use kiln_core::plan::STATE_LABEL;
 use kiln_core::spec::ClusterPolicy;
 use kiln_operator::live::{LiveCache, Meta};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::reconcile::reconcile;
 use kiln_operator::{Config, Context};
-use kube::Client;
 use kube::api::ApiResource;
-use kube::client::Body;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
+#[path = "support/mock_api.rs"]
+mod mock_api;
+use mock_api::{Call, Server, calls, client};
+
 const NS: &str = "gpu-operator";
-
-/// One recorded request: method, path (no query) and JSON body (`Null` when none).
-#[derive(Debug, Clone)]
-struct Call {
-    method: Method,
-    path: String,
-    body: Value,
-}
-
-/// The fake API server's state: objects by path, and every request seen.
-#[derive(Default)]
-struct Server {
-    objects: BTreeMap<String, Value>,
-    calls: Vec<Call>,
-}
-
-/// The served kinds (resource, kind, namespaced) per group/version; other groups are 404.
-fn discovery(gv: &str) -> Option<Value> {
-    let r: &[(&str, &str, bool)] = match gv {
-        "v1" => &[
-            ("configmaps", "ConfigMap", true),
-            ("serviceaccounts", "ServiceAccount", true),
-            ("services", "Service", true),
-            ("secrets", "Secret", true),
-            ("pods", "Pod", true),
-            ("nodes", "Node", false),
-        ],
-        "apps/v1" => &[
-            ("daemonsets", "DaemonSet", true),
-            ("controllerrevisions", "ControllerRevision", true),
-        ],
-        "rbac.authorization.k8s.io/v1" => &[
-            ("roles", "Role", true),
-            ("rolebindings", "RoleBinding", true),
-            ("clusterroles", "ClusterRole", false),
-            ("clusterrolebindings", "ClusterRoleBinding", false),
-        ],
-        "node.k8s.io/v1" => &[("runtimeclasses", "RuntimeClass", false)],
-        "nvidia.com/v1" => &[("clusterpolicies", "ClusterPolicy", false)],
-        _ => return None,
-    };
-    let resources: Vec<Value> = r
-        .iter()
-        .map(|(name, kind, ns)| {
-            json!({"name": name, "singularName": "", "kind": kind, "namespaced": ns,
-                "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
-        })
-        .collect();
-    Some(
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
-        "resources": resources}),
-    )
-}
-
-/// RFC 7386 merge of `patch` into `target` (test helper for merge-patch requests).
-fn merge(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(t), Some(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        _ => *target = patch.clone(),
-    }
-}
-
-fn not_found() -> (StatusCode, Value) {
-    (
-        StatusCode::NOT_FOUND,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "NotFound", "code": 404, "message": "not found"}),
-    )
-}
-
-impl Server {
-    fn handle(&mut self, method: &Method, path: &str, body: &Value) -> (StatusCode, Value) {
-        let (gv, rest) = if let Some(r) = path.strip_prefix("/api/v1") {
-            ("v1".to_string(), r)
-        } else if let Some(r) = path.strip_prefix("/apis/") {
-            let mut it = r.splitn(3, '/');
-            let (g, v) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-            (
-                format!("{g}/{v}"),
-                &r[(g.len() + v.len() + 1).min(r.len())..],
-            )
-        } else {
-            return not_found();
-        };
-        let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-        let (_resource, name, sub) = match segs.as_slice() {
-            [] => return discovery(&gv).map_or_else(not_found, |d| (StatusCode::OK, d)),
-            ["namespaces", _, res] | [res] => (*res, None, None),
-            ["namespaces", _, res, name] | [res, name] => (*res, Some(*name), None),
-            ["namespaces", _, res, name, sub] | [res, name, sub] => (*res, Some(*name), Some(*sub)),
-            _ => return not_found(),
-        };
-        let key = match name {
-            Some(_) => path
-                .trim_end_matches(&format!("/{}", sub.unwrap_or("")))
-                .to_string(),
-            None => path.to_string(),
-        };
-        match (method, name) {
-            (&Method::GET, None) => {
-                let prefix = format!("{path}/");
-                let items: Vec<Value> = self
-                    .objects
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(&prefix))
-                    .map(|(_, v)| v.clone())
-                    .collect();
-                (
-                    StatusCode::OK,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
-                )
-            }
-            (&Method::GET, Some(_)) => self
-                .objects
-                .get(&key)
-                .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
-            (&Method::PATCH, Some(_)) => {
-                let obj = self.objects.entry(key).or_insert_with(
-                    || json!({"metadata": {"uid": "uid", "generation": 1, "resourceVersion": "1"}}),
-                );
-                merge(obj, body);
-                (StatusCode::OK, obj.clone())
-            }
-            (&Method::DELETE, Some(_)) => match self.objects.remove(&key) {
-                Some(_) => (
-                    StatusCode::OK,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                ),
-                None => not_found(),
-            },
-            (&Method::POST, None) => (StatusCode::CREATED, body.clone()),
-            _ => not_found(),
-        }
-    }
-}
-
-/// A `kube::Client` over the fake server.
-fn client(server: Arc<Mutex<Server>>) -> Client {
-    let svc = tower::service_fn(move |req: Request<Body>| {
-        let server = server.clone();
-        async move {
-            let method = req.method().clone();
-            let path = req.uri().path().to_string();
-            let bytes = req.into_body().collect_bytes().await?;
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let (status, out) = {
-                let mut s = server.lock().unwrap();
-                s.calls.push(Call {
-                    method: method.clone(),
-                    path: path.clone(),
-                    body: body.clone(),
-                });
-                s.handle(&method, &path, &body)
-            };
-            Ok::<_, kube::Error>(
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
-                    .unwrap(),
-            )
-        }
-    });
-    Client::new(svc, "default")
-}
 
 fn policy(name: &str, created: &str, spec: Value) -> Value {
     json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
@@ -309,15 +138,6 @@ fn server_with(policies: &[Value], gpu_nodes: usize) -> Arc<Mutex<Server>> {
 
 fn typed(p: &Value) -> Arc<kube::api::DynamicObject> {
     Arc::new(serde_json::from_value(p.clone()).unwrap())
-}
-
-fn calls(server: &Arc<Mutex<Server>>, method: &Method) -> Vec<Call> {
-    let s = server.lock().unwrap();
-    s.calls
-        .iter()
-        .filter(|c| c.method == method)
-        .cloned()
-        .collect()
 }
 
 fn cm() -> ApiResource {

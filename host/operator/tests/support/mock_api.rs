@@ -1,0 +1,231 @@
+//! An in-memory API server behind a real `kube::Client` (a `tower` service, in the style of
+//! controller-rs's mock API tests), shared by the reconciler scenarios and the NVIDIADriver
+//! controller tests. It serves discovery for the kinds the operator applies, GET (one object,
+//! or a list of a collection's direct children filtered by equality `labelSelector` terms),
+//! merge PATCH (creating the object when absent, as server-side apply does), DELETE and POST;
+//! everything else is 404. Every request is recorded for the tests to assert on.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+/// One recorded request: method, path (no query) and JSON body (`Null` when none).
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+/// The fake API server's state: objects by path (`/api/v1/nodes/n1`, no subresource), and
+/// every request seen, in order.
+#[derive(Default)]
+pub struct Server {
+    pub objects: BTreeMap<String, Value>,
+    pub calls: Vec<Call>,
+}
+
+/// The served kinds (resource, kind, namespaced) per group/version; other groups are 404.
+fn discovery(gv: &str) -> Option<Value> {
+    let r: &[(&str, &str, bool)] = match gv {
+        "v1" => &[
+            ("configmaps", "ConfigMap", true),
+            ("serviceaccounts", "ServiceAccount", true),
+            ("services", "Service", true),
+            ("secrets", "Secret", true),
+            ("pods", "Pod", true),
+            ("nodes", "Node", false),
+        ],
+        "apps/v1" => &[
+            ("daemonsets", "DaemonSet", true),
+            ("controllerrevisions", "ControllerRevision", true),
+        ],
+        "rbac.authorization.k8s.io/v1" => &[
+            ("roles", "Role", true),
+            ("rolebindings", "RoleBinding", true),
+            ("clusterroles", "ClusterRole", false),
+            ("clusterrolebindings", "ClusterRoleBinding", false),
+        ],
+        "node.k8s.io/v1" => &[("runtimeclasses", "RuntimeClass", false)],
+        "nvidia.com/v1" => &[("clusterpolicies", "ClusterPolicy", false)],
+        "nvidia.com/v1alpha1" => &[("nvidiadrivers", "NVIDIADriver", false)],
+        _ => return None,
+    };
+    let resources: Vec<Value> = r
+        .iter()
+        .map(|(name, kind, ns)| {
+            json!({"name": name, "singularName": "", "kind": kind, "namespaced": ns,
+                "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
+        })
+        .collect();
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+        "resources": resources}),
+    )
+}
+
+/// RFC 7386 merge of `patch` into `target` (how the fake applies every PATCH).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// `k=v,k2=v2` of a `labelSelector` query parameter (equality terms only).
+fn selector(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("labelSelector="))
+        .flat_map(|s| {
+            let s = s
+                .replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/");
+            s.split(',')
+                .filter_map(|t| {
+                    t.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+impl Server {
+    fn handle(
+        &mut self,
+        method: &Method,
+        path: &str,
+        query: &str,
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        let (gv, rest) = if let Some(r) = path.strip_prefix("/api/v1") {
+            ("v1".to_string(), r)
+        } else if let Some(r) = path.strip_prefix("/apis/") {
+            let mut it = r.splitn(3, '/');
+            let (g, v) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+            (
+                format!("{g}/{v}"),
+                &r[(g.len() + v.len() + 1).min(r.len())..],
+            )
+        } else {
+            return not_found();
+        };
+        let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+        let (name, sub) = match segs.as_slice() {
+            [] => return discovery(&gv).map_or_else(not_found, |d| (StatusCode::OK, d)),
+            ["namespaces", _, _] | [_] => (None, None),
+            ["namespaces", _, _, name] | [_, name] => (Some(*name), None),
+            ["namespaces", _, _, name, sub] | [_, name, sub] => (Some(*name), Some(*sub)),
+            _ => return not_found(),
+        };
+        let key = match (name, sub) {
+            (Some(_), Some(sub)) => path.trim_end_matches(&format!("/{sub}")).to_string(),
+            _ => path.to_string(),
+        };
+        match (method, name) {
+            (&Method::GET, None) => {
+                let prefix = format!("{path}/");
+                let want = selector(query);
+                let items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+                    .filter(|(_, v)| {
+                        want.iter()
+                            .all(|(k, val)| v["metadata"]["labels"][k].as_str() == Some(val))
+                    })
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                (
+                    StatusCode::OK,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                )
+            }
+            (&Method::GET, Some(_)) => self
+                .objects
+                .get(&key)
+                .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
+            (&Method::PATCH, Some(_)) => {
+                let obj = self.objects.entry(key).or_insert_with(
+                    || json!({"metadata": {"uid": "uid", "generation": 1, "resourceVersion": "1"}}),
+                );
+                merge(obj, body);
+                (StatusCode::OK, obj.clone())
+            }
+            (&Method::DELETE, Some(_)) => match self.objects.remove(&key) {
+                Some(_) => (
+                    StatusCode::OK,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                ),
+                None => not_found(),
+            },
+            (&Method::POST, None) => (StatusCode::CREATED, body.clone()),
+            _ => not_found(),
+        }
+    }
+}
+
+/// A `kube::Client` over the fake server; every request is recorded in `server.calls`.
+pub fn client(server: Arc<Mutex<Server>>) -> Client {
+    let svc = tower::service_fn(move |req: Request<Body>| {
+        let server = server.clone();
+        async move {
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let query = req.uri().query().unwrap_or_default().to_string();
+            let bytes = req.into_body().collect_bytes().await?;
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (status, out) = {
+                let mut s = server.lock().unwrap();
+                s.calls.push(Call {
+                    method: method.clone(),
+                    path: path.clone(),
+                    body: body.clone(),
+                });
+                s.handle(&method, &path, &query, &body)
+            };
+            Ok::<_, kube::Error>(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            )
+        }
+    });
+    Client::new(svc, "default")
+}
+
+/// The recorded `method` requests, in order.
+pub fn calls(server: &Arc<Mutex<Server>>, method: &Method) -> Vec<Call> {
+    let s = server.lock().unwrap();
+    s.calls
+        .iter()
+        .filter(|c| c.method == method)
+        .cloned()
+        .collect()
+}
