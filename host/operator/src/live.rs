@@ -389,7 +389,8 @@ impl LiveCache {
 /// driver upgrade loop, and a listed store both; every event is passed to `also` (the
 /// NVIDIADriver controller's side, [`crate::nvidiadriver::daemonset_feed`]) after the store
 /// holds it. Unlabelled DaemonSets of the namespace (a site's, or NVIDIA's operator's during a
-/// migration: held in full too) wake nothing here, except one that just lost the label.
+/// migration) are held as metadata without annotations ([`trim_daemonset`]) and wake nothing
+/// here, except one that just lost the label.
 pub fn start_daemonsets(
     client: &Client,
     namespace: &str,
@@ -402,8 +403,7 @@ pub fn start_daemonsets(
     let mut events = LabelledEvents::new(ApiResource::erase::<DaemonSet>(&()), wake.clone());
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        // Managed fields are most of a DaemonSet's size and nothing kiln reads.
-        .modify(|d: &mut DaemonSet| d.metadata.managed_fields = None);
+        .modify(trim_daemonset);
     let wake = wake.clone();
     tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
         match &ev {
@@ -426,6 +426,25 @@ pub fn start_daemonsets(
         futures::future::ready(())
     }));
     store
+}
+
+/// A DaemonSet as the shared store keeps it: managed fields dropped (most of a DaemonSet's
+/// size, and nothing kiln reads); one that is neither the policy's ([`STATE_LABEL`]) nor an
+/// NVIDIADriver CR's ([`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`]) also loses its
+/// annotations, spec and status, since every reader of the store filters on those two labels
+/// and [`LabelledEvents`] reads only labels. When such a DaemonSet gains a label (kiln applies
+/// over NVIDIA's), the watch event that shows it carries the whole object again.
+fn trim_daemonset(d: &mut DaemonSet) {
+    d.metadata.managed_fields = None;
+    let ours = d.metadata.labels.as_ref().is_some_and(|l| {
+        l.contains_key(STATE_LABEL)
+            || l.contains_key(kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL)
+    });
+    if !ours {
+        d.metadata.annotations = None;
+        d.spec = None;
+        d.status = None;
+    }
 }
 
 /// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
@@ -648,5 +667,65 @@ mod tests {
             crate::upgrade::DRIVER_DAEMONSET,
             &[(STATE_LABEL, "driver")]
         )));
+    }
+
+    #[test]
+    fn the_shared_daemonset_store_keeps_only_the_metadata_of_a_daemonset_neither_controller_owns() {
+        use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let ds = |labels: &[(&str, &str)]| {
+            let mut d = DaemonSet::default();
+            d.metadata.name = Some("nvidia-device-plugin-daemonset".into());
+            d.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            d.metadata.annotations = Some(
+                [(
+                    "deprecated.daemonset.template.generation".into(),
+                    "3".into(),
+                )]
+                .into(),
+            );
+            d.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+            d.spec = Some(DaemonSetSpec::default());
+            d.status = Some(DaemonSetStatus {
+                number_ready: 4,
+                ..Default::default()
+            });
+            d
+        };
+        // NVIDIA's operator's DaemonSet during a migration: metadata and labels only.
+        let mut nvidia = ds(&[("app", "nvidia-device-plugin-daemonset")]);
+        trim_daemonset(&mut nvidia);
+        assert_eq!(
+            nvidia.metadata.labels.as_ref().unwrap()["app"],
+            "nvidia-device-plugin-daemonset"
+        );
+        assert_eq!(
+            nvidia.metadata.name.as_deref(),
+            Some("nvidia-device-plugin-daemonset")
+        );
+        assert!(nvidia.metadata.annotations.is_none());
+        assert!(nvidia.metadata.managed_fields.is_none());
+        assert!(nvidia.spec.is_none() && nvidia.status.is_none());
+        // Either controller's keeps what readiness, markers and the upgrade read.
+        for label in [
+            STATE_LABEL,
+            kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL,
+        ] {
+            let mut ours = ds(&[(label, "x")]);
+            trim_daemonset(&mut ours);
+            assert!(ours.metadata.managed_fields.is_none(), "{label}");
+            assert!(ours.metadata.annotations.is_some(), "{label}");
+            assert!(ours.spec.is_some(), "{label}");
+            assert_eq!(
+                ours.status.as_ref().map(|s| s.number_ready),
+                Some(4),
+                "{label}"
+            );
+        }
     }
 }
