@@ -429,18 +429,14 @@ pub fn start_daemonsets(
 }
 
 /// A DaemonSet as the shared store keeps it: managed fields dropped (most of a DaemonSet's
-/// size, and nothing kiln reads); one that is neither the policy's ([`STATE_LABEL`]) nor an
-/// NVIDIADriver CR's ([`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`]) also loses its
+/// size, and nothing kiln reads); one that is neither the policy's ([`labelled`]) nor an
+/// NVIDIADriver CR's ([`crate::nvidiadriver::owner_of`]) also loses its
 /// annotations, spec and status, since every reader of the store filters on those two labels
 /// and [`LabelledEvents`] reads only labels. When such a DaemonSet gains a label (kiln applies
 /// over NVIDIA's), the watch event that shows it carries the whole object again.
 fn trim_daemonset(d: &mut DaemonSet) {
     d.metadata.managed_fields = None;
-    let ours = d.metadata.labels.as_ref().is_some_and(|l| {
-        l.contains_key(STATE_LABEL)
-            || l.contains_key(kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL)
-    });
-    if !ours {
+    if !labelled(&d.metadata) && crate::nvidiadriver::owner_of(d).is_none() {
         d.metadata.annotations = None;
         d.spec = None;
         d.status = None;
@@ -610,21 +606,23 @@ mod tests {
         assert_eq!(cache.marker(&cm_key("site")), None);
     }
 
+    /// DaemonSet `gpu-operator/name` at resourceVersion 9 with `labels`.
+    fn ds(name: &str, labels: &[(&str, &str)]) -> DaemonSet {
+        let mut d = DaemonSet::default();
+        d.metadata.name = Some(name.into());
+        d.metadata.namespace = Some("gpu-operator".into());
+        d.metadata.resource_version = Some("9".into());
+        d.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        d
+    }
+
     #[test]
     fn the_shared_daemonset_store_counts_labelled_daemonsets_only() {
-        let ds = |name: &str, labels: &[(&str, &str)]| {
-            let mut d = DaemonSet::default();
-            d.metadata.name = Some(name.into());
-            d.metadata.namespace = Some("gpu-operator".into());
-            d.metadata.resource_version = Some("9".into());
-            d.metadata.labels = Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            );
-            d
-        };
         let mut w = reflector::store::Writer::<DaemonSet>::default();
         w.apply_watcher_event(&watcher::Event::Apply(ds(
             "nvidia-dcgm-exporter",
@@ -673,15 +671,8 @@ mod tests {
     fn the_shared_daemonset_store_keeps_only_the_metadata_of_a_daemonset_neither_controller_owns() {
         use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-        let ds = |labels: &[(&str, &str)]| {
-            let mut d = DaemonSet::default();
-            d.metadata.name = Some("nvidia-device-plugin-daemonset".into());
-            d.metadata.labels = Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            );
+        let full = |labels: &[(&str, &str)]| {
+            let mut d = ds("nvidia-device-plugin-daemonset", labels);
             d.metadata.annotations = Some(
                 [(
                     "deprecated.daemonset.template.generation".into(),
@@ -698,7 +689,7 @@ mod tests {
             d
         };
         // NVIDIA's operator's DaemonSet during a migration: metadata and labels only.
-        let mut nvidia = ds(&[("app", "nvidia-device-plugin-daemonset")]);
+        let mut nvidia = full(&[("app", "nvidia-device-plugin-daemonset")]);
         trim_daemonset(&mut nvidia);
         assert_eq!(
             nvidia.metadata.labels.as_ref().unwrap()["app"],
@@ -716,7 +707,7 @@ mod tests {
             STATE_LABEL,
             kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL,
         ] {
-            let mut ours = ds(&[(label, "x")]);
+            let mut ours = full(&[(label, "x")]);
             trim_daemonset(&mut ours);
             assert!(ours.metadata.managed_fields.is_none(), "{label}");
             assert!(ours.metadata.annotations.is_some(), "{label}");
