@@ -70,3 +70,22 @@ fn a_host_with_build_time_digests_loads_from_the_disk_cache_under_the_same_diges
     assert_eq!(p.sha256(), kiln_plugin_host::sha256_hex(bytes));
     assert_eq!(p.cache_hit(), kiln_plugin_host::CacheHit::Disk);
 }
+
+/// The host does not parse a standard plugin's patched DaemonSet again as a typed DaemonSet
+/// (`wit/README.md`, output policy) because the SDK's `export_operand!` path answers only
+/// serializations of the typed DaemonSet it edited. Every bundled plugin must export through
+/// it, not through `export_plugin!` (free-form `Value` edits, for site plugins).
+#[test]
+fn every_bundled_plugin_exports_the_typed_operand_path() {
+    let plugins = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins");
+    for (name, _) in kiln_bundled_plugins::BUNDLED {
+        let lib = plugins.join(name).join("src/lib.rs");
+        let text =
+            std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
+        assert!(
+            text.contains("kiln_plugin_sdk::export_operand!(") && !text.contains("export_plugin!"),
+            "{}: a bundled plugin exports through export_operand! only",
+            lib.display()
+        );
+    }
+}

@@ -131,7 +131,10 @@ pub struct PluginHost {
 
 impl PluginHost {
     /// A host with limits `config` and the given bundled plugins (name, wasm bytes), e.g.
-    /// `kiln_bundled_plugins::BUNDLED`.
+    /// `kiln_bundled_plugins::BUNDLED`. Bundled plugins are standard: trusted to leave RBAC
+    /// and pod privileges as they must, and expected to answer through the SDK's typed operand
+    /// path (`kiln_plugin_sdk::export_operand!`), whose DaemonSets the host does not parse
+    /// again (`wit/README.md`, output policy).
     ///
     /// # Errors
     /// [`PluginError::EngineSetup`] when Wasmtime refuses the configuration.

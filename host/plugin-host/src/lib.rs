@@ -9,8 +9,8 @@
 //!      ──► compile (deadline) or cache (memory, disk: artifact digest checked)
 //!      ──► import audit ──► link (InstancePre) ──► name() check ──► LoadedPlugin
 //! call ──► fresh Store (memory cap, epoch deadline, fuel if set, empty WASI) ──► transform()
-//!      ──► outcomes ──► json-patch ──► output policy (identity, size; site: RBAC, pod
-//!          privileges) ──► Rendered
+//!      ──► outcomes ──► json-patch ──► output policy (identity, DaemonSet selector, size;
+//!          site: typed DaemonSet, RBAC, pod privileges) ──► Rendered
 //! ```
 //!
 //! Plugins get **no capabilities** and are deterministic: the only imports they may have are

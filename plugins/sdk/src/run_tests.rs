@@ -228,3 +228,26 @@ fn compact_kind_reads_only_plain_prefixes() {
         assert_eq!(compact_kind(other), None, "{other}");
     }
 }
+
+/// Strings are skipped to their closing quote over escapes: an escaped quote, an escaped
+/// backslash right before the closing quote, and JSON punctuation inside strings do not end a
+/// member; an unterminated string is no compact object.
+#[test]
+fn top_level_members_skip_strings_over_escapes() {
+    let text = r#"{"a":"x\"},","b":["\\",{"c":"]}\\\""}],"d":{}}"#;
+    let members = top_level_members(text).unwrap();
+    assert_eq!(
+        members,
+        [
+            ("a", r#""x\"},""#),
+            ("b", r#"["\\",{"c":"]}\\\""}]"#),
+            ("d", "{}")
+        ]
+    );
+    let value: Value = serde_json::from_str(text).unwrap();
+    for (key, raw) in &members {
+        assert_eq!(serde_json::from_str::<Value>(raw).unwrap(), value[*key]);
+    }
+    assert!(top_level_members(r#"{"a":"open\"}"#).is_none());
+    assert!(top_level_members(r#"{"a":"x\}"#).is_none());
+}
