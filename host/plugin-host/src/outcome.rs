@@ -250,8 +250,8 @@ impl Identity {
     /// `site`: the patch comes from a site plugin, whose patched DaemonSet is parsed as a typed
     /// `apps/v1` DaemonSet. A standard plugin's is not: the SDK builds every DaemonSet section it
     /// answers by serializing the typed object it edited (`kiln_plugin_sdk::run_operand`), so it
-    /// parses by construction, and parsing it again was about 13 % of a full render of the sample
-    /// (2.13 -> 1.85 ms of CPU, `cargo bench -p kiln-render`).
+    /// parses by construction, and parsing it again was 8-13 % of a full render of the sample
+    /// (2.05-2.10 -> 1.89-1.93 ms of CPU, `cargo bench -p kiln-render`).
     fn of(object: &Value, site: bool) -> Self {
         let is_daemonset = object.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
             && object.get("kind").and_then(Value::as_str) == Some("DaemonSet");
