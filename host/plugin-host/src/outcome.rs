@@ -3,13 +3,14 @@
 //!
 //! * Every plugin: a patched object keeps its identity, the same `apiVersion`, `kind`,
 //!   `metadata.name` and `metadata.namespace` ([`PluginError::IdentityChanged`]); an `apps/v1`
-//!   DaemonSet keeps its `spec.selector`, which the API server holds immutable, and a site
-//!   plugin's still parses as a typed DaemonSet ([`PluginError::InvalidResult`]; a standard
-//!   plugin's sections are serialized from the typed DaemonSet the SDK edited, so they parse by
-//!   construction and are not parsed again); and it serializes to at most
+//!   DaemonSet keeps its `spec.selector`, which the API server holds immutable
+//!   ([`PluginError::InvalidResult`]); and it serializes to at most
 //!   [`crate::HostConfig::object_limit_bytes`], the `copy` operations of its patch adding at most
 //!   that much together, counted before each is applied ([`PluginError::ObjectTooLarge`]).
-//! * Site plugins (all but the bundled standard ones) also leave RBAC alone: the `rules` and
+//! * Site plugins (all but the bundled standard ones) also return DaemonSets that still parse
+//!   as typed `apps/v1` DaemonSets ([`PluginError::InvalidResult`]; a standard plugin's sections
+//!   are serialized from the typed DaemonSet the SDK edited, so they parse by construction and
+//!   are not parsed again); leave RBAC alone: the `rules` and
 //!   `aggregationRule` of Roles/ClusterRoles, the `roleRef` and `subjects` of
 //!   RoleBindings/ClusterRoleBindings ([`PluginError::RbacChanged`]); and, unless the host
 //!   allows it ([`PodPrivileges::Allow`]), do not widen an operand pod's privileges beyond what
@@ -233,9 +234,6 @@ fn copy_for_patch(original: &Value, patch: &json_patch::Patch) -> Value {
 struct Identity {
     members: [Option<Value>; 4],
     daemonset_selector: Option<Option<Value>>,
-    /// Whether a patched DaemonSet is parsed as a typed `apps/v1` DaemonSet (see
-    /// [`Identity::of`]).
-    parse_daemonset: bool,
 }
 
 /// Pointers of the members every patched object keeps.
@@ -247,18 +245,11 @@ const IDENTITY: [&str; 4] = [
 ];
 
 impl Identity {
-    /// `site`: the patch comes from a site plugin, whose patched DaemonSet is parsed as a typed
-    /// `apps/v1` DaemonSet. A standard plugin's is not: the SDK builds every DaemonSet section it
-    /// answers by serializing the typed object it edited (`kiln_plugin_sdk::run_operand`), so it
-    /// parses by construction, and parsing it again was 8-13 % of a full render of the sample
-    /// (2.05-2.10 -> 1.89-1.93 ms of CPU, `cargo bench -p kiln-render`).
-    fn of(object: &Value, site: bool) -> Self {
-        let is_daemonset = object.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
-            && object.get("kind").and_then(Value::as_str) == Some("DaemonSet");
+    fn of(object: &Value) -> Self {
         Identity {
             members: IDENTITY.map(|p| object.pointer(p).cloned()),
-            daemonset_selector: is_daemonset.then(|| object.pointer("/spec/selector").cloned()),
-            parse_daemonset: site,
+            daemonset_selector: is_daemonset(object)
+                .then(|| object.pointer("/spec/selector").cloned()),
         }
     }
 
@@ -292,13 +283,10 @@ impl Identity {
         self.check_daemonset(patched).map_err(Refusal::Invalid)
     }
 
-    /// The DaemonSet rules of the module docs.
+    /// The selector rule of the module docs (a site plugin's DaemonSet is also parsed as a
+    /// typed one, [`SiteGuard`]).
     fn check_daemonset(&self, patched: &Value) -> Result<(), String> {
         if let Some(before) = &self.daemonset_selector {
-            if self.parse_daemonset {
-                <DaemonSet as serde::Deserialize>::deserialize(patched)
-                    .map_err(|e| format!("not a valid apps/v1 DaemonSet: {e}"))?;
-            }
             let after = patched.pointer("/spec/selector");
             if before.as_ref() != after {
                 return Err(format!(
@@ -310,6 +298,12 @@ impl Identity {
         }
         Ok(())
     }
+}
+
+/// Whether `object` is an `apps/v1` DaemonSet (the kind the DaemonSet rules concern).
+fn is_daemonset(object: &Value) -> bool {
+    object.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
+        && object.get("kind").and_then(Value::as_str) == Some("DaemonSet")
 }
 
 /// Why a patched object is refused (turned into a [`PluginError`] naming plugin and object).
@@ -330,9 +324,16 @@ enum Refusal {
     TooLarge(usize),
 }
 
-/// What the site checks need of an object before it is patched: the RBAC members it must
-/// keep, and its pod's privileges.
+/// What the site checks need of an object before it is patched: whether it must still parse
+/// as a typed DaemonSet, the RBAC members it must keep, and its pod's privileges.
+///
+/// Only a site plugin's DaemonSet is parsed as a typed `apps/v1` DaemonSet: a standard plugin
+/// answers through the SDK's `export_operand!` path, which serializes every DaemonSet section
+/// from the typed object it edited (`kiln_plugin_sdk::run_operand`), so its result parses by
+/// construction; parsing it again was 8-13 % of a full render of the sample (2.05-2.10 ->
+/// 1.89-1.93 ms of CPU, `cargo bench -p kiln-render`).
 struct SiteGuard {
+    typed_daemonset: bool,
     rbac: Vec<(&'static str, Option<Value>)>,
     /// Pointer of the pod spec, and its privileges before.
     pod: Option<(&'static str, BTreeSet<String>)>,
@@ -434,10 +435,19 @@ impl SiteGuard {
                 pod_spec_pointer(kind).map(|p| (p, pod_privileges(object.pointer(p))))
             }
         };
-        (!rbac.is_empty() || pod.is_some()).then_some(SiteGuard { rbac, pod })
+        let typed_daemonset = is_daemonset(object);
+        (typed_daemonset || !rbac.is_empty() || pod.is_some()).then_some(SiteGuard {
+            typed_daemonset,
+            rbac,
+            pod,
+        })
     }
 
     fn check(&self, patched: &Value) -> Result<(), Refusal> {
+        if self.typed_daemonset {
+            <DaemonSet as serde::Deserialize>::deserialize(patched)
+                .map_err(|e| Refusal::Invalid(format!("not a valid apps/v1 DaemonSet: {e}")))?;
+        }
         for (pointer, before) in &self.rbac {
             if patched.pointer(pointer) != before.as_ref() {
                 return Err(Refusal::Rbac(pointer));
@@ -664,7 +674,7 @@ fn apply_patch(
         });
     }
     let size_bound = result_size_bound(size, &patch, text.len());
-    let identity = Identity::of(original, policy.site.is_some());
+    let identity = Identity::of(original);
     let site = policy.site.and_then(|p| SiteGuard::of(original, p));
     let mut object = match target {
         Target::Copy(o) => copy_for_patch(o, &patch),
