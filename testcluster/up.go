@@ -49,13 +49,26 @@ func logf(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "[testcluster %s] %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct free ports on 127.0.0.1. Every listener stays open until all n
+// are chosen, so the kernel cannot hand the same port out twice (a closed port may come back
+// from the very next bind to port 0: once etcd and kube-apiserver were given the same one).
+func freePorts(n int) ([]int, error) {
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		held = append(held, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 func pidFile(dir, name string) string  { return filepath.Join(dir, "pids", name+".pid") }
@@ -423,12 +436,13 @@ func up(dir string, nodes, gpuNodes, gpusPerNode, watchPID int, timeout time.Dur
 		}
 	}
 	var p ports
-	for _, pp := range []*int{&p.Etcd, &p.EtcdPeer, &p.APIServer, &p.Controller, &p.Scheduler, &p.Kwok} {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		*pp = port
+	slots := []*int{&p.Etcd, &p.EtcdPeer, &p.APIServer, &p.Controller, &p.Scheduler, &p.Kwok}
+	free, err := freePorts(len(slots))
+	if err != nil {
+		return err
+	}
+	for i, pp := range slots {
+		*pp = free[i]
 	}
 	pb, _ := json.MarshalIndent(p, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "ports.json"), pb, 0o644); err != nil {
