@@ -29,7 +29,9 @@ fi
 
 # ---- validator / GFD (kiln-validator, kiln-gfd) ----
 echo "== kiln gfd --oneshot --output stdout (default config)"
-"$kiln" gfd --oneshot --output stdout --config-file "$work/none.yaml"
+# No --config-file: a file named there must exist; the default path, absent, means the default
+# config (as upstream).
+env -u CONFIG_FILE -u GFD_CONFIG_FILE "$kiln" gfd --oneshot --output stdout
 
 echo "== kiln gfd, time-slicing replicas 5"
 printf 'version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 5\n' \
