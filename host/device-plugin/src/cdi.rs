@@ -5,7 +5,8 @@
 //! Content: one device per full GPU / MIG device, named by the runtime id
 //! (`deviceIDStrategy`), with its `/dev/nvidiaN` node; common edits with the control nodes
 //! that exist, the driver libraries **with the current version suffix** found under the
-//! container's driver root (host paths rewritten to the host driver root), the GSP firmware
+//! container's driver root, in the standard library directories and the linker's configured
+//! ones ([`ld_conf_dirs`]) (host paths rewritten to the host driver root), the GSP firmware
 //! directory of that version, `NVIDIA_VISIBLE_DEVICES=void`, and an `update-ldcache` hook.
 //! The spec's `k8s.device-plugin.nvidia.com/driver-version` annotation records the version.
 
@@ -50,6 +51,76 @@ const LIB_DIRS: [&str; 6] = [
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
 ];
+
+/// The dynamic linker's configured library directories under `root`, from `etc/ld.so.conf` and
+/// the files it `include`s (a `*` in an include's last component matches any run of
+/// characters), in file order, without a leading `/`, without duplicates and without the
+/// [`LIB_DIRS`]. Upstream's CDI generator finds driver libraries through the driver root's
+/// linker cache, which is built from these directories, so a driver installed outside the
+/// standard directories (e.g. `/usr/local/nvidia/lib64` registered in `ld.so.conf.d`) still
+/// has its libraries mounted. Missing or unreadable files yield nothing; includes nest at most
+/// 4 deep (a loop ends there).
+#[must_use]
+pub fn ld_conf_dirs(root: &Path) -> Vec<String> {
+    fn read(root: &Path, file: &Path, depth: usize, out: &mut Vec<String>) {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            return;
+        };
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            if let Some(pattern) = line.strip_prefix("include") {
+                let pattern = pattern.trim();
+                if depth < 4 && !pattern.is_empty() {
+                    for f in matching(root, file, pattern) {
+                        read(root, &f, depth + 1, out);
+                    }
+                }
+            } else if let Some(dir) = line.strip_prefix('/') {
+                let dir = dir.trim_end_matches('/');
+                if !dir.is_empty()
+                    && !dir.contains("..")
+                    && !LIB_DIRS.contains(&dir)
+                    && !out.iter().any(|d| d == dir)
+                {
+                    out.push(dir.to_owned());
+                }
+            }
+        }
+    }
+    /// Files (relative to `root`) an `include` names: relative patterns are relative to the
+    /// including file's directory.
+    fn matching(root: &Path, from: &Path, pattern: &str) -> Vec<PathBuf> {
+        let pattern = match pattern.strip_prefix('/') {
+            Some(abs) => PathBuf::from(abs),
+            None => from.parent().unwrap_or(Path::new("")).join(pattern),
+        };
+        let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+            return Vec::new();
+        };
+        let name = name.to_string_lossy();
+        let Some((prefix, suffix)) = name.split_once('*') else {
+            return vec![pattern.clone()];
+        };
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            return Vec::new();
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| {
+                n.len() >= prefix.len() + suffix.len()
+                    && n.starts_with(prefix)
+                    && n.ends_with(suffix)
+            })
+            .map(|n| dir.join(n))
+            .collect();
+        files.sort();
+        files
+    }
+    let mut out = Vec::new();
+    read(root, Path::new("etc/ld.so.conf"), 0, &mut out);
+    out
+}
 
 /// A CDI spec (the subset kiln writes).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -182,10 +253,22 @@ pub fn build_spec(
         })
         .collect();
     let mut lib_dirs = std::collections::BTreeSet::new();
-    for dir in LIB_DIRS {
+    let mut found = std::collections::BTreeSet::new();
+    let ld_dirs = ld_conf_dirs(container_driver_root);
+    let searched = LIB_DIRS
+        .iter()
+        .map(|d| (*d, true))
+        .chain(ld_dirs.iter().map(|d| (d.as_str(), false)));
+    for (dir, standard) in searched {
         for lib in DRIVER_LIBS {
+            // A library is taken from every standard directory that holds it (as before), and
+            // from a linker-configured directory only when no earlier directory had it.
+            if !standard && found.contains(lib) {
+                continue;
+            }
             let file = format!("{lib}.{driver_version}");
             if container_driver_root.join(dir).join(&file).exists() {
+                found.insert(lib);
                 let path = format!("/{dir}/{file}");
                 lib_dirs.insert(format!("/{dir}"));
                 edits.mounts.push(CdiMount {
@@ -266,4 +349,71 @@ pub fn write_spec(dir: &Path, spec: &Spec) -> Result<PathBuf, CdiError> {
     }
     std::fs::rename(&tmp, &path).map_err(err)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ld_conf_dirs;
+
+    fn write(root: &std::path::Path, path: &str, text: &str) {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn linker_directories_follow_includes_in_order_without_standard_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        // As on a GPU cloud image: the driver in /usr/local/nvidia, registered in ld.so.conf.d.
+        write(
+            root,
+            "etc/ld.so.conf",
+            "# libc default configuration\ninclude /etc/ld.so.conf.d/*.conf\n/opt/extra/lib/  # trailing\n",
+        );
+        write(
+            root,
+            "etc/ld.so.conf.d/000_cuda.conf",
+            "/usr/local/cuda/targets/x86_64-linux/lib\n",
+        );
+        write(
+            root,
+            "etc/ld.so.conf.d/nvidia.conf",
+            "/usr/local/nvidia/lib64\n/usr/local/nvidia/lib\n",
+        );
+        write(
+            root,
+            "etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+            "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n",
+        );
+        write(root, "etc/ld.so.conf.d/not-a-conf.txt", "/ignored\n");
+        // An include loop ends at the depth limit without repeating directories.
+        write(
+            root,
+            "etc/ld.so.conf.d/loop.conf",
+            "include loop.conf\n/usr/local/nvidia/lib64\n",
+        );
+        assert_eq!(
+            ld_conf_dirs(root),
+            [
+                "usr/local/cuda/targets/x86_64-linux/lib",
+                "usr/local/nvidia/lib64",
+                "usr/local/nvidia/lib",
+                "usr/local/lib/x86_64-linux-gnu",
+                "opt/extra/lib",
+            ]
+        );
+    }
+
+    #[test]
+    fn no_linker_configuration_adds_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(ld_conf_dirs(tmp.path()).is_empty());
+        write(
+            tmp.path(),
+            "etc/ld.so.conf",
+            "include /etc/missing/*.conf\n/../escape\n",
+        );
+        assert!(ld_conf_dirs(tmp.path()).is_empty());
+    }
 }

@@ -378,6 +378,82 @@ async fn label_switches_config_without_reregistering_and_a_bad_key_keeps_it() {
 }
 
 #[tokio::test]
+async fn cdi_spec_mounts_libraries_from_the_linkers_configured_directories() {
+    // A driver outside the standard library directories, registered with the dynamic linker
+    // (as a GPU cloud image keeps it in /usr/local/nvidia/lib64): upstream's CDI generator finds
+    // it through the linker cache; kiln through the ld.so.conf files the cache is built from.
+    let tmp_root = tempfile::tempdir().unwrap();
+    let root = tmp_root.path();
+    let nvidia = root.join("usr/local/nvidia/lib64");
+    std::fs::create_dir_all(&nvidia).unwrap();
+    std::fs::create_dir_all(root.join("etc/ld.so.conf.d")).unwrap();
+    std::fs::write(
+        root.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/ld.so.conf.d/nvidia.conf"),
+        "/usr/local/nvidia/lib64\n",
+    )
+    .unwrap();
+    for lib in ["libcuda.so", "libnvidia-ml.so"] {
+        std::fs::write(nvidia.join(format!("{lib}.550.144.03")), "").unwrap();
+    }
+    // One library also in a standard directory: that copy is mounted, the other is not.
+    let std_dir = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&std_dir).unwrap();
+    std::fs::write(std_dir.join("libcuda.so.550.144.03"), "").unwrap();
+    let o = Overrides {
+        device_list_strategy: Some("cdi-cri".into()),
+        driver_root: Some("/".into()),
+        driver_root_ctr_path: Some(root.display().to_string()),
+        ..Overrides::default()
+    };
+    let env = start(|_| ConfigSource::None, o).await;
+    let spec_path = env.cdi_dir().join("k8s.device-plugin.nvidia.com-gpu.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    let mounts: Vec<(&str, &str)> = spec["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap(),
+                m["containerPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.550.144.03",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.550.144.03"
+            ),
+            (
+                "/usr/local/nvidia/lib64/libnvidia-ml.so.550.144.03",
+                "/usr/local/nvidia/lib64/libnvidia-ml.so.550.144.03"
+            ),
+        ]
+    );
+    let hook = &spec["containerEdits"]["hooks"][0];
+    assert_eq!(
+        hook["args"],
+        serde_json::json!([
+            "nvidia-cdi-hook",
+            "update-ldcache",
+            "--folder",
+            "/usr/lib/x86_64-linux-gnu",
+            "--folder",
+            "/usr/local/nvidia/lib64"
+        ])
+    );
+    env.handle.shutdown().await;
+}
+
+#[tokio::test]
 async fn cdi_spec_is_rewritten_when_the_driver_version_changes() {
     let o = Overrides {
         device_list_strategy: Some("cdi-cri".into()),
