@@ -407,14 +407,42 @@ func cmdUp(argv []string) int {
 		logf("up: %v", err)
 		return 1
 	}
-	if err := up(d, *nodes, *gpuNodes, *gpusPerNode, *watchPID, *timeout); err != nil {
-		logf("up failed: %v", err)
-		printLogTails(d, 30)
+	for attempt := 1; ; attempt++ {
+		err := up(d, *nodes, *gpuNodes, *gpusPerNode, *watchPID, *timeout)
+		if err == nil {
+			return 0
+		}
+		retry := attempt < upAttempts && portTaken(d)
+		if !retry {
+			logf("up failed: %v", err)
+			printLogTails(d, 30)
+		}
 		stopAll(d)
 		stop(d, "reaper", 2*time.Second)
-		return 1
+		if !retry {
+			return 1
+		}
+		// freePorts releases the ports before the components bind them, so another process on
+		// the machine can take one in between; new ports fix that.
+		logf("up: a component's port was taken before it bound it (%v); attempt %d of %d on new ports",
+			err, attempt+1, upAttempts)
 	}
-	return 0
+}
+
+// upAttempts is how many times `up` starts the cluster when a component found its port taken.
+const upAttempts = 3
+
+// portTaken reports whether a component's log (its last 30 lines) says its port was bound by
+// another process first.
+func portTaken(dir string) bool {
+	for _, c := range componentNames {
+		for _, l := range tail(logFile(dir, c), 30) {
+			if strings.Contains(l, "address already in use") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func up(dir string, nodes, gpuNodes, gpusPerNode, watchPID int, timeout time.Duration) error {

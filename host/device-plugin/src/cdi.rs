@@ -53,8 +53,7 @@ const LIB_DIRS: [&str; 6] = [
 ];
 
 /// The dynamic linker's configured library directories under `root`, from `etc/ld.so.conf` and
-/// the files it `include`s (a `*` in an include's last component matches any run of
-/// characters), in file order, without a leading `/`, without duplicates and without the
+/// the files it `include`s (glob patterns, as glibc's `ldconfig` expands them), in file order, without a leading `/`, without duplicates and without the
 /// [`LIB_DIRS`]. Upstream's CDI generator finds driver libraries through the driver root's
 /// linker cache, which is built from these directories, so a driver installed outside the
 /// standard directories (e.g. `/usr/local/nvidia/lib64` registered in `ld.so.conf.d`) still
@@ -87,35 +86,26 @@ pub fn ld_conf_dirs(root: &Path) -> Vec<String> {
             }
         }
     }
-    /// Files (relative to `root`) an `include` names: relative patterns are relative to the
-    /// including file's directory.
+    /// Files (relative to `root`, in alphabetical order) an `include` pattern names; a relative
+    /// pattern is relative to the including file's directory.
     fn matching(root: &Path, from: &Path, pattern: &str) -> Vec<PathBuf> {
         let pattern = match pattern.strip_prefix('/') {
             Some(abs) => PathBuf::from(abs),
             None => from.parent().unwrap_or(Path::new("")).join(pattern),
         };
-        let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
-            return Vec::new();
-        };
-        let name = name.to_string_lossy();
-        let Some((prefix, suffix)) = name.split_once('*') else {
-            return vec![pattern.clone()];
-        };
-        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
-            return Vec::new();
-        };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| {
-                n.len() >= prefix.len() + suffix.len()
-                    && n.starts_with(prefix)
-                    && n.ends_with(suffix)
+        let full = format!(
+            "{}/{}",
+            glob::Pattern::escape(&root.to_string_lossy()),
+            pattern.to_string_lossy()
+        );
+        glob::glob(&full)
+            .map(|paths| {
+                paths
+                    .filter_map(Result::ok)
+                    .filter_map(|p| p.strip_prefix(root).ok().map(Path::to_path_buf))
+                    .collect()
             })
-            .map(|n| dir.join(n))
-            .collect();
-        files.sort();
-        files
+            .unwrap_or_default()
     }
     let mut out = Vec::new();
     read(root, Path::new("etc/ld.so.conf"), 0, &mut out);
@@ -255,15 +245,14 @@ pub fn build_spec(
     let mut lib_dirs = std::collections::BTreeSet::new();
     let mut found = std::collections::BTreeSet::new();
     let ld_dirs = ld_conf_dirs(container_driver_root);
-    let searched = LIB_DIRS
-        .iter()
-        .map(|d| (*d, true))
-        .chain(ld_dirs.iter().map(|d| (d.as_str(), false)));
-    for (dir, standard) in searched {
+    for dir in LIB_DIRS
+        .into_iter()
+        .chain(ld_dirs.iter().map(String::as_str))
+    {
         for lib in DRIVER_LIBS {
             // A library is taken from every standard directory that holds it (as before), and
             // from a linker-configured directory only when no earlier directory had it.
-            if !standard && found.contains(lib) {
+            if !LIB_DIRS.contains(&dir) && found.contains(lib) {
                 continue;
             }
             let file = format!("{lib}.{driver_version}");

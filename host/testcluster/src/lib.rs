@@ -128,12 +128,6 @@ pub fn binary_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testcluster/bin/testcluster")
 }
 
-/// How many times [`TestCluster::start`] runs `up` when a component found its port taken.
-const UP_ATTEMPTS: u32 = 3;
-
-/// What a component's log says when its port was bound by someone else first.
-const PORT_TAKEN: &str = "address already in use";
-
 fn unique_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     std::env::temp_dir().join(format!(
@@ -163,24 +157,25 @@ impl TestCluster {
         let dir = options.dir.clone().unwrap_or_else(unique_dir);
         let cluster = Self { bin, dir, options };
         let started = Instant::now();
-        let mut attempt = 1;
-        loop {
-            let out = cluster.up_once()?;
-            if out.status.success() {
-                break;
-            }
+        let out = Command::new(&cluster.bin)
+            .arg("up")
+            .arg("--dir")
+            .arg(&cluster.dir)
+            .arg(format!("--nodes={}", cluster.options.nodes))
+            .arg(format!("--gpu-nodes={}", cluster.options.gpu_nodes))
+            .arg(format!("--gpus-per-node={}", cluster.options.gpus_per_node))
+            .arg(format!(
+                "--timeout={}s",
+                cluster.options.up_timeout.as_secs()
+            ))
+            // The cluster goes away with this process even if Drop never runs
+            // (a panic in a static initializer, a killed test binary).
+            .arg(format!("--watch-pid={}", std::process::id()))
+            .output()
+            .with_context(|| format!("running {} up", cluster.bin.display()))?;
+        if !out.status.success() {
             // `up` already stopped what it started and printed the logs' tails.
             let err = String::from_utf8_lossy(&out.stderr);
-            if attempt < UP_ATTEMPTS && err.contains(PORT_TAKEN) {
-                // `up` picks free ports and releases them before its components bind them, so
-                // another process on the machine can take one in between; new ports fix that.
-                eprintln!(
-                    "kiln-testcluster: a port was taken before its component bound it \
-                     (attempt {attempt} of {UP_ATTEMPTS}); starting again on new ports"
-                );
-                attempt += 1;
-                continue;
-            }
             let tail: Vec<&str> = err.lines().rev().take(200).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
@@ -195,23 +190,6 @@ impl TestCluster {
             cluster.kubeconfig_path().display()
         );
         Ok(cluster)
-    }
-
-    /// Runs `testcluster up` once for this cluster's directory and options.
-    fn up_once(&self) -> anyhow::Result<std::process::Output> {
-        Command::new(&self.bin)
-            .arg("up")
-            .arg("--dir")
-            .arg(&self.dir)
-            .arg(format!("--nodes={}", self.options.nodes))
-            .arg(format!("--gpu-nodes={}", self.options.gpu_nodes))
-            .arg(format!("--gpus-per-node={}", self.options.gpus_per_node))
-            .arg(format!("--timeout={}s", self.options.up_timeout.as_secs()))
-            // The cluster goes away with this process even if Drop never runs
-            // (a panic in a static initializer, a killed test binary).
-            .arg(format!("--watch-pid={}", std::process::id()))
-            .output()
-            .with_context(|| format!("running {} up", self.bin.display()))
     }
 
     /// The cluster directory (kubeconfig, logs/, pids/, etcd data).
