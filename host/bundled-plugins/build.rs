@@ -1,4 +1,6 @@
-//! Builds every plugin under `plugins/` for wasm32-wasip2 and generates `BUNDLED`.
+//! Builds the standard plugins under `plugins/` for wasm32-wasip2 as one component, the
+//! standard bundle (`plugins/bundle`), and generates `BUNDLED`: every plugin's name with the
+//! bundle's bytes.
 //!
 //! The nested cargo uses its own target directory (`<workspace>/target/plugins`) so it never
 //! waits on the outer build's lock, and runs without the outer build's flags and wrappers.
@@ -19,7 +21,12 @@ const TARGET: &str = "wasm32-wasip2";
 /// scanners in the plugins use 128-bit vectors. Measured with `cargo bench -p kiln-render`
 /// (issue 16), a full render of the sample: 2.54–2.73 ms of CPU without it, 2.29–2.54 ms with
 /// it, alternating runs on one machine. Fields are separated by 0x1f, as cargo's encoding asks.
-const GUEST_RUSTFLAGS: &str = "-Ctarget-feature=+simd128";
+///
+/// `--cfg kiln_standard_bundle` turns off each plugin crate's own exports, so that the bundle's
+/// are the only ones (`kiln_plugin_sdk::export_standard_bundle!`).
+const GUEST_RUSTFLAGS: &str = "-Ctarget-feature=+simd128\x1f--cfg\x1fkiln_standard_bundle";
+/// The crate directory (under `plugins/`) of the standard bundle; not a plugin itself.
+const BUNDLE_DIR: &str = "bundle";
 /// A nested build at least this long (it compiled something) is reported as a warning.
 const REPORT_AFTER: Duration = Duration::from_secs(60);
 /// Variables of the outer build that must not leak into the nested one.
@@ -75,20 +82,29 @@ fn main() {
         build(&workspace, &plugins);
     }
     let artifacts = workspace.join("target/plugins").join(TARGET).join("plugin");
-    let mut code =
-        String::from("/// Every bundled plugin as (name, wasm component bytes), sorted by name.\n");
+    let bundle = artifacts.join(format!("kiln_plugin_{BUNDLE_DIR}.wasm"));
+    let mut code = String::new();
+    let digest = if plugins.is_empty() {
+        String::new()
+    } else {
+        assert!(bundle.is_file(), "{} was not built", bundle.display());
+        let bytes = std::fs::read(&bundle).expect("read the built bundle");
+        code.push_str(&format!(
+            "/// The standard bundle: one component carrying every standard plugin ({} bytes).\n\
+             static BUNDLE: [u8; {}] = *include_bytes!({:?});\n",
+            bytes.len(),
+            bytes.len(),
+            bundle.display().to_string()
+        ));
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
+    };
+    code.push_str(
+        "/// Every bundled plugin as (name, wasm component bytes), sorted by name: each is the\n\
+         /// standard bundle, which the host calls with the context's `state` set to the name.\n",
+    );
     code.push_str("pub static BUNDLED: &[(&str, &[u8])] = &[\n");
     for name in &plugins {
-        let wasm = artifacts.join(format!("kiln_plugin_{}.wasm", name.replace('-', "_")));
-        assert!(
-            wasm.is_file(),
-            "plugin {name}: {} was not built",
-            wasm.display()
-        );
-        code.push_str(&format!(
-            "    ({name:?}, include_bytes!({:?})),\n",
-            wasm.display().to_string()
-        ));
+        code.push_str(&format!("    ({name:?}, &BUNDLE),\n"));
     }
     code.push_str("];\n");
     code.push_str(
@@ -97,16 +113,13 @@ fn main() {
     );
     code.push_str("pub static BUNDLED_SHA256: &[(&str, &str)] = &[\n");
     for name in &plugins {
-        let wasm = artifacts.join(format!("kiln_plugin_{}.wasm", name.replace('-', "_")));
-        let bytes = std::fs::read(&wasm).expect("read a built plugin");
-        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
         code.push_str(&format!("    ({name:?}, {digest:?}),\n"));
     }
     code.push_str("];\n");
     std::fs::write(&out, code).expect("write bundled.rs");
 }
 
-/// Names of the plugin directories (all but `sdk`, with a Cargo.toml), sorted.
+/// Names of the plugin directories (all but `sdk` and the bundle, with a Cargo.toml), sorted.
 fn plugin_dirs(plugins: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(plugins) else {
         return Vec::new();
@@ -115,7 +128,7 @@ fn plugin_dirs(plugins: &Path) -> Vec<String> {
         .filter_map(Result::ok)
         .filter(|e| e.path().join("Cargo.toml").is_file())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n != "sdk")
+        .filter(|n| n != "sdk" && n != BUNDLE_DIR)
         .collect();
     names.sort();
     names
@@ -150,11 +163,9 @@ fn build(workspace: &Path, plugins: &[String]) {
         .args(["build", "--profile", "plugin", "--target", TARGET])
         .env("CARGO_TARGET_DIR", workspace.join("target/plugins"))
         .env("CARGO_ENCODED_RUSTFLAGS", GUEST_RUSTFLAGS);
-    for name in plugins {
-        cmd.args(["-p", &format!("kiln-plugin-{name}")]);
-    }
+    cmd.args(["-p", &format!("kiln-plugin-{BUNDLE_DIR}")]);
     eprintln!(
-        "building {} plugins for {TARGET} (profile `plugin`) in {}",
+        "building the {} standard plugins for {TARGET} as one component (profile `plugin`) in {}",
         plugins.len(),
         workspace.join("target/plugins").display()
     );

@@ -1,9 +1,14 @@
-//! The standard kiln plugins, compiled to WebAssembly components and embedded in the binary.
+//! The standard kiln plugins, compiled to one WebAssembly component and embedded in the binary.
 //!
-//! The build script builds every plugin crate under `plugins/` (every directory but `sdk`) with
-//! `cargo build --profile plugin --target wasm32-wasip2` (release, size-optimized, LTO) into `target/plugins`, and embeds each
-//! artifact here under the plugin's name, which is its directory name (`plugins/dcgm` →
-//! package `kiln-plugin-dcgm` → `kiln_plugin_dcgm.wasm` → plugin `dcgm`).
+//! The build script builds `plugins/bundle` (the standard bundle: every plugin crate under
+//! `plugins/` but `sdk` and `bundle`, behind one `name`/`transform`, see
+//! `kiln_plugin_sdk::export_standard_bundle!`) with `cargo build --profile plugin --target
+//! wasm32-wasip2 --cfg kiln_standard_bundle` (opt-level 3, LTO) into `target/plugins`, and lists
+//! it here once under each plugin's name, which is its directory name (`plugins/dcgm` → plugin
+//! `dcgm`). The host compiles the bundle once (every name has the same digest) and calls it with
+//! the context's `state` set to the plugin's name. Each plugin crate still builds alone into a
+//! standalone component (`cargo build -p kiln-plugin-dcgm --target wasm32-wasip2`), e.g. as the
+//! starting point of a drop-in.
 //!
 //! ```no_run
 //! let host = kiln_plugin_host::PluginHost::new(Default::default(), kiln_bundled_plugins::BUNDLED)?

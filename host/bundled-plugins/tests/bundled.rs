@@ -6,12 +6,20 @@ use kiln_plugin_host::{HostConfig, PluginHost, PluginSource};
 fn every_bundled_plugin_loads() {
     let host = PluginHost::new(HostConfig::in_memory(), kiln_bundled_plugins::BUNDLED).unwrap();
     let mut failures = Vec::new();
-    for (name, bytes) in kiln_bundled_plugins::BUNDLED {
+    for (i, (name, bytes)) in kiln_bundled_plugins::BUNDLED.iter().enumerate() {
         match host.load(name, None) {
             Ok(plugin) => {
                 assert_eq!(plugin.name(), *name);
                 assert_eq!(plugin.source(), &PluginSource::Bundled);
                 assert_eq!(plugin.sha256(), kiln_plugin_host::sha256_hex(bytes));
+                // One standard bundle, compiled once: every later name reuses it.
+                assert!(plugin.is_bundle(), "{name}");
+                let expected = if i == 0 {
+                    kiln_plugin_host::CacheHit::Compiled
+                } else {
+                    kiln_plugin_host::CacheHit::Memory
+                };
+                assert_eq!(plugin.cache_hit(), expected, "{name}");
                 println!(
                     "{name}: {} bytes, imports {:?}",
                     bytes.len(),

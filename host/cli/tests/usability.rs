@@ -9,6 +9,10 @@ use std::{
     time::Duration,
 };
 
+#[allow(dead_code)]
+#[path = "../../plugin-host/tests/host/common.rs"]
+mod common;
+
 const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
 /// One fake H100 (see `kiln_gpu::fixtures`).
@@ -208,6 +212,14 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
     let cache = dir.path().join("cache");
     let cache_arg = cache.to_str().unwrap();
     let bundled = kiln_bundled_plugins::BUNDLED.len();
+    // The bundled plugins are one component (the standard bundle): compiled once, under the
+    // first name; every other name finds it compiled.
+    let components = kiln_bundled_plugins::BUNDLED_SHA256
+        .iter()
+        .map(|(_, d)| *d)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert_eq!(components, 1);
 
     let out = kiln(&["plugin", "precompile", "--cache-dir", cache_arg])
         .env_remove("KILN_PLUGINS_DIR")
@@ -220,10 +232,13 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
         "per-plugin lines say compiled: {text}"
     );
     assert!(
-        text.contains(&format!("{bundled} compiled, 0 already cached, 0 refused")),
+        text.contains(&format!(
+            "{components} compiled, {} already cached, 0 refused",
+            bundled - components
+        )),
         "{text}"
     );
-    // One artifact per plugin, each with the record of its digest.
+    // One artifact per component, each with the record of its digest.
     let names: Vec<String> = std::fs::read_dir(&cache)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -235,7 +250,7 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
         .count();
     assert_eq!(
         (artifacts, records, names.len()),
-        (bundled, bundled, 2 * bundled)
+        (components, components, 2 * components)
     );
 
     // Again: nothing to compile. With a drop-in that is not Wasm: named, exit 1.
@@ -271,7 +286,7 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
     assert!(text.contains("pruned 1 stale artifacts"), "{text}");
     assert!(!stale.exists());
     // The current artifacts and their records stay.
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2 * bundled);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2 * components);
 
     // A cache directory that cannot exist: one error with the OS reason.
     let file = dir.path().join("a-file");
@@ -292,14 +307,14 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
 #[test]
 fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
     let dir = tempfile::tempdir().unwrap();
-    let (name, bytes) = kiln_bundled_plugins::BUNDLED
-        .iter()
-        .find(|(n, _)| *n == "dcgm")
-        .expect("the dcgm plugin is bundled");
+    // A standalone plugin that calls itself `dcgm`, as `cargo build -p kiln-plugin-dcgm
+    // --target wasm32-wasip2` builds one.
+    let name = "dcgm";
+    let bytes = common::patcher(name, "[]");
     // As cargo names the build output, then as the drop-in directory wants it.
     for (file, rename) in [("kiln_plugin_dcgm.wasm", true), ("dcgm.wasm", false)] {
         let path = dir.path().join(file);
-        std::fs::write(&path, bytes).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
         let out = kiln(&["plugin", "check"]).arg(&path).output().unwrap();
         // Under a file name the host would look it up by, it would be refused: exit 1.
         assert_eq!(out.status.success(), !rename, "{}", stderr(&out));
@@ -321,6 +336,20 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
             rename,
             "{text}"
         );
+    }
+    // The standard bundle (what kiln embeds) calls itself `kiln-standard-plugins`: accepted
+    // under any file name, to be installed once per plugin it carries.
+    let bundle = dir.path().join("kiln_plugin_bundle.wasm");
+    std::fs::write(&bundle, kiln_bundled_plugins::get("dcgm").unwrap()).unwrap();
+    let out = kiln(&["plugin", "check"]).arg(&bundle).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in [
+        "name:    kiln-standard-plugins\n",
+        "verdict: accepted",
+        "install: as <plugin>.wasm in the drop-in directory, once per plugin it carries",
+    ] {
+        assert!(text.contains(line), "{line:?} in {text}");
     }
     // Not Wasm at all: exit 1, naming the file and the plugin name it would be looked up by.
     let notes = dir.path().join("notes.md");

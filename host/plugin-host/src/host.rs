@@ -38,6 +38,9 @@ pub struct LoadedPlugin {
     cache_hit: CacheHit,
     imports: Vec<String>,
     shadows_bundled: bool,
+    /// Whether it is a standard bundle, called with the context's `state` set to its name
+    /// (see [`accepts_name`]).
+    bundle: bool,
     pre: OperandTransformPre<CallState>,
 }
 
@@ -57,6 +60,12 @@ impl LoadedPlugin {
     /// Where its compiled code came from when it was loaded.
     pub fn cache_hit(&self) -> CacheHit {
         self.cache_hit
+    }
+    /// Whether its component is a standard bundle (`name()` is
+    /// [`kiln_core::context::STANDARD_BUNDLE_NAME`]), which the host calls with the context's
+    /// `state` set to this plugin's name.
+    pub fn is_bundle(&self) -> bool {
+        self.bundle
     }
     /// Full names of its imports (all within the allowed surface).
     pub fn imports(&self) -> &[String] {
@@ -133,8 +142,10 @@ impl PluginHost {
     /// A host with limits `config` and the given bundled plugins (name, wasm bytes), e.g.
     /// `kiln_bundled_plugins::BUNDLED`. Bundled plugins are standard: trusted to leave RBAC
     /// and pod privileges as they must, and expected to answer through the SDK's typed operand
-    /// path (`kiln_plugin_sdk::export_operand!`), whose DaemonSets the host does not parse
-    /// again (`wit/README.md`, output policy).
+    /// path (`kiln_plugin_sdk::export_operand!`, or `export_standard_bundle!`, which runs the
+    /// same path for each plugin it carries), whose DaemonSets the host does not parse again
+    /// (`wit/README.md`, output policy). Names whose bytes are the same component (the standard
+    /// bundle) share one compiled copy.
     ///
     /// # Errors
     /// [`PluginError::EngineSetup`] when Wasmtime refuses the configuration.
@@ -389,7 +400,10 @@ impl PluginHost {
                 &serialized
             }
         };
-        let ctx = make_context(ctx);
+        let mut ctx = make_context(ctx);
+        if plugin.bundle {
+            ctx.state = plugin.name.to_string();
+        }
         let mut store = self.new_store(&plugin.name);
         let result = plugin
             .pre
@@ -518,12 +532,7 @@ impl PluginHost {
         let pre = OperandTransformPre::new(pre).map_err(load_failed)?;
         let plugin: Arc<str> = name.into();
         let exported = self.call_name(&plugin, &pre)?;
-        if exported != name {
-            return Err(PluginError::NameMismatch {
-                plugin: name.to_string(),
-                exported: crate::text::bounded_owned(exported, crate::text::MAX_NAME_BYTES),
-            });
-        }
+        let bundle = accepts_name(name, &exported)?;
         let imports = imports_of(&self.engine, component);
         Ok(LoadedPlugin {
             name: plugin,
@@ -532,6 +541,7 @@ impl PluginHost {
             cache_hit,
             imports,
             shadows_bundled: false,
+            bundle,
             pre,
         })
     }
@@ -549,6 +559,28 @@ impl PluginHost {
         result.map_err(|err| {
             let log = store.data().log.finish();
             classify(plugin, &self.config, store.data(), &log, err)
+        })
+    }
+}
+
+/// Whether a component whose `name()` returned `exported` may be loaded as plugin `name`: when
+/// the two are equal (`Ok(false)`), or when it is a standard bundle, a component carrying several
+/// standard plugins' code whose `name()` is [`kiln_core::context::STANDARD_BUNDLE_NAME`]
+/// (`Ok(true)`: it is called with the context's `state` set to `name`, which it dispatches on,
+/// and answers `failed` for a plugin it does not carry).
+///
+/// # Errors
+/// [`PluginError::NameMismatch`] for any other name (the drop-in file is not the plugin it is
+/// named after).
+pub(crate) fn accepts_name(name: &str, exported: &str) -> Result<bool, PluginError> {
+    if exported == name {
+        Ok(false)
+    } else if exported == kiln_core::context::STANDARD_BUNDLE_NAME {
+        Ok(true)
+    } else {
+        Err(PluginError::NameMismatch {
+            plugin: name.to_string(),
+            exported: crate::text::bounded(exported, crate::text::MAX_NAME_BYTES).into_owned(),
         })
     }
 }

@@ -47,7 +47,8 @@ pub fn inspect(bytes: &[u8]) -> Result<PluginReport, PluginError> {
 
 /// [`inspect`], naming the plugin `label` in errors (`kiln plugin check` passes the file name
 /// without `.wasm`, the name the host would look the file up by); a component whose `name()`
-/// differs from `label` is refused with [`PluginError::NameMismatch`], as the host would.
+/// differs from `label` is refused with [`PluginError::NameMismatch`], as the host would, unless
+/// it is a standard bundle (`kiln_core::context::STANDARD_BUNDLE_NAME`).
 ///
 /// # Errors
 /// As [`inspect`].
@@ -115,15 +116,14 @@ impl PluginHost {
                 message: format!("{e:#}"),
             });
         match pre.and_then(|pre| self.call_name(&Arc::from(label), &pre)) {
-            // The host looks a drop-in up by file name and refuses one whose `name()` differs.
-            Ok(name) if label != INSPECTED && name != label => {
-                report.refusal = Some(PluginError::NameMismatch {
-                    plugin: label.into(),
-                    exported: crate::text::bounded(&name, crate::text::MAX_NAME_BYTES).into_owned(),
-                });
+            // The host looks a drop-in up by file name and refuses one whose `name()` differs
+            // (unless it is a standard bundle).
+            Ok(name) => {
+                if label != INSPECTED {
+                    report.refusal = crate::host::accepts_name(label, &name).err();
+                }
                 report.name = Some(name);
             }
-            Ok(name) => report.name = Some(name),
             Err(e) => report.refusal = Some(e),
         }
         Ok(report)

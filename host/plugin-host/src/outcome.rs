@@ -328,7 +328,8 @@ enum Refusal {
 /// as a typed DaemonSet, the RBAC members it must keep, and its pod's privileges.
 ///
 /// Only a site plugin's DaemonSet is parsed as a typed `apps/v1` DaemonSet: a standard plugin
-/// answers through the SDK's `export_operand!` path, which serializes every DaemonSet section
+/// answers through the SDK's `export_operand!` path (in kiln's build, the standard bundle's
+/// `export_standard_bundle!`, which runs it per plugin), which serializes every DaemonSet section
 /// from the typed object it edited (`kiln_plugin_sdk::run_operand`), so its result parses by
 /// construction; parsing it again was 8-13 % of a full render of the sample (2.05-2.10 ->
 /// 1.89-1.93 ms of CPU, `cargo bench -p kiln-render`).

@@ -47,7 +47,7 @@ fn plugin_dirs() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(repo().join("plugins"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "sdk")
+        .filter(|n| n != "sdk" && n != "bundle")
         .collect();
     v.sort();
     v
@@ -69,16 +69,105 @@ fn states_assets_plugins_and_bundle_agree() {
         .collect();
     bundled.sort();
     assert_eq!(bundled, states, "bundled plugins vs State::ALL");
+    let ctx = defaults::render_context();
     for s in State::ALL {
         let loaded = host()
             .load(s.name(), None)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.name(), s.name());
+        // The standard bundle carries every state's plugin: one it lacked would fail.
+        assert!(loaded.is_bundle(), "{s}");
+        host()
+            .transform(s.name(), &[], &serde_json::json!({}), &ctx)
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
         assert!(
             !kiln_render::assets::load_state(s, true).unwrap().is_empty(),
             "{s} has no objects"
         );
     }
+}
+
+/// The state's objects as its chain's first plugin gets them (default namespace and runtime
+/// class filled in).
+fn state_input(state: State, ctx: &kiln_core::context::TransformContext) -> Vec<Value> {
+    kiln_render::assets::load_state(state, false)
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            let mut o = a.object;
+            kiln_render::placeholders::fill(&mut o, &ctx.operator_namespace, "nvidia");
+            o
+        })
+        .collect()
+}
+
+/// The standard bundle runs the plugin it is loaded as, not the state being rendered: a
+/// bundled plugin in another state's chain (`kiln.dev/plugins` … `then:`) edits as itself,
+/// because the host hands the bundle the plugin's name as `state`. Without that, the bundle
+/// would run the driver's transform on the DCGM objects here, which have no driver container.
+#[test]
+fn a_bundled_plugin_in_another_states_chain_runs_as_itself() {
+    let doc: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(upstream_sample()).unwrap()).unwrap();
+    let policy = Policy::from_object(&doc).unwrap();
+    let mut ctx = defaults::render_context();
+    ctx.state = "dcgm-exporter".into();
+    let objects = state_input(State::DcgmExporter, &ctx);
+    let own = host()
+        .transform("dcgm-exporter", &objects, &policy.spec_json, &ctx)
+        .unwrap();
+    assert!(
+        own.rendered
+            .iter()
+            .zip(&objects)
+            .any(|(r, o)| *r != Rendered::Keep(o.clone())),
+        "the sample's dcgm-exporter edits its objects"
+    );
+    ctx.state = "driver".into();
+    let in_driver_chain = host()
+        .transform("dcgm-exporter", &objects, &policy.spec_json, &ctx)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(in_driver_chain.rendered, own.rendered);
+}
+
+/// A standard bundle dropped in under a name it does not carry loads (its `name()` is the
+/// bundle's), and each call fails naming the plugin.
+#[test]
+fn a_bundle_under_a_name_it_does_not_carry_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("site-extra.wasm"),
+        kiln_bundled_plugins::get("driver").unwrap(),
+    )
+    .unwrap();
+    let host = PluginHost::new(
+        HostConfig {
+            drop_in_dir: Some(dir.path().to_path_buf()),
+            ..HostConfig::in_memory()
+        },
+        &[],
+    )
+    .unwrap();
+    let loaded = host.load("site-extra", None).unwrap();
+    assert!(loaded.is_bundle() && !loaded.is_standard());
+    let e = host
+        .transform(
+            "site-extra",
+            &[],
+            &serde_json::json!({}),
+            &defaults::render_context(),
+        )
+        .unwrap_err();
+    assert_eq!(
+        guest_error_parts(&e),
+        Some((
+            "failed",
+            None,
+            r#"the standard bundle carries no plugin "site-extra""#.to_string()
+        )),
+        "{e}"
+    );
+    assert!(e.to_string().contains("site-extra"), "{e}");
 }
 
 fn guest_error_parts(e: &PluginError) -> Option<(&'static str, Option<&str>, String)> {

@@ -39,7 +39,7 @@ static ALLOCATOR: bump::Bump<bump::WasmMemory> = bump::Bump::new(bump::WasmMemor
 pub use error::TransformError;
 pub use k8s_openapi;
 pub use kiln_core;
-pub use kiln_core::context::TransformContext;
+pub use kiln_core::context::{STANDARD_BUNDLE_NAME, TransformContext};
 pub use kiln_core::spec::ClusterPolicySpec;
 pub use run::{Decision, Operand, Outcome, apply_native, run_operand, transform_each};
 pub use serde_json;

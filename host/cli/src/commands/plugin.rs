@@ -184,7 +184,11 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     if let Some(name) = report.name.as_deref() {
         // The host finds a drop-in by file name and refuses one whose `name()` differs, so a
         // build output (`site_node_pool.wasm`, `kiln_plugin_driver.wasm`) must be renamed.
-        if name == stem {
+        if name == kiln_core::context::STANDARD_BUNDLE_NAME {
+            super::outln!(
+                "install: as <plugin>.wasm in the drop-in directory, once per plugin it carries (a standard bundle: the host calls it with ctx.state set to the name it was loaded by)"
+            );
+        } else if name == stem {
             super::outln!("install: as {name}.wasm in the drop-in directory");
         } else {
             super::outln!(

@@ -205,13 +205,19 @@ impl RenderArgs {
         let pending = uncompiled_plugins(&renderer, &policy);
         let started = std::time::Instant::now();
         if !pending.is_empty() {
+            // The bundled plugins are one component (the standard bundle), compiled once.
+            let components: std::collections::BTreeSet<&str> =
+                pending.iter().map(|(_, d)| d.as_str()).collect();
+            let names: Vec<&str> = pending.iter().map(|(n, _)| n.as_str()).collect();
             tracing::info!(
                 target: super::PROGRESS_TARGET,
                 plugins = pending.len(),
-                "compiling {} plugin(s) on first use, about a second each (later runs load them \
-                 from the cache; `kiln plugin precompile` fills it ahead of time): {}",
-                pending.len(),
-                pending.join(", ")
+                components = components.len(),
+                "compiling {} component(s) on first use, for plugin(s) {} (tens of seconds for \
+                 the bundled ones; later runs load them from the cache; `kiln plugin precompile` \
+                 fills it ahead of time)",
+                components.len(),
+                names.join(", ")
             );
         }
         // Each object with the `# Source:` text of its state: `state-driver via driver, site-x`;
@@ -329,9 +335,9 @@ impl RenderArgs {
 }
 
 /// The plugins of the enabled states' chains that have no precompiled artifact (so this run
-/// compiles them), sorted: a drop-in `<name>.wasm` by the digest of its file, a bundled plugin
-/// by its build-time digest; every plugin when there is no disk cache.
-fn uncompiled_plugins(renderer: &Renderer, policy: &Policy) -> Vec<String> {
+/// compiles them), sorted, each with its digest: a drop-in `<name>.wasm` by the digest of its
+/// file, a bundled plugin by its build-time digest; every plugin when there is no disk cache.
+fn uncompiled_plugins(renderer: &Renderer, policy: &Policy) -> Vec<(String, String)> {
     let host = renderer.host();
     let drop_in_dir = host.config().drop_in_dir.clone();
     let mut names: Vec<String> = kiln_core::plan::enabled_states(&policy.spec)
@@ -341,22 +347,26 @@ fn uncompiled_plugins(renderer: &Renderer, policy: &Policy) -> Vec<String> {
         .collect();
     names.sort();
     names.dedup();
-    names.retain(|name| {
-        let drop_in = drop_in_dir
-            .as_ref()
-            .map(|d| d.join(format!("{name}.wasm")))
-            .and_then(|f| std::fs::read(f).ok());
-        let digest = match drop_in {
-            Some(bytes) => Some(kiln_plugin_host::sha256_hex(&bytes)),
-            None => kiln_bundled_plugins::BUNDLED_SHA256
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, d)| (*d).to_string()),
-        };
-        // A plugin that exists nowhere fails later with its own error; it compiles nothing.
-        digest.is_some_and(|d| host.artifact_path(&d).is_none_or(|p| !p.is_file()))
-    });
     names
+        .into_iter()
+        .filter_map(|name| {
+            let drop_in = drop_in_dir
+                .as_ref()
+                .map(|d| d.join(format!("{name}.wasm")))
+                .and_then(|f| std::fs::read(f).ok());
+            let digest = match drop_in {
+                Some(bytes) => Some(kiln_plugin_host::sha256_hex(&bytes)),
+                None => kiln_bundled_plugins::BUNDLED_SHA256
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, d)| (*d).to_string()),
+            };
+            // A plugin that exists nowhere fails later with its own error; it compiles nothing.
+            digest
+                .filter(|d| host.artifact_path(d).is_none_or(|p| !p.is_file()))
+                .map(|d| (name, d))
+        })
+        .collect()
 }
 
 #[cfg(test)]
