@@ -60,7 +60,7 @@ const LIB_DIRS: [&str; 6] = [
 /// has its libraries mounted. Missing or unreadable files yield nothing; includes nest at most
 /// 4 deep (a loop ends there).
 #[must_use]
-pub fn ld_conf_dirs(root: &Path) -> Vec<String> {
+pub(crate) fn ld_conf_dirs(root: &Path) -> Vec<String> {
     fn read(root: &Path, file: &Path, depth: usize, out: &mut Vec<String>) {
         let Ok(text) = std::fs::read_to_string(root.join(file)) else {
             return;
