@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -46,6 +46,10 @@ pub(crate) struct ComponentCache {
     dir: Option<PathBuf>,
     engine_hash: String,
     memory: Mutex<HashMap<String, Component>>,
+    /// One lock per digest being loaded or compiled, so that callers asking for the same
+    /// component at once (the render's workers loading the bundled plugins, which are one
+    /// component) wait for the first one's compile instead of each compiling it again.
+    loading: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl ComponentCache {
@@ -63,6 +67,7 @@ impl ComponentCache {
             dir,
             engine_hash: engine_hash(engine),
             memory: Mutex::default(),
+            loading: Mutex::default(),
         }
     }
 
@@ -100,14 +105,45 @@ impl ComponentCache {
         bytes: impl FnOnce() -> Result<Cow<'static, [u8]>, PluginError>,
         deadline: Option<Duration>,
     ) -> Result<(Component, CacheHit), PluginError> {
-        if let Some(c) = self
-            .memory
+        let in_memory = || {
+            self.memory
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(digest)
+                .cloned()
+        };
+        if let Some(c) = in_memory() {
+            return Ok((c, CacheHit::Memory));
+        }
+        // Single flight per digest: a second caller waits here, then finds the first one's
+        // result in memory (or, if that failed, tries itself).
+        let gate = self
+            .loading
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(digest)
-        {
-            return Ok((c.clone(), CacheHit::Memory));
+            .entry(digest.to_string())
+            .or_default()
+            .clone();
+        let _flight = gate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = in_memory() {
+            return Ok((c, CacheHit::Memory));
         }
+        let result = self.load_or_compile(plugin, digest, bytes, deadline);
+        self.loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+        result
+    }
+
+    /// [`ComponentCache::get_or_compile`] after a miss in memory, with the digest's lock held.
+    fn load_or_compile(
+        &self,
+        plugin: &str,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Cow<'static, [u8]>, PluginError>,
+        deadline: Option<Duration>,
+    ) -> Result<(Component, CacheHit), PluginError> {
         let path = self.artifact_path(digest);
         let artifact = path
             .as_deref()

@@ -53,7 +53,7 @@ pub enum PluginCommand {
         #[arg(long, env = "KILN_PLUGINS_DIR")]
         plugins_dir: Option<PathBuf>,
         /// Afterwards delete every other `*.cwasm` in the cache directory (artifacts of earlier
-        /// builds; about 80 MiB per set of bundled plugins).
+        /// builds; the bundled plugins are one artifact of about 8 MiB per build).
         #[arg(long)]
         prune: bool,
     },

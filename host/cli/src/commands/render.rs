@@ -213,9 +213,9 @@ impl RenderArgs {
                 target: super::PROGRESS_TARGET,
                 plugins = pending.len(),
                 components = components.len(),
-                "compiling {} component(s) on first use, for plugin(s) {} (tens of seconds for \
-                 the bundled ones; later runs load them from the cache; `kiln plugin precompile` \
-                 fills it ahead of time)",
+                "compiling {} component(s) on first use, for plugin(s) {} (the bundled plugins' \
+                 one takes a few seconds; later runs load them from the cache; `kiln plugin \
+                 precompile` fills it ahead of time)",
                 components.len(),
                 names.join(", ")
             );
