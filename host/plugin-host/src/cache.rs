@@ -40,6 +40,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Forgets a digest's single-flight lock ([`ComponentCache::get_or_compile`]) when its load
+/// ends, whichever way.
+struct Flight<'a> {
+    loading: &'a Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    digest: &'a str,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.digest);
+    }
+}
+
 /// Compiled components of one engine.
 pub(crate) struct ComponentCache {
     engine: Engine,
@@ -124,26 +140,14 @@ impl ComponentCache {
             .entry(digest.to_string())
             .or_default()
             .clone();
+        let _done = Flight {
+            loading: &self.loading,
+            digest,
+        };
         let _flight = gate.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = in_memory() {
             return Ok((c, CacheHit::Memory));
         }
-        let result = self.load_or_compile(plugin, digest, bytes, deadline);
-        self.loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(digest);
-        result
-    }
-
-    /// [`ComponentCache::get_or_compile`] after a miss in memory, with the digest's lock held.
-    fn load_or_compile(
-        &self,
-        plugin: &str,
-        digest: &str,
-        bytes: impl FnOnce() -> Result<Cow<'static, [u8]>, PluginError>,
-        deadline: Option<Duration>,
-    ) -> Result<(Component, CacheHit), PluginError> {
         let path = self.artifact_path(digest);
         let artifact = path
             .as_deref()
