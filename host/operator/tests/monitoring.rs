@@ -316,17 +316,23 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     );
 
     // The new node's operands settle; the verdict that wrote `ready` set the status gauge.
+    // The policy was ready before the node joined, so wait for a reconcile that counted it
+    // too (the GPUNodeReady event above comes from the node's own timeline, which can run
+    // before that reconcile).
     cluster
         .wait_for("ClusterPolicy ready with gpu-node-9", TIMEOUT, || async {
             let p = policies.get("cluster-policy").await?;
             let state = serde_json::to_value(p.status.unwrap_or_default().state)?;
             let (_, text) = scrape(&addr).await?;
             let status = sample(&text, "gpu_operator_reconciliation_status");
-            Ok(if state == "ready" && status == Some(1.0) {
-                Ok(())
-            } else {
-                Err(format!("{state}, gauge {status:?}"))
-            })
+            let nodes = sample(&text, "gpu_operator_gpu_nodes_total");
+            Ok(
+                if state == "ready" && status == Some(1.0) && nodes == Some(6.0) {
+                    Ok(())
+                } else {
+                    Err(format!("{state}, gauge {status:?}, GPU nodes {nodes:?}"))
+                },
+            )
         })
         .await?;
     let (ctype, text) = scrape(&addr).await?;
