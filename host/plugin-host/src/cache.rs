@@ -41,18 +41,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Forgets a digest's single-flight lock ([`ComponentCache::get_or_compile`]) when its load
-/// ends, whichever way.
+/// ends, whichever way; only that lock, not one a later caller made after it was forgotten.
 struct Flight<'a> {
     loading: &'a Mutex<HashMap<String, Arc<Mutex<()>>>>,
     digest: &'a str,
+    gate: Arc<Mutex<()>>,
 }
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        self.loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(self.digest);
+        let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if loading
+            .get(self.digest)
+            .is_some_and(|g| Arc::ptr_eq(g, &self.gate))
+        {
+            loading.remove(self.digest);
+        }
     }
 }
 
@@ -140,11 +144,12 @@ impl ComponentCache {
             .entry(digest.to_string())
             .or_default()
             .clone();
-        let _done = Flight {
+        let flight = Flight {
             loading: &self.loading,
             digest,
+            gate,
         };
-        let _flight = gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _held = flight.gate.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = in_memory() {
             return Ok((c, CacheHit::Memory));
         }
