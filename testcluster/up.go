@@ -9,7 +9,7 @@ package main
 //	args/NAME.json      the arguments each component was started with
 //	logs/NAME.log       stdout+stderr of each component
 //	pki/, etcd/         certificates and etcd data
-//	kwok.yaml           kwok stages (node initialize + heartbeat, pod ready/running-unready/complete/delete)
+//	kwok.yaml           kwok stages (node initialize + heartbeat, pod ready/running-unready/complete/delete) and options
 
 import (
 	"bufio"
@@ -364,6 +364,42 @@ spec:
       startTime: {{ $now | Quote }}
 `
 
+// nodeLeaseSeconds is the simulated kubelets' node lease duration for a cluster of `nodes`:
+// a kubelet's 40 s up to 500 nodes, then growing with the fleet (400 s at 5,000). kwok renews
+// each lease every quarter of its duration, so a real kubelet's 40 s would cost 500 lease
+// writes a second at 5,000 nodes: more than this 2-core control plane can take beside a
+// 45,000-pod rollout (nodes then miss renewals, go NotReady and drop out of every DaemonSet).
+// The controller-manager's grace period follows ([nodeMonitorGracePeriod]).
+func nodeLeaseSeconds(nodes int) int {
+	return max(40, 40*nodes/500)
+}
+
+// nodeMonitorGracePeriod: how long the node lifecycle controller waits for a lease renewal
+// before it marks a node NotReady; a kubelet's default is 50 s for 40 s leases.
+func nodeMonitorGracePeriod(nodes int) string {
+	return fmt.Sprintf("%ds", nodeLeaseSeconds(nodes)+10)
+}
+
+// kwokConfig is kwok's configuration for `nodes` nodes: its stages ([kwokStages]) and options.
+// Pod stages run 16 at a time (kwok's default is 4: about 15 pods made Ready a second on 2
+// busy cores, 50 minutes for a 45,000-pod rollout). kwok does not default the options of a
+// configuration file, so every one it reads is given (its defaults, except those three).
+func kwokConfig(nodes int) string {
+	return kwokStages() + fmt.Sprintf(`
+---
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  cidr: 10.0.0.0/24
+  podPlayStageParallelism: 16
+  nodePlayStageParallelism: 4
+  nodeLeaseParallelism: 8
+  podsOnNodeSyncParallelism: 1
+  nodeLeaseDurationSeconds: %d
+  nodeStatusUpdateFrequencyMilliseconds: 10000
+`, nodeLeaseSeconds(nodes))
+}
+
 func kwokStages() string {
 	// kwok's own pod-ready stage, except for pods whose readiness is set from outside.
 	marker := "    matchExpressions:\n"
@@ -484,7 +520,7 @@ func up(dir string, nodes, gpuNodes, gpusPerNode, watchPID int, timeout time.Dur
 		return err
 	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(filepath.Join(dir, "kwok.yaml"), []byte(kwokStages()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "kwok.yaml"), []byte(kwokConfig(nodes)), 0o644); err != nil {
 		return err
 	}
 
@@ -525,6 +561,7 @@ func up(dir string, nodes, gpuNodes, gpusPerNode, watchPID int, timeout time.Dur
 		"--cluster-signing-key-file=" + f.CAKey,
 		"--use-service-account-credentials=false",
 		"--concurrent-daemonset-syncs=5",
+		"--node-monitor-grace-period=" + nodeMonitorGracePeriod(nodes),
 		// The default 20 requests/s would take 37 min to create the 45,000 operand pods of
 		// a 5,000-node benchmark; a real control plane runs with more.
 		"--kube-api-qps=300",
@@ -548,7 +585,6 @@ func up(dir string, nodes, gpuNodes, gpusPerNode, watchPID int, timeout time.Dur
 		"--kubeconfig=" + kubeconfig,
 		"--config=" + filepath.Join(dir, "kwok.yaml"),
 		"--manage-all-nodes=true",
-		"--node-lease-duration-seconds=40",
 		fmt.Sprintf("--server-address=127.0.0.1:%d", p.Kwok),
 	}); err != nil {
 		return err

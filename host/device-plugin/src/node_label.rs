@@ -12,19 +12,22 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 
 /// Sends `labels[label]` of node `node` to `tx`: once after the initial list, then whenever it
-/// changes (`None` when unset or the node is deleted). Returns when `tx` is closed; watch
-/// errors are retried with kube's default backoff.
+/// changes (`None` when unset or the node is deleted). `base` is the watcher configuration
+/// (kiln's is `kiln_operator::watch::config()`: hour-long watches); this adds the
+/// `metadata.name` field selector. Returns when `tx` is closed; watch errors are retried with
+/// kube's default backoff.
 ///
 /// # Errors
 /// None in practice; the signature keeps room for a fatal watch error.
 pub async fn watch_node_label(
     client: Client,
+    base: watcher::Config,
     node: &str,
     label: &str,
     tx: mpsc::Sender<Option<String>>,
 ) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let cfg = base.fields(&format!("metadata.name={node}"));
     let stream = watcher(api, cfg).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut synced = false;

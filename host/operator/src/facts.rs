@@ -179,7 +179,7 @@ impl ConfigMapCache {
             kube::Api::namespaced(client.clone(), namespace);
         let writer = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
         let store = writer.as_reader();
-        let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        let stream = watcher::watcher(api, crate::watch::config()).default_backoff();
         let cache = Self::from_store(store);
         let wanted = cache.wanted.clone();
         let mut labelled = crate::live::LabelledEvents::new(

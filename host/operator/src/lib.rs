@@ -39,6 +39,7 @@ pub mod run;
 pub mod status;
 pub mod timeline;
 pub mod upgrade;
+pub mod watch;
 
 pub use context::{Config, Context};
 pub use memory::PLUGIN_KEEP_RESIDENT_BYTES;

@@ -275,8 +275,7 @@ impl LiveCache {
             };
             let writer = reflector::store::Writer::<Meta>::new(ar.clone());
             let store = writer.as_reader();
-            let stream =
-                watcher(api, watcher::Config::default().labels(STATE_LABEL)).default_backoff();
+            let stream = watcher(api, crate::watch::config().labels(STATE_LABEL)).default_backoff();
             let name = kind.clone();
             let mut events = LabelledEvents::new(ar.clone(), wake.clone());
             tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
@@ -401,7 +400,7 @@ pub fn start_daemonsets(
     let writer = reflector::store::Writer::<DaemonSet>::default();
     let store = writer.as_reader();
     let mut events = LabelledEvents::new(ApiResource::erase::<DaemonSet>(&()), wake.clone());
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, crate::watch::config())
         .default_backoff()
         .modify(trim_daemonset);
     let wake = wake.clone();

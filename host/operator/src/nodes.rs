@@ -215,7 +215,7 @@ pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::
     use kube::runtime::{WatchStreamExt, watcher};
     let stream = watcher(
         Api::<SlimNode>::all(w.client.clone()),
-        watcher::Config::default(),
+        crate::watch::config(),
     )
     .default_backoff();
     follow_nodes(w, writer, stream).await;

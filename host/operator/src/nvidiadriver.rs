@@ -300,7 +300,7 @@ pub async fn run(
     let memo = ctx.clone();
     let drivers = watcher(
         Api::<NVIDIADriver>::all(ctx.client.clone()),
-        watcher::Config::default(),
+        crate::watch::config(),
     )
     // Managed fields are nothing kiln reads.
     .modify(|d: &mut NVIDIADriver| d.metadata.managed_fields = None)

@@ -130,7 +130,7 @@ where
 {
     let writer = reflector::store::Writer::<K>::default();
     let store = writer.as_reader();
-    let stream = watcher(api, watcher::Config::default().labels(selector))
+    let stream = watcher(api, crate::watch::config().labels(selector))
         .default_backoff()
         .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
     let kind = K::kind(&());

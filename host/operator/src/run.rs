@@ -246,7 +246,7 @@ pub async fn run_until(
         ctx.caches.set_policies(store.clone());
         let policies = watcher(
             Api::<DynamicObject>::all_with(client.clone(), &ar),
-            watcher::Config::default(),
+            crate::watch::config(),
         )
         .reflect(writer)
         .inspect(move |ev| {

@@ -194,13 +194,17 @@ impl RunArgs {
         let (labels_tx, mut labels_rx) = mpsc::channel(4);
         let mut initial = None;
         if let Some((node, _)) = &dir_mode {
-            let client = kube::Client::try_default()
+            let client = super::kube_client(None)
                 .await
                 .context("connecting to the API server for the node label watch")?;
             let (node, label) = (node.clone(), self.selection.node_label.clone());
             tokio::spawn(async move {
                 let _ = kiln_device_plugin::node_label::watch_node_label(
-                    client, &node, &label, labels_tx,
+                    client,
+                    kiln_operator::watch::config(),
+                    &node,
+                    &label,
+                    labels_tx,
                 )
                 .await;
             });
@@ -237,14 +241,7 @@ impl RunArgs {
 
 impl ConfigManagerArgs {
     async fn run(self) -> anyhow::Result<ExitCode> {
-        let client = match &self.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-                kube::Client::try_from(cfg)?
-            }
-            None => kube::Client::try_default().await?,
-        };
+        let client = super::kube_client(self.kubeconfig.as_deref()).await?;
         let mgr = ManagerOptions {
             dir: self.selection.dir(self.config_file_srcdir),
             dst: self.config_file_dst,
@@ -255,8 +252,14 @@ impl ConfigManagerArgs {
         let (tx, rx) = mpsc::channel(4);
         let (node, label) = (self.node_name, self.selection.node_label);
         tokio::spawn(async move {
-            let _ =
-                kiln_device_plugin::node_label::watch_node_label(client, &node, &label, tx).await;
+            let _ = kiln_device_plugin::node_label::watch_node_label(
+                client,
+                kiln_operator::watch::config(),
+                &node,
+                &label,
+                tx,
+            )
+            .await;
         });
         tokio::select! {
             r = mgr.run(rx, self.oneshot) => r?,

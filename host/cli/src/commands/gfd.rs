@@ -192,7 +192,7 @@ impl GfdArgs {
                     let node = self.node_name.context(
                         "the NodeFeature output needs --node-name / NODE_NAME (or USE_NODE_FEATURE_API=false for the features.d file)",
                     )?;
-                    let client = kube::Client::try_default()
+                    let client = super::kube_client(None)
                         .await
                         .context("connecting to the API server")?;
                     Output::NodeFeature(NodeFeatureTarget {

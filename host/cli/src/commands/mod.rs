@@ -169,7 +169,9 @@ pub(crate) fn plugin_host(
 
 /// A Kubernetes client from `kubeconfig` (a kubeconfig file) or, without one, kube's own
 /// inference: `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster configuration (a
-/// pod's service account). Used by `kiln operator` and its hooks.
+/// pod's service account). Every kiln command that talks to the API server builds its client
+/// here, with the read timeout that finds dead watch connections
+/// ([`kiln_operator::watch::tune_client`]).
 ///
 /// # Errors
 /// One line saying which configuration could not be used and why (kube's error text once, not
@@ -178,21 +180,27 @@ pub(crate) async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
 ) -> anyhow::Result<kube::Client> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
-    let Some(path) = kubeconfig else {
-        return kube::Client::try_default().await.map_err(|e| {
-            anyhow::anyhow!(
-                "no Kubernetes configuration: {e}; pass --kubeconfig FILE or set KUBECONFIG \
-                 (in a pod, the in-cluster configuration is used)"
-            )
-        });
+    let (cfg, source) = match kubeconfig {
+        None => (
+            kube::Config::infer().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "no Kubernetes configuration: {e}; pass --kubeconfig FILE or set KUBECONFIG \
+                     (in a pod, the in-cluster configuration is used)"
+                )
+            })?,
+            "the inferred configuration".to_string(),
+        ),
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("cannot read --kubeconfig {}: {e}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot use --kubeconfig {}: {e}", path.display()))?;
+            (cfg, path.display().to_string())
+        }
     };
-    let kc = Kubeconfig::read_from(path)
-        .map_err(|e| anyhow::anyhow!("cannot read --kubeconfig {}: {e}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot use --kubeconfig {}: {e}", path.display()))?;
-    kube::Client::try_from(cfg)
-        .map_err(|e| anyhow::anyhow!("cannot build a client from {}: {e}", path.display()))
+    kube::Client::try_from(kiln_operator::watch::tune_client(cfg))
+        .map_err(|e| anyhow::anyhow!("cannot build a client from {source}: {e}"))
 }
 
 /// `println!` for command output, through [`write_stdout`] (a closed pipe is not an error,

@@ -175,7 +175,8 @@ fn operator_mode(kubeconfig: &Path) -> anyhow::Result<()> {
     rt.block_on(async {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        let client = kube::Client::try_from(cfg)?;
+        // As `kiln operator` builds its client.
+        let client = kube::Client::try_from(kiln_operator::watch::tune_client(cfg))?;
         let host = Arc::new(
             kiln_plugin_host::PluginHost::new(
                 kiln_plugin_host::HostConfig {
