@@ -4,6 +4,12 @@
 //! node store keeps them ([`kiln_operator::node::SlimNode`]). A counting allocator gives the heap
 //! held after the store is filled, per node, and the peak while a 500-node page is decoded.
 //!
+//! Then the two pods a GPU node adds to the operator's pod stores
+//! ([`kiln_operator::readiness::SlimPod`]): its driver pod (the `OnDelete` rule and the driver
+//! upgrade) and its validator pod (the readiness timeline). Both are decoded from pods captured
+//! off testcluster at 5,000 GPU nodes, as the API server serves them to a watch
+//! (`benches/data/*-pod.json`, managed fields included), renamed and rebound per node.
+//!
 //! `cargo bench -p kiln-operator --bench node_memory` (`KILN_BENCH_NODES`, default 5000). Heap
 //! bytes do not depend on the machine's load, so the figure is exact; RSS adds the allocator's
 //! overhead and the executable (see the steady_state bench). Target context (issue 16): RSS
@@ -17,6 +23,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_operator::node::SlimNode;
+use kiln_operator::readiness::SlimPod;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -140,6 +147,59 @@ fn node_json(i: usize) -> Value {
     })
 }
 
+/// The captured pods (one of each kind of a GPU node's pods the operator keeps).
+const POD_TEMPLATES: [(&str, &str); 2] = [
+    (
+        "driver",
+        include_str!("data/nvidia-driver-daemonset-pod.json"),
+    ),
+    (
+        "validator",
+        include_str!("data/nvidia-operator-validator-pod.json"),
+    ),
+];
+
+/// `template` as the pod of node `i`: its own name, uid, resourceVersion, node and IP.
+fn pod_json(template: &Value, i: usize) -> Value {
+    let mut p = template.clone();
+    let base = p["metadata"]["generateName"]
+        .as_str()
+        .unwrap_or("pod-")
+        .to_string();
+    p["metadata"]["name"] = json!(format!("{base}{i:05}"));
+    p["metadata"]["uid"] = json!(format!("5d0c7e51-2f4b-4c1e-8a39-{i:012}"));
+    p["metadata"]["resourceVersion"] = json!(format!("{}", 200_000 + i));
+    p["spec"]["nodeName"] = json!(format!("kiln-gpu-{i:05}"));
+    let ip = format!("10.1.{}.{}", i / 250, i % 250);
+    p["status"]["podIP"] = json!(ip);
+    p["status"]["podIPs"] = json!([{"ip": ip}]);
+    p
+}
+
+/// Fills a pod store with the `template` pod of each of `n` nodes, decoded and trimmed as the
+/// operator's pod watches do; returns the heap it holds afterwards.
+fn pod_store(
+    template: &Value,
+    n: usize,
+) -> (usize, usize, kube::runtime::reflector::Store<SlimPod>) {
+    let wire: Vec<Vec<u8>> = (0..n)
+        .map(|i| serde_json::to_vec(&pod_json(template, i)).unwrap())
+        .collect();
+    let wire_bytes = wire.iter().map(Vec::len).sum::<usize>();
+    let mut writer = Writer::<SlimPod>::default();
+    let reader = writer.as_reader();
+    let base = HELD.load(Ordering::Relaxed);
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for bytes in &wire {
+        let pod: SlimPod = serde_json::from_slice(bytes).unwrap();
+        writer.apply_watcher_event(&watcher::Event::InitApply(pod.trim()));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let held = HELD.load(Ordering::Relaxed) - base;
+    drop(wire);
+    (held, wire_bytes, reader)
+}
+
 fn mib(b: usize) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
@@ -189,4 +249,23 @@ fn main() {
         sample.labels().len(),
     );
     assert_eq!(reader.state().len(), n);
+    let mut pods_held = 0;
+    for (what, text) in POD_TEMPLATES {
+        let template: Value = serde_json::from_str(text).unwrap();
+        let (held, wire, store) = pod_store(&template, n);
+        pods_held += held;
+        println!(
+            "{what} pod store of {n} pods ({:.0} bytes a pod on the wire): held {:.1} MiB = {:.0} bytes a pod",
+            wire as f64 / n as f64,
+            mib(held),
+            held as f64 / n as f64,
+        );
+        assert_eq!(store.state().len(), n);
+        drop(store);
+    }
+    println!(
+        "per GPU node (its node and its two pods): {:.0} bytes; {:.1} MiB for {n}",
+        (held + pods_held) as f64 / n as f64,
+        mib(held + pods_held)
+    );
 }
