@@ -15,7 +15,6 @@ use std::fmt;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The label the DaemonSet controller puts on each pod: the hash of its ControllerRevision.
 pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
@@ -115,13 +114,21 @@ pub fn is_on_delete(ds: &DaemonSet) -> bool {
         == Some("OnDelete")
 }
 
-/// What the `OnDelete` readiness rule reads of a pod: its metadata (name, namespace, labels,
-/// first ownerReference), its phase, and whether every container is ready. Implemented for
+/// What the `OnDelete` readiness rule reads of a pod: its name, namespace, labels and first
+/// ownerReference's uid, its phase, and whether every container is ready. Implemented for
 /// k8s-openapi's [`Pod`] (and references and `Arc`s of an implementor), so a caller holding
-/// slimmer copies of pods (the operator's watch stores) judges them without converting any.
+/// slimmer copies of pods (the operator's watch stores, labels interned) judges them without
+/// converting any.
 pub trait PodFacts {
-    /// The pod's metadata.
-    fn metadata(&self) -> &ObjectMeta;
+    /// `metadata.name` (empty when unset).
+    fn name(&self) -> &str;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> Option<&str>;
+    /// The value of label `key`, when the pod has it.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// The uid of the first `ownerReference` (a DaemonSet's pod has exactly one: the
+    /// DaemonSet).
+    fn first_owner_uid(&self) -> Option<&str>;
     /// `status.phase` (`Running`, `Pending`, …); `None` when unset.
     fn phase(&self) -> Option<&str>;
     /// Whether every entry of `status.containerStatuses` is `ready` (true when there are none,
@@ -130,8 +137,24 @@ pub trait PodFacts {
 }
 
 impl PodFacts for Pod {
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+    fn first_owner_uid(&self) -> Option<&str> {
+        Some(
+            self.metadata
+                .owner_references
+                .as_ref()?
+                .first()?
+                .uid
+                .as_str(),
+        )
     }
     fn phase(&self) -> Option<&str> {
         self.status.as_ref()?.phase.as_deref()
@@ -144,29 +167,32 @@ impl PodFacts for Pod {
     }
 }
 
-impl<T: PodFacts + ?Sized> PodFacts for &T {
-    fn metadata(&self) -> &ObjectMeta {
-        (**self).metadata()
-    }
-    fn phase(&self) -> Option<&str> {
-        (**self).phase()
-    }
-    fn containers_ready(&self) -> bool {
-        (**self).containers_ready()
-    }
+/// Forwards every fact to the pointee (`&P`, `Arc<P>`).
+macro_rules! forward_pod_facts {
+    ($($ty:ty),*) => {$(
+        impl<T: PodFacts + ?Sized> PodFacts for $ty {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn namespace(&self) -> Option<&str> {
+                (**self).namespace()
+            }
+            fn label(&self, key: &str) -> Option<&str> {
+                (**self).label(key)
+            }
+            fn first_owner_uid(&self) -> Option<&str> {
+                (**self).first_owner_uid()
+            }
+            fn phase(&self) -> Option<&str> {
+                (**self).phase()
+            }
+            fn containers_ready(&self) -> bool {
+                (**self).containers_ready()
+            }
+        }
+    )*};
 }
-
-impl<T: PodFacts + ?Sized> PodFacts for std::sync::Arc<T> {
-    fn metadata(&self) -> &ObjectMeta {
-        (**self).metadata()
-    }
-    fn phase(&self) -> Option<&str> {
-        (**self).phase()
-    }
-    fn containers_ready(&self) -> bool {
-        (**self).containers_ready()
-    }
-}
+forward_pod_facts!(&T, std::sync::Arc<T>);
 
 /// Judge a DaemonSet (`None` = not found) by upstream's rules. `pods` and `revisions` may hold
 /// more than the DaemonSet's own (say, every pod of the namespace): they are filtered by the
@@ -310,14 +336,9 @@ fn on_delete_readiness<P: PodFacts, R: Borrow<ControllerRevision>>(
     let uid = ds.metadata.uid.as_deref();
     let mut owned = pods
         .iter()
-        .map(PodFacts::metadata)
-        .zip(pods)
-        .filter(|(m, _)| m.namespace == ds.metadata.namespace)
-        .filter(|(m, _)| matches(&sel, m.labels.as_ref()))
-        .filter(|(m, _)| {
-            let first = m.owner_references.as_ref().and_then(|o| o.first());
-            first.map(|o| o.uid.as_str()) == uid
-        })
+        .filter(|p| p.namespace() == ds.metadata.namespace.as_deref())
+        .filter(|p| sel.iter().all(|(k, v)| p.label(k) == Some(v.as_str())))
+        .filter(|p| p.first_owner_uid() == uid)
         .peekable();
     if owned.peek().is_none() {
         return Readiness::NotReady(NotReady::NoPods);
@@ -325,13 +346,9 @@ fn on_delete_readiness<P: PodFacts, R: Borrow<ControllerRevision>>(
     let Some(want) = current_revision(ds, revisions) else {
         return Readiness::NotReady(NotReady::NoRevision);
     };
-    for (meta, pod) in owned {
-        let name = || meta.name.clone().unwrap_or_default();
-        let hash = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(REVISION_HASH_LABEL));
-        if hash != Some(&want) {
+    for pod in owned {
+        let name = || pod.name().to_string();
+        if pod.label(REVISION_HASH_LABEL) != Some(want.as_str()) {
             return Readiness::NotReady(NotReady::StaleRevision { pod: name(), want });
         }
         let phase = pod.phase().unwrap_or_default();

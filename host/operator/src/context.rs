@@ -10,7 +10,9 @@ use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
+
+use crate::events::Events;
 use kube::runtime::reflector::Store;
 
 use crate::apply::Applier;
@@ -255,8 +257,9 @@ pub struct Context {
     pub caches: Caches,
     /// Renders a state through its plugin chain.
     pub renderer: Renderer,
-    /// Publishes Events on the ClusterPolicy (also used by [`Context::status`]).
-    pub recorder: Recorder,
+    /// Publishes Events on the ClusterPolicy (also used by [`Context::status`]) and the
+    /// timeline's on nodes.
+    pub recorder: Events,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -281,7 +284,7 @@ impl Context {
             controller: "kiln".into(),
             instance: Some(config.identity.clone()),
         };
-        let recorder = Recorder::new(client.clone(), reporter);
+        let recorder = Events::new(client.clone(), reporter);
         Context {
             status: StatusWriter::new(client.clone(), recorder.clone(), &config.namespace),
             recorder,

@@ -23,6 +23,7 @@
 pub mod apply;
 pub mod context;
 pub mod crd;
+pub mod events;
 pub mod facts;
 pub mod leader;
 pub mod lifecycle;

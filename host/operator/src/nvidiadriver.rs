@@ -46,7 +46,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apply::{Applier, key_of};
-use crate::node::{NodeLabels, SlimNode};
+use crate::node::{InternedLabels, SlimNode};
 use crate::{Error, Result, facts, is_not_found, readiness};
 
 /// Condition reasons of an NVIDIADriver's status.
@@ -477,7 +477,7 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
         )));
     }
     let nodes = crate::context::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
-    let nodes: Vec<&NodeLabels> = nodes.iter().map(|n| n.labels()).collect();
+    let nodes: Vec<&InternedLabels> = nodes.iter().map(|n| n.labels()).collect();
     let all = drivers_from(ctx.caches.drivers.get(), &ctx.client)
         .await
         .map_err(|e| Error::kube("list nvidiadrivers", e))?;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod,
     PodCondition, PodSpec, PodStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::live::Wake;
+use crate::node::{InternedLabels, Sym};
 use crate::{Error, Result};
 
 /// How long a first readiness check of an `OnDelete` DaemonSet waits for its new pod and
@@ -404,13 +405,30 @@ pub const POD_PAGE: u32 = 100;
 /// they read.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 pub struct SlimPod {
-    /// Name, namespace, labels, owner references and deletion timestamp ([`SlimPod::trim`]
-    /// clears the rest).
+    /// Name, namespace and deletion timestamp ([`SlimPod::trim`] clears the rest, and moves
+    /// the labels and owner references out: [`SlimPod::labels`], `owners`).
     pub metadata: ObjectMeta,
+    /// The labels, interned (filled by [`SlimPod::trim`]).
+    #[serde(skip)]
+    labels: InternedLabels,
+    /// The owner references, interned (filled by [`SlimPod::trim`]).
+    #[serde(skip)]
+    owners: Box<[SlimOwner]>,
     #[serde(default)]
     spec: SlimSpec,
     #[serde(default)]
     status: SlimStatus,
+}
+
+/// An owner reference, its texts interned (a DaemonSet's pods all name the same owner).
+#[derive(Clone, Debug)]
+struct SlimOwner {
+    api_version: Sym,
+    kind: Sym,
+    name: Sym,
+    uid: Sym,
+    controller: Option<bool>,
+    block_owner_deletion: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -510,8 +528,17 @@ impl kube::Resource for SlimPod {
 
 /// The readiness rule reads a watched pod as it is (no `Pod` is built).
 impl kiln_core::readiness::PodFacts for SlimPod {
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        kiln_core::labels::LabelLookup::label(&self.labels, key)
+    }
+    fn first_owner_uid(&self) -> Option<&str> {
+        self.owners.first().map(|o| &*o.uid)
     }
     fn phase(&self) -> Option<&str> {
         self.status.phase.as_deref()
@@ -546,15 +573,28 @@ impl SlimPod {
             cs.retain(|c| c.type_ == "Ready");
             cs.shrink_to_fit();
         }
+        let owners = m
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| SlimOwner {
+                api_version: Sym::from(o.api_version.as_str()),
+                kind: Sym::from(o.kind.as_str()),
+                name: Sym::from(o.name.as_str()),
+                uid: Sym::from(o.uid.as_str()),
+                controller: o.controller,
+                block_owner_deletion: o.block_owner_deletion,
+            })
+            .collect();
         SlimPod {
             metadata: ObjectMeta {
                 name: m.name,
                 namespace: m.namespace,
-                labels: m.labels,
-                owner_references: m.owner_references,
                 deletion_timestamp: m.deletion_timestamp,
                 ..ObjectMeta::default()
             },
+            labels: InternedLabels::of(m.labels.iter().flatten(), |_| true),
+            owners,
             spec: SlimSpec {
                 node_name: self.spec.node_name,
                 digest,
@@ -602,8 +642,24 @@ impl SlimPod {
                 }]
             })
             .unwrap_or_default();
+        let owners = self
+            .owners
+            .iter()
+            .map(|o| OwnerReference {
+                api_version: o.api_version.to_string(),
+                kind: o.kind.to_string(),
+                name: o.name.to_string(),
+                uid: o.uid.to_string(),
+                controller: o.controller,
+                block_owner_deletion: o.block_owner_deletion,
+            })
+            .collect::<Vec<_>>();
         Pod {
-            metadata: self.metadata.clone(),
+            metadata: ObjectMeta {
+                labels: (!self.labels.is_empty()).then(|| self.labels.to_map()),
+                owner_references: (!owners.is_empty()).then_some(owners),
+                ..self.metadata.clone()
+            },
             spec: Some(PodSpec {
                 node_name: self.spec.node_name.clone(),
                 containers,

@@ -315,7 +315,7 @@ async fn judge_and_write(
     nodes: &[&SlimNode],
 ) -> Result<Action> {
     let live = ctx.live().await?;
-    let node_labels: Vec<&crate::node::NodeLabels> = nodes.iter().map(|n| n.labels()).collect();
+    let node_labels: Vec<&crate::node::InternedLabels> = nodes.iter().map(|n| n.labels()).collect();
     let source = match ctx.caches.pods.get() {
         Some(w) => readiness::PodSource::Watches(w.as_ref()),
         None => readiness::PodSource::List(&ctx.client),

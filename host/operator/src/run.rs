@@ -186,6 +186,8 @@ pub async fn run_until(
     if !tapped {
         tracing::warn!("validator pod watch already running: no readiness timeline of validators");
     }
+    // Drops kube's Event series cache once idle (after a rollout's per-node Events).
+    tokio::spawn(ctx.recorder.clone().run_renewal());
     tokio::spawn(crate::timeline::run(
         metrics.clone(),
         ctx.recorder.clone(),

@@ -10,7 +10,7 @@ use kiln_core::spec::{ClusterPolicy, ClusterPolicyStatus};
 use kiln_core::status::{Verdict, make_status, needs_write, transition};
 use kube::api::{Api, Patch, PatchParams};
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 
 use crate::{Error, Result};
@@ -26,7 +26,7 @@ const CONDITION_MESSAGE_LIMIT: usize = 16 << 10;
 /// the status this writer wrote last (the cache may not have seen that write yet).
 pub struct StatusWriter {
     client: Client,
-    recorder: Recorder,
+    recorder: crate::events::Events,
     namespace: String,
     /// Per policy name: `resourceVersion` after our last write, and what was written.
     written: Mutex<HashMap<String, (String, ClusterPolicyStatus)>>,
@@ -67,7 +67,7 @@ pub fn status_of(policy: &DynamicObject) -> Option<ClusterPolicyStatus> {
 impl StatusWriter {
     /// A writer over `client`, publishing Events through `recorder`; `namespace` is the
     /// operator namespace (written into the status).
-    pub fn new(client: Client, recorder: Recorder, namespace: &str) -> Self {
+    pub fn new(client: Client, recorder: crate::events::Events, namespace: &str) -> Self {
         StatusWriter {
             client,
             recorder,

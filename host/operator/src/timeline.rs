@@ -38,7 +38,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+
+use crate::events::Events;
 use kube::runtime::watcher;
 
 use crate::metrics::Metrics;
@@ -536,7 +538,7 @@ pub const NODE_EVENTS: usize = 1024;
 /// leads.
 pub async fn run(
     metrics: Arc<Metrics>,
-    recorder: Recorder,
+    recorder: Events,
     nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
     pods: futures::channel::mpsc::UnboundedReceiver<watcher::Event<SlimPod>>,
 ) {
@@ -578,7 +580,7 @@ pub async fn run(
     }
 }
 
-async fn apply(metrics: &Metrics, recorder: &Recorder, update: Update) {
+async fn apply(metrics: &Metrics, recorder: &Events, update: Update) {
     match update {
         Update::Stage {
             node,
