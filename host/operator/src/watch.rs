@@ -104,22 +104,21 @@ mod tests {
         (url, seen)
     }
 
-    /// Runs kiln's node watch against `url` for `run`, with the client's read timeout cut to
-    /// `read_timeout` (the only change to [`tune_client`]'s configuration).
-    async fn watch_for(url: &str, read_timeout: Duration, run: Duration) {
+    /// Runs kiln's node watch for 3.5 s against a [`fake_apiserver`] (`bookmark_every`), with
+    /// the client's read timeout cut to 0.7 s (the only change to [`tune_client`]'s
+    /// configuration); returns the watch requests' query strings and how many requests the
+    /// server saw in all.
+    async fn watch_requests(bookmark_every: Option<Duration>) -> (Vec<String>, usize) {
+        let (url, seen) = fake_apiserver(bookmark_every).await;
         let mut cfg = tune_client(kube::Config::new(url.parse().unwrap()));
-        cfg.read_timeout = Some(read_timeout);
+        cfg.read_timeout = Some(Duration::from_millis(700));
         let client = kube::Client::try_from(cfg).unwrap();
         let stream = watcher(kube::Api::<Node>::all(client), config()).default_backoff();
+        let run = Duration::from_millis(3500);
         let _ = tokio::time::timeout(run, stream.for_each(|_| async {})).await;
-    }
-
-    fn watches(seen: &Mutex<Vec<String>>) -> Vec<String> {
         let seen = seen.lock().unwrap();
-        seen.iter()
-            .filter(|q| q.contains("watch=true"))
-            .cloned()
-            .collect()
+        let watches = seen.iter().filter(|q| q.contains("watch=true")).cloned();
+        (watches.collect(), seen.len())
     }
 
     #[test]
@@ -135,14 +134,7 @@ mod tests {
     /// server for `timeoutSeconds=3600` and bookmarks.
     #[tokio::test]
     async fn a_silent_watch_connection_is_dropped_and_watched_again() {
-        let (url, seen) = fake_apiserver(None).await;
-        watch_for(
-            &url,
-            Duration::from_millis(700),
-            Duration::from_millis(3500),
-        )
-        .await;
-        let w = watches(&seen);
+        let (w, _) = watch_requests(None).await;
         assert!(
             w.len() >= 2,
             "one watch only, the dead connection was kept: {w:?}"
@@ -157,15 +149,8 @@ mod tests {
     /// minute) is never renewed by the read timeout: one watch request in 5 read timeouts.
     #[tokio::test]
     async fn a_watch_kept_alive_by_bookmarks_is_not_renewed() {
-        let (url, seen) = fake_apiserver(Some(Duration::from_millis(200))).await;
-        watch_for(
-            &url,
-            Duration::from_millis(700),
-            Duration::from_millis(3500),
-        )
-        .await;
-        let w = watches(&seen);
+        let (w, all) = watch_requests(Some(Duration::from_millis(200))).await;
         assert_eq!(w.len(), 1, "{w:?}");
-        assert_eq!(seen.lock().unwrap().len(), 2, "one list, one watch");
+        assert_eq!(all, 2, "one list, one watch");
     }
 }

@@ -197,17 +197,12 @@ impl RunArgs {
             let client = super::kube_client(None)
                 .await
                 .context("connecting to the API server for the node label watch")?;
-            let (node, label) = (node.clone(), self.selection.node_label.clone());
-            tokio::spawn(async move {
-                let _ = kiln_device_plugin::node_label::watch_node_label(
-                    client,
-                    kiln_operator::watch::config(),
-                    &node,
-                    &label,
-                    labels_tx,
-                )
-                .await;
-            });
+            spawn_label_watch(
+                client,
+                node.clone(),
+                self.selection.node_label.clone(),
+                labels_tx,
+            );
             initial = labels_rx.recv().await.flatten();
         }
         let opts = Options {
@@ -239,6 +234,26 @@ impl RunArgs {
     }
 }
 
+/// Watch node `node`'s label `label` in a task (kiln's hour-long watches), sending its
+/// values to `tx` ([`kiln_device_plugin::node_label::watch_node_label`]).
+fn spawn_label_watch(
+    client: kube::Client,
+    node: String,
+    label: String,
+    tx: mpsc::Sender<Option<String>>,
+) {
+    tokio::spawn(async move {
+        let _ = kiln_device_plugin::node_label::watch_node_label(
+            client,
+            kiln_operator::watch::config(),
+            &node,
+            &label,
+            tx,
+        )
+        .await;
+    });
+}
+
 impl ConfigManagerArgs {
     async fn run(self) -> anyhow::Result<ExitCode> {
         let client = super::kube_client(self.kubeconfig.as_deref()).await?;
@@ -250,17 +265,7 @@ impl ConfigManagerArgs {
             process_to_signal: self.process_to_signal,
         };
         let (tx, rx) = mpsc::channel(4);
-        let (node, label) = (self.node_name, self.selection.node_label);
-        tokio::spawn(async move {
-            let _ = kiln_device_plugin::node_label::watch_node_label(
-                client,
-                kiln_operator::watch::config(),
-                &node,
-                &label,
-                tx,
-            )
-            .await;
-        });
+        spawn_label_watch(client, self.node_name, self.selection.node_label, tx);
         tokio::select! {
             r = mgr.run(rx, self.oneshot) => r?,
             r = wait_for_exit() => r?,
