@@ -188,6 +188,8 @@ pub async fn run_until(
     }
     // Drops kube's Event series cache once idle (after a rollout's per-node Events).
     tokio::spawn(ctx.recorder.clone().run_renewal());
+    // Hands what the operator frees at rest (node events, that cache) back to the OS.
+    tokio::spawn(crate::memory::run_trim());
     tokio::spawn(crate::timeline::run(
         metrics.clone(),
         ctx.recorder.clone(),

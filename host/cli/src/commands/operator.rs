@@ -14,7 +14,8 @@ pub struct OperatorArgs {
     /// A chart hook (`apply-crds`, `cleanup`) instead of the reconciler.
     #[command(subcommand)]
     hook: Option<super::operator_hooks::OperatorHook>,
-    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    /// Kubeconfig to use (out of cluster); default: `$KUBECONFIG` or `~/.kube/config` when
+    /// there is one, else the in-cluster config.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Namespace the operands go into.

@@ -23,7 +23,8 @@ pub enum OperatorHook {
 /// Arguments of `kiln operator apply-crds`.
 #[derive(Debug, Args)]
 pub struct ApplyCrdsArgs {
-    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    /// Kubeconfig to use (out of cluster); default: `$KUBECONFIG` or `~/.kube/config` when
+    /// there is one, else the in-cluster config.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
 }
@@ -31,7 +32,8 @@ pub struct ApplyCrdsArgs {
 /// Arguments of `kiln operator cleanup`.
 #[derive(Debug, Args)]
 pub struct CleanupArgs {
-    /// Kubeconfig to use (out of cluster); default: in-cluster config, then `$KUBECONFIG`.
+    /// Kubeconfig to use (out of cluster); default: `$KUBECONFIG` or `~/.kube/config` when
+    /// there is one, else the in-cluster config.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Namespace of the operator's pods.
