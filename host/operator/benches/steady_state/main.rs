@@ -292,6 +292,9 @@ async fn run_once(
         }
         None => Command::new(&exe),
     };
+    // Its own process group, so a wrapper's child (the operator under heaptrack) is stopped
+    // with it at the end, not left running.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .env(OPERATOR_ENV, &kubeconfig)
         .envs(
@@ -490,6 +493,9 @@ async fn run_once(
     for w in watches {
         w.abort();
     }
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
     let _ = child.kill();
     let _ = child.wait();
     result
