@@ -22,11 +22,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kiln_operator::node::SlimNode;
-use kiln_operator::readiness::SlimPod;
-use kube::runtime::reflector::store::Writer;
+use kiln_operator::node::{SlimNode, WatchedNode};
+use kiln_operator::readiness::{PodStore, PodStoreWriter, SlimPod};
+use kiln_operator::store::NamedWriter;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// `System`, counting the bytes held now and the most held since the last reset.
 struct Counting;
@@ -176,25 +177,22 @@ fn pod_json(template: &Value, i: usize) -> Value {
     p
 }
 
-/// Fills a pod store with the `template` pod of each of `n` nodes, decoded and trimmed as the
+/// Fills a pod store with the `template` pod of each of `n` nodes, decoded and kept as the
 /// operator's pod watches do; returns the heap it holds afterwards.
-fn pod_store(
-    template: &Value,
-    n: usize,
-) -> (usize, usize, kube::runtime::reflector::Store<SlimPod>) {
+fn pod_store(template: &Value, n: usize) -> (usize, usize, PodStore) {
     let wire: Vec<Vec<u8>> = (0..n)
         .map(|i| serde_json::to_vec(&pod_json(template, i)).unwrap())
         .collect();
     let wire_bytes = wire.iter().map(Vec::len).sum::<usize>();
-    let mut writer = Writer::<SlimPod>::default();
+    let mut writer = PodStoreWriter::default();
     let reader = writer.as_reader();
     let base = HELD.load(Ordering::Relaxed);
-    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply(&watcher::Event::Init);
     for bytes in &wire {
         let pod: SlimPod = serde_json::from_slice(bytes).unwrap();
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod.trim()));
+        writer.apply(&watcher::Event::InitApply(Arc::new(pod)));
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
+    writer.apply(&watcher::Event::InitDone);
     let held = HELD.load(Ordering::Relaxed) - base;
     drop(wire);
     (held, wire_bytes, reader)
@@ -220,22 +218,22 @@ fn main() {
         })
         .collect();
     let wire: usize = pages.iter().flatten().map(Vec::len).sum();
-    let mut writer = Writer::<SlimNode>::default();
+    let mut writer = NamedWriter::<SlimNode>::default();
     let reader = writer.as_reader();
     let base = HELD.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
-    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply(&watcher::Event::Init);
     for page in &pages {
         // A page is decoded whole before its objects are handed on (kube's list).
-        let decoded: Vec<SlimNode> = page
+        let decoded: Vec<WatchedNode> = page
             .iter()
             .map(|b| serde_json::from_slice(b).unwrap())
             .collect();
         for node in decoded {
-            writer.apply_watcher_event(&watcher::Event::InitApply(node));
+            writer.apply(&watcher::Event::InitApply(Arc::new(SlimNode::from(node))));
         }
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
+    writer.apply(&watcher::Event::InitDone);
     let held = HELD.load(Ordering::Relaxed) - base;
     let peak = PEAK.load(Ordering::Relaxed) - base;
     let sample = reader.state().first().cloned().unwrap();

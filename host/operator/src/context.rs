@@ -15,6 +15,8 @@ use kube::runtime::events::Reporter;
 use crate::events::Events;
 use kube::runtime::reflector::Store;
 
+use crate::store::NamedStore;
+
 use crate::apply::Applier;
 use crate::live::Wake;
 use crate::metrics::Metrics;
@@ -87,7 +89,7 @@ pub struct Cluster {
 #[derive(Default)]
 pub struct Caches {
     policies: OnceLock<Store<DynamicObject>>,
-    nodes: OnceLock<Store<SlimNode>>,
+    nodes: OnceLock<NamedStore<SlimNode>>,
     /// The labelled objects in the cluster (what kiln applied, found again after a restart);
     /// started by the first reconcile ([`Context::live`]) unless set before.
     live: tokio::sync::OnceCell<Arc<crate::live::LiveCache>>,
@@ -179,12 +181,12 @@ impl Caches {
     }
 
     /// Use `store` as the nodes; `false` when one is set already.
-    pub fn set_nodes(&self, store: Store<SlimNode>) -> bool {
+    pub fn set_nodes(&self, store: NamedStore<SlimNode>) -> bool {
         self.nodes.set(store).is_ok()
     }
 
     /// The node store, when set.
-    pub fn nodes(&self) -> Option<&Store<SlimNode>> {
+    pub fn nodes(&self) -> Option<&NamedStore<SlimNode>> {
         self.nodes.get()
     }
 }
@@ -227,7 +229,7 @@ pub fn active_of(all: &[Arc<DynamicObject>]) -> Option<&Arc<DynamicObject>> {
 /// # Errors
 /// [`crate::Error::Kube`] when listing fails (no store only).
 pub async fn nodes_from(
-    store: Option<&Store<SlimNode>>,
+    store: Option<&NamedStore<SlimNode>>,
     client: &Client,
 ) -> crate::Result<Vec<Arc<SlimNode>>> {
     match store {

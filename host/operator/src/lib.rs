@@ -38,6 +38,7 @@ pub mod readiness;
 pub mod reconcile;
 pub mod run;
 pub mod status;
+pub mod store;
 pub mod timeline;
 pub mod upgrade;
 pub mod watch;

@@ -1,6 +1,9 @@
-//! The operator's copy of a Node ([`SlimNode`], the node store's type): decoded straight from
-//! the API server's JSON into what the operator reads, with label keys and values interned
-//! (shared by every node that carries them), so a 5,000-node store holds a few MiB.
+//! The operator's copy of a Node ([`SlimNode`], the node store's type,
+//! [`crate::store::NamedStore`]): decoded straight from the API server's JSON into what the
+//! operator reads ([`WatchedNode`] is the watch's type), with label keys and values interned
+//! and each distinct label set held once ([`InternedLabels`]: the nodes of a pool share one),
+//! so a 5,000-node store holds 1.8 MiB (376 bytes a node with 28 labels, `cargo bench -p
+//! kiln-operator --bench node_memory`; 1,688 in kube's `Store` with per-node label sets).
 //!
 //! What is kept, and why:
 //!
@@ -19,6 +22,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use internment::ArcIntern;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
@@ -40,11 +44,32 @@ pub fn kept_label(key: &str) -> bool {
     reads_label(key) || is_upgrade_key(key) || !key.starts_with("nvidia.com/")
 }
 
-/// Labels as the operator's stores keep them: sorted by key, keys and values interned (one
-/// copy of each text for every node or pod holding it), 32 bytes a label against a
-/// `BTreeMap<String, String>`'s 11-slot node (about 540 bytes) plus two strings each.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct InternedLabels(Box<[(Sym, Sym)]>);
+/// The label every node carries with a value of its own (its name, mostly): kept beside a
+/// node's shared label set ([`InternedLabels`]), not in it.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Labels as the operator's stores keep them. The set, sorted by key with keys and values
+/// interned, is itself interned: every node of a pool (every pod of a DaemonSet revision)
+/// holds one pointer to one copy. `kubernetes.io/hostname`, different on every node, is kept
+/// beside the set. 16 bytes an object, against 16 bytes a label for a per-object set of
+/// interned pairs (448 bytes for a testcluster GPU node's 28 kept labels) or a
+/// `BTreeMap<String, String>`'s 11-slot node (about 540 bytes) plus two strings a label.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct InternedLabels {
+    /// Every label but [`HOSTNAME_LABEL`], sorted by key.
+    shared: ArcIntern<Box<[(Sym, Sym)]>>,
+    /// The value of [`HOSTNAME_LABEL`].
+    hostname: Option<Sym>,
+}
+
+impl Default for InternedLabels {
+    fn default() -> Self {
+        InternedLabels {
+            shared: ArcIntern::new(Box::default()),
+            hostname: None,
+        }
+    }
+}
 
 impl InternedLabels {
     /// The labels of `map` whose key `keep` accepts (nodes: [`kept_label`]; pods: all).
@@ -52,28 +77,41 @@ impl InternedLabels {
         map: impl IntoIterator<Item = (&'a String, &'a String)>,
         keep: impl Fn(&str) -> bool,
     ) -> Self {
-        let mut v: Vec<(Sym, Sym)> = map
-            .into_iter()
-            .filter(|(k, _)| keep(k))
-            .map(|(k, v)| (Sym::from(k.as_str()), Sym::from(v.as_str())))
-            .collect();
+        let mut hostname = None;
+        let mut v: Vec<(Sym, Sym)> = Vec::new();
+        for (k, val) in map.into_iter().filter(|(k, _)| keep(k)) {
+            if k == HOSTNAME_LABEL {
+                hostname = Some(Sym::from(val.as_str()));
+            } else {
+                v.push((Sym::from(k.as_str()), Sym::from(val.as_str())));
+            }
+        }
         v.sort_by(|a, b| a.0.cmp(&b.0));
-        InternedLabels(v.into_boxed_slice())
+        InternedLabels {
+            shared: ArcIntern::new(v.into_boxed_slice()),
+            hostname,
+        }
     }
 
     /// `(key, value)` pairs in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (&**k, &**v))
+        let split = self.shared.partition_point(|(k, _)| &**k < HOSTNAME_LABEL);
+        let (before, after) = self.shared.split_at(split);
+        before
+            .iter()
+            .map(label_pair)
+            .chain(self.hostname.iter().map(|h| (HOSTNAME_LABEL, &**h)))
+            .chain(after.iter().map(label_pair))
     }
 
     /// How many labels are kept.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.shared.len() + usize::from(self.hostname.is_some())
     }
 
     /// Whether no label is kept.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
     /// The labels as the API's map (a copy), for rules that take [`Labels`].
@@ -84,22 +122,34 @@ impl InternedLabels {
     }
 }
 
+fn label_pair((k, v): &(Sym, Sym)) -> (&str, &str) {
+    (k, v)
+}
+
 impl LabelLookup for InternedLabels {
     fn label(&self, key: &str) -> Option<&str> {
-        self.0
+        if key == HOSTNAME_LABEL {
+            return self.hostname.as_deref();
+        }
+        self.shared
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
-            .map(|i| &*self.0[i].1)
+            .map(|i| &*self.shared[i].1)
     }
 }
 
 /// A node as the operator keeps it (see the module docs). Decoded from a Node's JSON (the
 /// watch and list responses) or converted from a k8s-openapi [`Node`] ([`SlimNode::from`]).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(from = "WireNode")]
 pub struct SlimNode {
-    /// Name, uid, `resourceVersion`, `creationTimestamp` and the driver-upgrade annotations.
-    metadata: ObjectMeta,
+    /// `metadata.name` (also its key in the node store, [`crate::store::NamedStore`]).
+    name: Arc<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    created: Option<Time>,
+    /// The driver-upgrade annotations ([`is_upgrade_key`]; `None` when it has none).
+    upgrade_annotations: Option<BTreeMap<String, String>>,
     labels: InternedLabels,
     /// [`crate::timeline::expected_gpus`] of all its labels (GFD's counts are not kept).
     expected_gpus: Option<i64>,
@@ -117,17 +167,17 @@ pub struct SlimNode {
 impl SlimNode {
     /// The node's name (empty if it has none).
     pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
+        &self.name
     }
 
     /// Its uid.
     pub fn uid(&self) -> Option<&str> {
-        self.metadata.uid.as_deref()
+        self.uid.as_deref()
     }
 
     /// Its `creationTimestamp`.
     pub fn created(&self) -> Option<&Time> {
-        self.metadata.creation_timestamp.as_ref()
+        self.created.as_ref()
     }
 
     /// The GPUs its GFD labels promise ([`crate::timeline::expected_gpus`]).
@@ -147,7 +197,7 @@ impl SlimNode {
 
     /// Its `resourceVersion`.
     pub fn resource_version(&self) -> Option<&str> {
-        self.metadata.resource_version.as_deref()
+        self.resource_version.as_deref()
     }
 
     /// Its kept labels.
@@ -157,7 +207,7 @@ impl SlimNode {
 
     /// Its driver-upgrade annotations ([`is_upgrade_key`]).
     pub fn upgrade_annotations(&self) -> impl Iterator<Item = (&String, &String)> {
-        self.metadata.annotations.iter().flatten()
+        self.upgrade_annotations.iter().flatten()
     }
 
     /// `status.nodeInfo.containerRuntimeVersion`, e.g. `containerd://2.1.4`.
@@ -203,8 +253,13 @@ impl SlimNode {
     pub fn to_node(&self) -> Node {
         Node {
             metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                uid: self.uid.as_ref().map(|u| u.to_string()),
+                resource_version: self.resource_version.as_ref().map(|r| r.to_string()),
+                creation_timestamp: self.created.clone(),
+                annotations: self.upgrade_annotations.clone(),
                 labels: Some(self.labels.to_map()),
-                ..self.metadata.clone()
+                ..ObjectMeta::default()
             },
             spec: self.unschedulable.map(|u| NodeSpec {
                 unschedulable: Some(u),
@@ -266,7 +321,43 @@ impl From<Node> for SlimNode {
     }
 }
 
-impl kube::Resource for SlimNode {
+/// A Node as the node watch decodes it: the [`SlimNode`] and, for kube's watcher (which reads
+/// each object's `resourceVersion` through [`kube::Resource`]), its name and
+/// `resourceVersion` in an `ObjectMeta` dropped once the node is in the store.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "WireNode")]
+pub struct WatchedNode {
+    metadata: ObjectMeta,
+    node: SlimNode,
+}
+
+impl From<WireNode> for WatchedNode {
+    fn from(w: WireNode) -> Self {
+        let metadata = ObjectMeta {
+            name: w.metadata.name.clone(),
+            resource_version: w.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        WatchedNode {
+            metadata,
+            node: w.into(),
+        }
+    }
+}
+
+impl From<WatchedNode> for SlimNode {
+    fn from(w: WatchedNode) -> Self {
+        w.node
+    }
+}
+
+impl crate::store::Keyed for SlimNode {
+    fn key(&self) -> Arc<str> {
+        self.name.clone()
+    }
+}
+
+impl kube::Resource for WatchedNode {
     type DynamicType = ();
     type Scope = k8s_openapi::ClusterResourceScope;
 
@@ -349,14 +440,11 @@ impl From<WireNode> for SlimNode {
             .filter(|(k, _)| is_upgrade_key(k))
             .collect();
         SlimNode {
-            metadata: ObjectMeta {
-                name: w.metadata.name,
-                uid: w.metadata.uid,
-                resource_version: w.metadata.resource_version,
-                creation_timestamp: w.metadata.creation_timestamp,
-                annotations: (!annotations.is_empty()).then_some(annotations),
-                ..ObjectMeta::default()
-            },
+            name: w.metadata.name.unwrap_or_default().into(),
+            uid: w.metadata.uid.map(String::into_boxed_str),
+            resource_version: w.metadata.resource_version.map(String::into_boxed_str),
+            created: w.metadata.creation_timestamp,
+            upgrade_annotations: (!annotations.is_empty()).then_some(annotations),
             expected_gpus: crate::timeline::expected_gpus(&labels),
             allocatable_gpus: w
                 .status
@@ -453,7 +541,7 @@ mod tests {
         let from_json: SlimNode = serde_json::from_value(wire()).unwrap();
         let full: Node = serde_json::from_value(wire()).unwrap();
         let from_node = SlimNode::from(full);
-        assert_eq!(from_json.metadata, from_node.metadata);
+        assert_eq!(from_json, from_node);
         assert_eq!(from_json.labels, from_node.labels);
         assert_eq!(
             (
@@ -469,19 +557,64 @@ mod tests {
         );
         let back = SlimNode::from(from_json.to_node());
         assert_eq!(back.labels, from_json.labels);
-        assert_eq!(back.metadata, from_json.metadata);
+        // Its metadata (the GPU counts are kept as numbers, not as a Node's fields).
+        let meta = |n: &SlimNode| {
+            (
+                n.name().to_string(),
+                n.uid().map(String::from),
+                n.resource_version().map(String::from),
+                n.created().cloned(),
+                n.upgrade_annotations
+                    .clone()
+                    .map(|a| a.into_iter().collect::<Vec<_>>()),
+            )
+        };
+        assert_eq!(meta(&back), meta(&from_json));
+        assert_eq!(back.upgrade_annotations().count(), 1);
         assert_eq!(back.ready(), Some("True"));
         assert_eq!(back.runtime(), Some("containerd://2.1.4"));
         assert!(back.is_gpu() && back.has_nfd());
     }
 
+    /// `wire()` named `name`, with its hostname label.
+    fn wire_named(name: &str) -> serde_json::Value {
+        let mut v = wire();
+        v["metadata"]["name"] = json!(name);
+        v["metadata"]["labels"][HOSTNAME_LABEL] = json!(name);
+        v
+    }
+
     #[test]
-    fn label_values_are_shared_between_nodes() {
-        let a: SlimNode = serde_json::from_value(wire()).unwrap();
-        let b: SlimNode = serde_json::from_value(wire()).unwrap();
-        let (ka, va) = &a.labels.0[0];
-        let (kb, vb) = &b.labels.0[0];
-        assert!(std::ptr::eq(&**ka, &**kb) && std::ptr::eq(&**va, &**vb));
+    fn nodes_of_a_pool_share_one_label_set_and_keep_their_hostnames() {
+        let a: SlimNode = serde_json::from_value(wire_named("gpu-1")).unwrap();
+        let b: SlimNode = serde_json::from_value(wire_named("gpu-2")).unwrap();
+        assert!(
+            std::ptr::eq(&**a.labels.shared, &**b.labels.shared),
+            "one copy of the set"
+        );
+        assert_eq!(a.labels().label(HOSTNAME_LABEL), Some("gpu-1"));
+        assert_eq!(b.labels().label(HOSTNAME_LABEL), Some("gpu-2"));
+        assert_ne!(a.labels(), b.labels());
+        // The hostname is listed in key order among the shared labels.
+        let keys: Vec<&str> = b.labels().iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "feature.node.kubernetes.io/system-os_release.ID",
+                HOSTNAME_LABEL,
+                "nvidia.com/gpu-driver-upgrade-state",
+                "nvidia.com/gpu.deploy.driver",
+                "nvidia.com/gpu.present",
+                "pool"
+            ]
+        );
+        assert_eq!(b.labels().len(), 6);
+        assert_eq!(b.labels().to_map()[HOSTNAME_LABEL], "gpu-2");
+        // A node without one: the same set, no hostname.
+        let c: SlimNode = serde_json::from_value(wire()).unwrap();
+        assert!(std::ptr::eq(&**a.labels.shared, &**c.labels.shared));
+        assert_eq!(c.labels().label(HOSTNAME_LABEL), None);
+        assert_eq!(c.labels().len(), 5);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Node labelling (upstream node-labeling controller, `gpu-operator.md` §2.3): the nodes come
-//! from a reflector store ([`watch_nodes`], each node decoded as a [`SlimNode`]: name, the
+//! from the node store ([`watch_nodes`], each node decoded as a [`SlimNode`]: name, the
 //! labels kiln may read, the container runtime, what the driver upgrade reads); a full reconcile computes each node's minimal label patch with
 //! [`kiln_core::labels::plan_node_labels`], and a node event labels only that node. Patches are
 //! JSON merge patches on `metadata.labels` (never a full update); nodes already labelled get no
 //! request.
 //!
 //! ```text
-//! node watch ─► SlimNode ─► Store<SlimNode>
+//! node watch ─► SlimNode ─► NamedStore<SlimNode>
 //!     └─ relevant labels/runtime changed? ─ no ─► nothing (GFD's gfd.timestamp, heartbeats)
 //!                                           yes ─► label that node ─► Wake::reconcile
 //!                                                  (readiness; full only when NodeFacts change)
@@ -28,6 +28,8 @@ use serde_json::{Map, Value};
 use crate::live::Wake;
 use crate::metrics::Metrics;
 pub use crate::node::SlimNode;
+use crate::node::Sym;
+use crate::store::NamedWriter;
 use crate::{Error, Result};
 
 /// The node facts a render depends on (the transform context's runtime and GPU node OS) and
@@ -95,7 +97,7 @@ pub const NODE_PAGE: u32 = 100;
 /// # Errors
 /// [`Error::Kube`] when a page fails.
 pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
-    let api: Api<SlimNode> = Api::all(client.clone());
+    let api: Api<crate::node::WatchedNode> = Api::all(client.clone());
     let mut nodes = Vec::new();
     let mut params = ListParams::default().limit(NODE_PAGE);
     loop {
@@ -103,7 +105,7 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
             .list(&params)
             .await
             .map_err(|e| Error::kube("list nodes", e))?;
-        nodes.extend(page.items);
+        nodes.extend(page.items.into_iter().map(SlimNode::from));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(nodes),
@@ -211,31 +213,30 @@ fn hash_of(v: &impl std::hash::Hash) -> u64 {
 /// relevant change ([`relevant_hash`]) of one node label that node alone (the rules of the
 /// last full reconcile) and wake the controller; a deleted node wakes it too. Runs until the
 /// watch stream ends (never, with the default backoff).
-pub async fn watch_nodes(w: NodeWatch, writer: kube::runtime::reflector::store::Writer<SlimNode>) {
+pub async fn watch_nodes(w: NodeWatch, writer: NamedWriter<SlimNode>) {
+    use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
     let stream = watcher(
-        Api::<SlimNode>::all(w.client.clone()),
+        Api::<crate::node::WatchedNode>::all(w.client.clone()),
         crate::watch::config(),
     )
-    .default_backoff();
+    .default_backoff()
+    .map(|ev| ev.map(|ev| crate::store::map_event(ev, SlimNode::from)));
     follow_nodes(w, writer, stream).await;
 }
 
 /// [`watch_nodes`] over the node watch events `stream` (tests feed their own).
-pub async fn follow_nodes<S>(
-    w: NodeWatch,
-    writer: kube::runtime::reflector::store::Writer<SlimNode>,
-    stream: S,
-) where
+pub async fn follow_nodes<S>(w: NodeWatch, mut writer: NamedWriter<SlimNode>, stream: S)
+where
     S: futures::Stream<
             Item = Result<kube::runtime::watcher::Event<SlimNode>, kube::runtime::watcher::Error>,
         >,
 {
     use futures::StreamExt;
-    use kube::runtime::{reflector, watcher};
+    use kube::runtime::watcher;
     // Per node: (relevant_hash, upgrade_hash, hash of the timeline's facts, hash of the kept
-    // labels).
-    let mut seen: HashMap<String, (u64, u64, u64, u64)> = HashMap::new();
+    // labels). Keys interned: the node store's hostname label and the timeline share them.
+    let mut seen: HashMap<Sym, (u64, u64, u64, u64)> = HashMap::new();
     let pools = || {
         if let Some(tx) = &w.pools {
             // Closed: the NVIDIADriver controller is not running.
@@ -252,7 +253,13 @@ pub async fn follow_nodes<S>(
             }
         }
     };
-    let mut events = std::pin::pin!(reflector::reflector(writer, stream));
+    let mut events = std::pin::pin!(stream.map(|ev| {
+        ev.map(|ev| {
+            let ev = crate::store::map_event(ev, Arc::new);
+            writer.apply(&ev);
+            ev
+        })
+    }));
     while let Some(ev) = events.next().await {
         match ev {
             Err(e) => tracing::warn!(error = %e, "node watch"),
@@ -261,7 +268,7 @@ pub async fn follow_nodes<S>(
                 let f = hash_of(&facts);
                 timeline(watcher::Event::InitApply(facts)).await;
                 seen.insert(
-                    n.name().to_string(),
+                    Sym::from(n.name()),
                     (relevant_hash(&n), upgrade_hash(&n), f, hash_of(n.labels())),
                 );
             }
@@ -277,13 +284,13 @@ pub async fn follow_nodes<S>(
             }
             Ok(watcher::Event::Delete(n)) => {
                 timeline(watcher::Event::Delete(crate::timeline::node_facts(&n))).await;
-                seen.remove(n.name());
+                seen.remove(&Sym::from(n.name()));
                 w.wake.reconcile();
                 w.wake.upgrade();
                 pools();
             }
             Ok(watcher::Event::Apply(n)) => {
-                let name = n.name().to_string();
+                let name = Sym::from(n.name());
                 let (h, u, p) = (relevant_hash(&n), upgrade_hash(&n), hash_of(n.labels()));
                 let facts = crate::timeline::node_facts(&n);
                 let f = hash_of(&facts);

@@ -110,7 +110,7 @@ pub struct DriverCaches {
     /// [`crate::node::kept_label`] keeps, so a pool's `nodeSelector` matches any label except
     /// the `nvidia.com/` ones GFD writes that kiln does not read: a driver pool chosen by what
     /// the driver itself makes GFD report would be circular.
-    pub nodes: Option<kube::runtime::reflector::Store<SlimNode>>,
+    pub nodes: Option<crate::store::NamedStore<SlimNode>>,
     /// The ClusterPolicies (the policy controller's store).
     pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
     /// Every NVIDIADriver: the controller's own store, set by [`run`] (shared with the

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use internment::ArcIntern;
 use kiln_core::plan::uncovered_nodes;
 use kiln_core::readiness::{NotReady, Readiness, daemonset_readiness, is_on_delete};
 use kube::Client;
@@ -52,7 +53,7 @@ pub fn slim_revision(r: ControllerRevision) -> ControllerRevision {
 
 struct Watched {
     selector: String,
-    pods: Store<SlimPod>,
+    pods: PodStore,
     revisions: Option<Store<ControllerRevision>>,
     /// Events either watch has seen.
     changes: Arc<AtomicU64>,
@@ -85,7 +86,7 @@ pub struct PodWatches {
 
 /// What else sees a watch's events, after its store holds them (the readiness timeline sees
 /// the validator pods' through [`PodWatches::tap_matching`]).
-pub type Tap<K> = Box<dyn FnMut(&watcher::Event<K>) + Send>;
+pub type Tap = Box<dyn FnMut(&PodEvent) + Send>;
 
 /// A judged readiness with the DaemonSet `resourceVersion` and watch change count it is for.
 type Judged = (Option<String>, u64, Readiness);
@@ -106,53 +107,74 @@ fn selector_of(ds: &DaemonSet) -> String {
         .join(",")
 }
 
-/// A reflector over the objects of `api` matching `selector`, slimmed by `slim`, as a task.
-/// Each change wakes the driver upgrade loop and, with `reconciles` (an `OnDelete` DaemonSet's
-/// pods and revisions: they change its readiness), the controller; every event is counted in
-/// `changes` and passed to `tap` after the store holds it.
-fn spawn_reflector<K>(
-    api: Api<K>,
-    selector: &str,
-    slim: fn(K) -> K,
+/// What one of [`PodWatches`]' watches does with each event once its store holds it: counts
+/// it in `changes`, and on a change wakes the driver upgrade loop and, with `reconciles` (an
+/// `OnDelete` DaemonSet's pods and revisions: they change its readiness), the controller.
+struct Signals {
     wake: Wake,
     reconciles: bool,
     changes: Arc<AtomicU64>,
-    mut tap: Option<Tap<K>>,
-) -> (Store<K>, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + Default
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let writer = reflector::store::Writer::<K>::default();
+    kind: &'static str,
+    selector: String,
+}
+
+impl Signals {
+    fn seen<K>(&self, ev: &std::result::Result<watcher::Event<K>, watcher::Error>) {
+        match ev {
+            Err(e) => {
+                tracing::warn!(kind = self.kind, selector = %self.selector, error = %e, "pod watch");
+                return;
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                if self.reconciles {
+                    self.wake.reconcile();
+                }
+                self.wake.upgrade();
+            }
+            Ok(_) => {}
+        }
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A reflector over the ControllerRevisions of `api` matching `selector`
+/// ([`slim_revision`]ed), as a task signalling each event ([`Signals`]).
+fn spawn_revision_watch(
+    api: Api<ControllerRevision>,
+    signals: Signals,
+) -> (Store<ControllerRevision>, tokio::task::JoinHandle<()>) {
+    let writer = reflector::store::Writer::<ControllerRevision>::default();
     let store = writer.as_reader();
-    let stream = watcher(api, crate::watch::config().labels(selector))
+    let stream = watcher(api, crate::watch::config().labels(&signals.selector))
         .default_backoff()
-        .modify(move |o: &mut K| *o = slim(std::mem::take(o)));
-    let kind = K::kind(&());
-    let selector = selector.to_string();
+        .modify(|o: &mut ControllerRevision| *o = slim_revision(std::mem::take(o)));
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
+        signals.seen(&ev);
+        futures::future::ready(())
+    }));
+    (store, task)
+}
+
+/// A watch of the pods of `api` matching `selector` into a [`PodStore`] (each pod a
+/// [`SlimPod`] as it arrives), as a task signalling each event ([`Signals`]) and passing it
+/// to `tap` once the store holds it.
+fn spawn_pod_watch(
+    api: Api<WirePod>,
+    signals: Signals,
+    mut tap: Option<Tap>,
+) -> (PodStore, tokio::task::JoinHandle<()>) {
+    let mut writer = PodStoreWriter::default();
+    let store = writer.as_reader();
+    let stream = watcher(api, crate::watch::config().labels(&signals.selector)).default_backoff();
+    let task = tokio::spawn(stream.for_each(move |ev| {
+        let ev = ev.map(|ev| crate::store::map_event(ev, |p| Arc::new(SlimPod::from(p))));
         if let Ok(ev) = &ev {
-            changes.fetch_add(1, Ordering::Relaxed);
+            writer.apply(ev);
             if let Some(tap) = &mut tap {
                 tap(ev);
             }
         }
-        match ev {
-            Err(e) => tracing::warn!(%kind, %selector, error = %e, "pod watch"),
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                if reconciles {
-                    wake.reconcile();
-                }
-                wake.upgrade();
-            }
-            Ok(_) => {}
-        }
+        signals.seen(&ev);
         futures::future::ready(())
     }));
     (store, task)
@@ -235,7 +257,7 @@ impl PodWatches {
         &self,
         namespace: &str,
         selector: &str,
-        tap: impl FnMut(&watcher::Event<SlimPod>) + Send + 'static,
+        tap: impl FnMut(&PodEvent) + Send + 'static,
     ) -> bool {
         let key = matching_key(selector);
         self.watch(namespace, key, selector, false, Some(Box::new(tap)))
@@ -252,9 +274,9 @@ impl PodWatches {
         key: String,
         selector: &str,
         with_revisions: bool,
-        tap: Option<Tap<SlimPod>>,
+        tap: Option<Tap>,
     ) -> (
-        Store<SlimPod>,
+        PodStore,
         Option<Store<ControllerRevision>>,
         Arc<AtomicU64>,
         bool,
@@ -264,25 +286,23 @@ impl PodWatches {
         let start = watched.get(&key).is_none_or(|w| w.selector != selector);
         if start {
             let changes = Arc::new(AtomicU64::new(0));
-            let (pods, t1) = spawn_reflector(
-                Api::<SlimPod>::namespaced(self.client.clone(), ns),
-                selector,
-                SlimPod::trim,
-                self.wake.clone(),
-                with_revisions,
-                changes.clone(),
+            let signals = |kind, reconciles| Signals {
+                wake: self.wake.clone(),
+                reconciles,
+                changes: changes.clone(),
+                kind,
+                selector: selector.to_string(),
+            };
+            let (pods, t1) = spawn_pod_watch(
+                Api::namespaced(self.client.clone(), ns),
+                signals("Pod", with_revisions),
                 tap,
             );
             let mut tasks = vec![t1];
             let revisions = with_revisions.then(|| {
-                let (revisions, t2) = spawn_reflector(
-                    Api::<ControllerRevision>::namespaced(self.client.clone(), ns),
-                    selector,
-                    slim_revision,
-                    self.wake.clone(),
-                    true,
-                    changes.clone(),
-                    None,
+                let (revisions, t2) = spawn_revision_watch(
+                    Api::namespaced(self.client.clone(), ns),
+                    signals("ControllerRevision", true),
                 );
                 tasks.push(t2);
                 revisions
@@ -363,7 +383,7 @@ async fn list_pods_and_revisions(
 ) -> Result<(Vec<SlimPod>, Vec<ControllerRevision>)> {
     let ns = ds.metadata.namespace.clone().unwrap_or_default();
     let lp = ListParams::default().labels(&selector_of(ds));
-    let api = Api::<SlimPod>::namespaced(client.clone(), &ns);
+    let api = Api::<WirePod>::namespaced(client.clone(), &ns);
     let mut pods = Vec::new();
     let mut page_params = lp.clone().limit(POD_PAGE);
     loop {
@@ -371,7 +391,7 @@ async fn list_pods_and_revisions(
             .list(&page_params)
             .await
             .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
-        pods.extend(page.items.into_iter().map(SlimPod::trim));
+        pods.extend(page.items.into_iter().map(SlimPod::from));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => {
                 page_params = page_params.continue_token(&token);
@@ -391,38 +411,44 @@ async fn list_pods_and_revisions(
 /// response body however large the cluster is.
 pub const POD_PAGE: u32 = 100;
 
-/// A pod as the operator's pod stores hold it ([`PodWatches`]): what the `OnDelete` rule and
-/// the driver upgrade read ([`kiln_core::readiness::daemonset_readiness`],
+/// A pod as the operator's pod stores hold it ([`PodWatches`], [`PodStore`]): what the
+/// `OnDelete` rule and the driver upgrade read ([`kiln_core::readiness::daemonset_readiness`],
 /// [`kiln_core::upgrade::DriverPodFacts`], the validator's readiness) and the readiness
 /// timeline ([`crate::timeline::validator_facts`]), and nothing else — name, namespace, labels,
 /// owner references, deletion timestamp, the node it is bound to, its `DRIVER_CONFIG_DIGEST`,
 /// phase, the `Ready` condition with its transition time and each container's name, ready
-/// flag, restart count and, when it terminated, exit code and finish time. Deserialized
-/// straight from the API's JSON (every other field is skipped while parsing), then
-/// [`SlimPod::trim`]med: labels and owner references interned ([`InternedLabels`]). Held in a
-/// store, with its key, 1,361 bytes for a driver pod and 1,572 for a validator pod (five init
-/// containers), measured by `cargo bench -p kiln-operator --bench node_memory` (1,971 and
-/// 2,187 with the labels and owners in `ObjectMeta`): these stores hold two pods a GPU node.
+/// flag, restart count and, when it terminated, exit code and finish time.
+///
+/// Decoded from the API's JSON as a [`WirePod`] (every other field skipped while parsing) and
+/// converted at once ([`SlimPod::from`]; `serde` decodes a `SlimPod` the same way). Every text
+/// that pods share is interned ([`Sym`]): namespace, node name, digest, phase, container
+/// names; the label set and the owner references are interned whole, so a DaemonSet
+/// revision's pods share one copy ([`InternedLabels`]). Held in a [`PodStore`] with its key, a
+/// driver pod costs 425 bytes and a validator pod (five init containers) 593, measured by
+/// `cargo bench -p kiln-operator --bench node_memory` (1,361 and 1,572 in kube's `Store` with
+/// an `ObjectMeta` each and labels per pod): these stores hold two pods a GPU node.
 /// [`SlimPod::to_pod`] gives the rules that read a `Pod` one.
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(from = "WirePod")]
 pub struct SlimPod {
-    /// Name, namespace and deletion timestamp ([`SlimPod::trim`] clears the rest, and moves
-    /// the labels and owner references out: [`SlimPod::labels`], `owners`).
-    pub metadata: ObjectMeta,
-    /// The labels, interned (filled by [`SlimPod::trim`]).
-    #[serde(skip)]
+    /// `metadata.name` (also the key of its [`PodStore`]).
+    name: Arc<str>,
+    namespace: Option<Sym>,
+    deletion_timestamp: Option<Time>,
     labels: InternedLabels,
-    /// The owner references, interned (filled by [`SlimPod::trim`]).
-    #[serde(skip)]
-    owners: Box<[SlimOwner]>,
-    #[serde(default)]
-    spec: SlimSpec,
-    #[serde(default)]
-    status: SlimStatus,
+    owners: ArcIntern<Box<[SlimOwner]>>,
+    node_name: Option<Sym>,
+    /// The value of [`kiln_core::driver_digest::ENV`] in any container's environment.
+    digest: Option<Sym>,
+    phase: Option<Sym>,
+    /// The `Ready` condition (the only one the rules read).
+    ready: Option<SlimCondition>,
+    containers: Box<[SlimContainerStatus]>,
+    init_containers: Box<[SlimContainerStatus]>,
 }
 
-/// An owner reference, its texts interned (a DaemonSet's pods all name the same owner).
-#[derive(Clone, Debug)]
+/// An owner reference, its texts interned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SlimOwner {
     api_version: Sym,
     kind: Sym,
@@ -432,78 +458,103 @@ struct SlimOwner {
     block_owner_deletion: Option<bool>,
 }
 
+/// The `Ready` condition: its status (`True`, `False`, `Unknown`) and when it last changed
+/// (the readiness timeline's `validated` stage).
+#[derive(Clone, Debug)]
+struct SlimCondition {
+    status: Sym,
+    last_transition_time: Option<Time>,
+}
+
+/// A container's status: name, ready flag, restarts and, when it terminated, its exit code
+/// and finish time (the timeline's validator init containers).
+#[derive(Clone, Debug)]
+struct SlimContainerStatus {
+    name: Sym,
+    ready: bool,
+    restart_count: i32,
+    terminated: Option<(i32, Option<Time>)>,
+}
+
+/// A pod as the pod watches decode it from the API server's JSON: the fields [`SlimPod`]
+/// keeps, every other one skipped while parsing. The watch's own type (kube's watcher reads
+/// its `resourceVersion` from `metadata`); each is turned into a [`SlimPod`] as it arrives.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct WirePod {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: WireSpec,
+    #[serde(default)]
+    status: WireStatus,
+}
+
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SlimSpec {
+struct WireSpec {
     node_name: Option<String>,
-    /// Parsed, then folded into `digest` by [`SlimPod::trim`].
     containers: Option<Vec<EnvOnly>>,
     init_containers: Option<Vec<EnvOnly>>,
-    #[serde(skip)]
-    digest: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 struct EnvOnly {
-    env: Option<Vec<SlimEnv>>,
+    env: Option<Vec<WireEnv>>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
-struct SlimEnv {
+struct WireEnv {
     name: String,
     value: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SlimStatus {
+struct WireStatus {
     phase: Option<String>,
-    conditions: Option<Vec<SlimCondition>>,
-    container_statuses: Option<Vec<SlimContainerStatus>>,
-    init_container_statuses: Option<Vec<SlimContainerStatus>>,
+    conditions: Option<Vec<WireCondition>>,
+    container_statuses: Option<Vec<WireContainerStatus>>,
+    init_container_statuses: Option<Vec<WireContainerStatus>>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SlimCondition {
+struct WireCondition {
     #[serde(rename = "type")]
     type_: String,
     status: String,
-    /// When the status last changed (the readiness timeline's `validated` stage).
     #[serde(default)]
     last_transition_time: Option<Time>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SlimContainerStatus {
+struct WireContainerStatus {
     #[serde(default)]
     name: String,
     #[serde(default)]
     ready: bool,
     #[serde(default)]
     restart_count: i32,
-    /// How the container last ended, when it did (the timeline's validator init containers).
     #[serde(default)]
-    state: SlimState,
+    state: WireState,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
-struct SlimState {
+struct WireState {
     #[serde(default)]
-    terminated: Option<SlimTerminated>,
+    terminated: Option<WireTerminated>,
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SlimTerminated {
+struct WireTerminated {
     #[serde(default)]
     exit_code: i32,
     #[serde(default)]
     finished_at: Option<Time>,
 }
 
-impl kube::Resource for SlimPod {
+impl kube::Resource for WirePod {
     type DynamicType = ();
     type Scope = k8s_openapi::NamespaceResourceScope;
 
@@ -530,10 +581,10 @@ impl kube::Resource for SlimPod {
 /// The readiness rule reads a watched pod as it is (no `Pod` is built).
 impl kiln_core::readiness::PodFacts for SlimPod {
     fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
+        SlimPod::name(self)
     }
     fn namespace(&self) -> Option<&str> {
-        self.metadata.namespace.as_deref()
+        SlimPod::namespace(self)
     }
     fn label(&self, key: &str) -> Option<&str> {
         kiln_core::labels::LabelLookup::label(&self.labels, key)
@@ -542,39 +593,44 @@ impl kiln_core::readiness::PodFacts for SlimPod {
         self.owners.first().map(|o| &*o.uid)
     }
     fn phase(&self) -> Option<&str> {
-        self.status.phase.as_deref()
+        self.phase.as_deref()
     }
     fn containers_ready(&self) -> bool {
-        self.status
-            .container_statuses
-            .as_ref()
-            .is_none_or(|cs| cs.iter().all(|c| c.ready))
+        self.containers.iter().all(|c| c.ready)
     }
 }
 
-impl SlimPod {
-    /// Keep only what the rules read: the metadata named in [`SlimPod`], the digest (the
-    /// containers' environments dropped), the `Ready` condition (with its transition time) and
-    /// the container statuses (name, ready, restarts, a termination's exit code and finish
-    /// time).
-    #[must_use]
-    pub fn trim(self) -> SlimPod {
-        let m = self.metadata;
-        let digest = self
+fn sym(s: Option<String>) -> Option<Sym> {
+    s.map(|s| Sym::from(s.as_str()))
+}
+
+fn slim_statuses(v: Option<Vec<WireContainerStatus>>) -> Box<[SlimContainerStatus]> {
+    v.into_iter()
+        .flatten()
+        .map(|c| SlimContainerStatus {
+            name: Sym::from(c.name.as_str()),
+            ready: c.ready,
+            restart_count: c.restart_count,
+            terminated: c.state.terminated.map(|t| (t.exit_code, t.finished_at)),
+        })
+        .collect()
+}
+
+/// Keeps only what the rules read (see [`SlimPod`]): the digest is taken from the containers'
+/// environments, which are dropped; of the conditions, `Ready`.
+impl From<WirePod> for SlimPod {
+    fn from(p: WirePod) -> Self {
+        let m = p.metadata;
+        let digest = p
             .spec
             .containers
             .iter()
-            .chain(self.spec.init_containers.iter())
+            .chain(p.spec.init_containers.iter())
             .flatten()
             .flat_map(|c| c.env.iter().flatten())
             .find(|e| e.name == kiln_core::driver_digest::ENV)
             .and_then(|e| e.value.clone());
-        let mut status = self.status;
-        if let Some(cs) = &mut status.conditions {
-            cs.retain(|c| c.type_ == "Ready");
-            cs.shrink_to_fit();
-        }
-        let owners = m
+        let owners: Box<[SlimOwner]> = m
             .owner_references
             .iter()
             .flatten()
@@ -587,38 +643,66 @@ impl SlimPod {
                 block_owner_deletion: o.block_owner_deletion,
             })
             .collect();
+        let status = p.status;
         SlimPod {
-            metadata: ObjectMeta {
-                name: m.name,
-                namespace: m.namespace,
-                deletion_timestamp: m.deletion_timestamp,
-                ..ObjectMeta::default()
-            },
+            name: m.name.unwrap_or_default().into(),
+            namespace: sym(m.namespace),
+            deletion_timestamp: m.deletion_timestamp,
             labels: InternedLabels::of(m.labels.iter().flatten(), |_| true),
-            owners,
-            spec: SlimSpec {
-                node_name: self.spec.node_name,
-                digest,
-                ..SlimSpec::default()
-            },
-            status,
+            owners: ArcIntern::new(owners),
+            node_name: sym(p.spec.node_name),
+            digest: sym(digest),
+            phase: sym(status.phase),
+            ready: status
+                .conditions
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| SlimCondition {
+                    status: Sym::from(c.status.as_str()),
+                    last_transition_time: c.last_transition_time,
+                }),
+            containers: slim_statuses(status.container_statuses),
+            init_containers: slim_statuses(status.init_container_statuses),
         }
+    }
+}
+
+impl SlimPod {
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `metadata.namespace`.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// `spec.nodeName` (`None` while unscheduled).
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    /// Whether it carries a deletion timestamp (it is terminating).
+    pub fn is_deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
     }
 
     /// The pod the rules read: this one's fields in a `Pod` (the digest as the environment of
     /// one container; container statuses without images, their state only when terminated).
     pub fn to_pod(&self) -> Pod {
-        let statuses = |v: &Option<Vec<SlimContainerStatus>>| {
-            v.as_ref().map(|cs| {
-                cs.iter()
+        let statuses = |v: &[SlimContainerStatus]| {
+            (!v.is_empty()).then(|| {
+                v.iter()
                     .map(|c| ContainerStatus {
-                        name: c.name.clone(),
+                        name: c.name.to_string(),
                         ready: c.ready,
                         restart_count: c.restart_count,
-                        state: c.state.terminated.as_ref().map(|t| ContainerState {
+                        state: c.terminated.as_ref().map(|(code, at)| ContainerState {
                             terminated: Some(ContainerStateTerminated {
-                                exit_code: t.exit_code,
-                                finished_at: t.finished_at.clone(),
+                                exit_code: *code,
+                                finished_at: at.clone(),
                                 ..ContainerStateTerminated::default()
                             }),
                             ..ContainerState::default()
@@ -629,14 +713,13 @@ impl SlimPod {
             })
         };
         let containers = self
-            .spec
             .digest
             .as_ref()
             .map(|d| {
                 vec![Container {
                     env: Some(vec![EnvVar {
                         name: kiln_core::driver_digest::ENV.to_string(),
-                        value: Some(d.clone()),
+                        value: Some(d.to_string()),
                         ..EnvVar::default()
                     }]),
                     ..Container::default()
@@ -657,32 +740,48 @@ impl SlimPod {
             .collect::<Vec<_>>();
         Pod {
             metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                namespace: self.namespace.as_ref().map(|n| n.to_string()),
+                deletion_timestamp: self.deletion_timestamp.clone(),
                 labels: (!self.labels.is_empty()).then(|| self.labels.to_map()),
                 owner_references: (!owners.is_empty()).then_some(owners),
-                ..self.metadata.clone()
+                ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
-                node_name: self.spec.node_name.clone(),
+                node_name: self.node_name.as_ref().map(|n| n.to_string()),
                 containers,
                 ..PodSpec::default()
             }),
             status: Some(PodStatus {
-                phase: self.status.phase.clone(),
-                conditions: self.status.conditions.as_ref().map(|cs| {
-                    cs.iter()
-                        .map(|c| PodCondition {
-                            type_: c.type_.clone(),
-                            status: c.status.clone(),
-                            last_transition_time: c.last_transition_time.clone(),
-                            ..PodCondition::default()
-                        })
-                        .collect()
+                phase: self.phase.as_ref().map(|p| p.to_string()),
+                conditions: self.ready.as_ref().map(|c| {
+                    vec![PodCondition {
+                        type_: "Ready".to_string(),
+                        status: c.status.to_string(),
+                        last_transition_time: c.last_transition_time.clone(),
+                        ..PodCondition::default()
+                    }]
                 }),
-                container_statuses: statuses(&self.status.container_statuses),
-                init_container_statuses: statuses(&self.status.init_container_statuses),
+                container_statuses: statuses(&self.containers),
+                init_container_statuses: statuses(&self.init_containers),
                 ..PodStatus::default()
             }),
         }
+    }
+}
+
+/// A pod watch event as [`PodStore`] and a watch's tap see it.
+pub type PodEvent = watcher::Event<Arc<SlimPod>>;
+
+/// The pods of one pod watch, by name ([`crate::store`]: why not kube's `Store`).
+pub type PodStore = crate::store::NamedStore<SlimPod>;
+
+/// Applies a pod watch's events to its [`PodStore`].
+pub type PodStoreWriter = crate::store::NamedWriter<SlimPod>;
+
+impl crate::store::Keyed for SlimPod {
+    fn key(&self) -> Arc<str> {
+        self.name.clone()
     }
 }
 
@@ -758,7 +857,7 @@ mod tests {
             let seen = match ev {
                 watcher::Event::Init => "init".to_string(),
                 watcher::Event::InitApply(p) => {
-                    format!("list {}", p.metadata.name.clone().unwrap())
+                    format!("list {}", p.name())
                 }
                 watcher::Event::InitDone => "done".to_string(),
                 watcher::Event::Apply(_) | watcher::Event::Delete(_) => "change".to_string(),
@@ -776,7 +875,7 @@ mod tests {
         assert_eq!(seen, ["init", "list nvidia-operator-validator-a", "done"]);
         let pods = watches.matching("gpu-operator", selector).await;
         assert_eq!(pods.len(), 1);
-        assert_eq!(pods[0].spec.node_name.as_deref(), Some("gpu-node-1"));
+        assert_eq!(pods[0].node_name(), Some("gpu-node-1"));
         assert_eq!(
             lists.load(Ordering::SeqCst),
             1,
@@ -814,10 +913,7 @@ mod tests {
     fn a_slim_pod_reads_the_same_to_the_rules() {
         let full: Pod = serde_json::from_value(driver_pod()).unwrap();
         let slim: SlimPod = serde_json::from_value(driver_pod()).unwrap();
-        let slim = slim.trim();
-        assert_eq!(slim.spec.digest.as_deref(), Some("3379408550"));
-        assert!(slim.spec.containers.is_none() && slim.metadata.annotations.is_none());
-        assert!(slim.metadata.managed_fields.is_none());
+        assert_eq!(slim.digest.as_deref(), Some("3379408550"));
         let pod = slim.to_pod();
         for desired in [
             Some(("abc", Some("3379408550"))),
@@ -894,7 +990,7 @@ mod tests {
             (ready, Readiness::Ready),
         ] {
             let full: Pod = serde_json::from_value(pod.clone()).unwrap();
-            let slim = Arc::new(serde_json::from_value::<SlimPod>(pod).unwrap().trim());
+            let slim = Arc::new(serde_json::from_value::<SlimPod>(pod).unwrap());
             assert_eq!(slim.phase(), full.phase());
             assert_eq!(slim.containers_ready(), full.containers_ready());
             let revs = [Arc::new(rev.clone())];

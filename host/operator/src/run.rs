@@ -1,6 +1,7 @@
 //! Wiring: metrics server, leader election, and the kube-runtime Controller.
 //!
-//! Triggers (no fixed polling at steady state), all read from reflector stores:
+//! Triggers (no fixed polling at steady state), all read from caches the watches fill (kube
+//! reflector stores; the node and pod stores are [`crate::store`]'s name-keyed ones):
 //! - the ClusterPolicy itself (any change; one watch fills the policy cache the controller and
 //!   the NVIDIADriver reconciler read, [`crate::context::Caches::policies`]);
 //! - labelled objects ([`crate::live`]): a DaemonSet status change re-judges readiness from the
@@ -218,7 +219,7 @@ pub async fn run_until(
     let _ = ctx.caches.daemonsets.set(daemonsets.clone());
     // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
     let (pools_tx, pools_rx) = futures::channel::mpsc::unbounded();
-    let node_writer = kube::runtime::reflector::store::Writer::<crate::node::SlimNode>::default();
+    let node_writer = crate::store::NamedWriter::<crate::node::SlimNode>::default();
     let node_writer_reader = node_writer.as_reader();
     ctx.caches.set_nodes(node_writer.as_reader());
     tokio::spawn(crate::nodes::watch_nodes(

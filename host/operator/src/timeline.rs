@@ -31,7 +31,7 @@
 //! no watch of its own.
 //! The decisions are [`Tracker`]'s, with no IO.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -44,8 +44,8 @@ use crate::events::Events;
 use kube::runtime::watcher;
 
 use crate::metrics::Metrics;
-use crate::node::SlimNode;
-use crate::readiness::SlimPod;
+use crate::node::{SlimNode, Sym};
+use crate::readiness::PodEvent;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
 pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
@@ -105,8 +105,9 @@ impl Stage {
 /// What the timeline keeps of a Node.
 #[derive(Debug, Clone, PartialEq, Hash)]
 pub struct NodeFacts {
-    /// `metadata.name`.
-    pub name: String,
+    /// `metadata.name`, interned (one copy a node: the node store's hostname label, the
+    /// gauges' label sets and the validator pods' node names share it).
+    pub name: Sym,
     /// `metadata.uid` (for the Event's reference).
     pub uid: Option<String>,
     /// `metadata.creationTimestamp`.
@@ -124,7 +125,7 @@ pub struct NodeFacts {
 /// Reads [`NodeFacts`] from the node store's copy of a Node.
 pub fn node_facts(node: &SlimNode) -> NodeFacts {
     NodeFacts {
-        name: node.name().to_string(),
+        name: Sym::from(node.name()),
         uid: node.uid().map(String::from),
         created: node.created().map(|t| t.0),
         gpu: node.has_gpu_pci() || node.is_gpu(),
@@ -180,7 +181,7 @@ pub fn allocatable_gpus(allocatable: &BTreeMap<String, Quantity>) -> i64 {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ValidatorFacts {
     /// `spec.nodeName` (empty while unscheduled).
-    pub node: String,
+    pub node: Sym,
     /// When `driver-validation` finished with exit code 0.
     pub driver: Option<Timestamp>,
     /// When `toolkit-validation` finished with exit code 0.
@@ -194,8 +195,9 @@ pub fn validator_facts(pod: &Pod, now: Timestamp) -> ValidatorFacts {
     let node = pod
         .spec
         .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default()
+        .into();
     let status = pod.status.as_ref();
     let finished = |name: &str| {
         status
@@ -246,7 +248,7 @@ pub enum Update {
     /// Set the node's GPU gauges.
     Gpus {
         /// Node name.
-        node: String,
+        node: Sym,
         /// [`expected_gpus`].
         expected: i64,
         /// [`allocatable_gpus`].
@@ -255,7 +257,7 @@ pub enum Update {
     /// Remove the node's GPU gauges.
     ForgetGpus {
         /// Node name.
-        node: String,
+        node: Sym,
     },
 }
 
@@ -290,15 +292,15 @@ pub enum Source {
 /// listed once (before that, nothing is measured: see the module docs).
 #[derive(Debug, Default)]
 pub struct Tracker {
-    nodes: HashMap<String, Track>,
+    nodes: HashMap<Sym, Track>,
     /// Validator pods by name.
-    pods: HashMap<String, ValidatorFacts>,
+    pods: HashMap<Box<str>, ValidatorFacts>,
     listed: BTreeSet<&'static str>,
     live: bool,
     /// Names seen in the running relist of each source.
     relist: HashMap<&'static str, BTreeSet<String>>,
     /// Nodes with GPU gauges set.
-    gauged: BTreeSet<String>,
+    gauged: HashSet<Sym>,
 }
 
 fn source_key(s: Source) -> &'static str {
@@ -333,27 +335,25 @@ impl Tracker {
         let mut out = Vec::new();
         match source {
             Source::Nodes => {
-                let gone: Vec<String> = self
+                let gone: BTreeSet<String> = self
                     .nodes
                     .keys()
                     .chain(self.gauged.iter())
-                    .filter(|n| !seen.contains(*n))
-                    .cloned()
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
+                    .filter(|n| !seen.contains(&***n))
+                    .map(|n| n.to_string())
                     .collect();
                 for name in gone {
                     out.extend(self.node_deleted(&name));
                 }
             }
             Source::Pods => {
-                self.pods.retain(|name, _| seen.contains(name));
+                self.pods.retain(|name, _| seen.contains(&**name));
             }
         }
         self.listed.insert(key);
         if !self.live && self.listed.len() == 2 {
             // Still not live: whatever is reached now becomes Known, not measured.
-            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            let names: Vec<Sym> = self.nodes.keys().cloned().collect();
             for name in names {
                 self.evaluate(&name, now, &mut Vec::new());
             }
@@ -369,7 +369,7 @@ impl Tracker {
     pub fn node(&mut self, facts: NodeFacts, now: Timestamp) -> Vec<Update> {
         let name = facts.name.clone();
         if let Some(seen) = self.relist.get_mut(source_key(Source::Nodes)) {
-            seen.insert(name.clone());
+            seen.insert(name.to_string());
         }
         let mut out = Vec::new();
         match facts.expected {
@@ -410,9 +410,10 @@ impl Tracker {
 
     /// A Node was deleted.
     pub fn node_deleted(&mut self, name: &str) -> Vec<Update> {
-        self.nodes.remove(name);
-        if self.gauged.remove(name) {
-            vec![Update::ForgetGpus { node: name.into() }]
+        let name = Sym::from(name);
+        self.nodes.remove(&name);
+        if self.gauged.remove(&name) {
+            vec![Update::ForgetGpus { node: name }]
         } else {
             Vec::new()
         }
@@ -424,7 +425,7 @@ impl Tracker {
             seen.insert(name.to_string());
         }
         let node = facts.node.clone();
-        self.pods.insert(name.to_string(), facts);
+        self.pods.insert(name.into(), facts);
         let mut out = Vec::new();
         self.evaluate(&node, now, &mut out);
         out
@@ -453,7 +454,7 @@ impl Tracker {
         ]
     }
 
-    fn evaluate(&mut self, node: &str, now: Timestamp, out: &mut Vec<Update>) {
+    fn evaluate(&mut self, node: &Sym, now: Timestamp, out: &mut Vec<Update>) {
         let Some(track) = self.nodes.get(node) else {
             return;
         };
@@ -521,11 +522,10 @@ pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
     }
 }
 
-/// One input: a node watch event's facts, or a validator pod watch event (boxed: a pod is
-/// bigger).
+/// One input: a node watch event's facts, or a validator pod watch event.
 enum Input {
     Node(watcher::Event<NodeFacts>),
-    Pod(Box<watcher::Event<SlimPod>>),
+    Pod(PodEvent),
 }
 
 /// Room for node events between the node watch and the timeline ([`run`]'s `nodes`).
@@ -540,10 +540,10 @@ pub async fn run(
     metrics: Arc<Metrics>,
     recorder: Events,
     nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
-    pods: futures::channel::mpsc::UnboundedReceiver<watcher::Event<SlimPod>>,
+    pods: futures::channel::mpsc::UnboundedReceiver<PodEvent>,
 ) {
     let nodes = nodes.map(Input::Node);
-    let pods = pods.map(|ev| Input::Pod(Box::new(ev)));
+    let pods = pods.map(Input::Pod);
     let mut inputs = std::pin::pin!(futures::stream::select(nodes, pods));
     let mut tracker = Tracker::default();
     while let Some(input) = inputs.next().await {
@@ -558,18 +558,17 @@ pub async fn run(
                 watcher::Event::InitDone => tracker.end_list(Source::Nodes, now),
                 watcher::Event::Delete(f) => tracker.node_deleted(&f.name),
             },
-            Input::Pod(ev) => match *ev {
+            Input::Pod(ev) => match ev {
                 watcher::Event::Init => {
                     tracker.begin_list(Source::Pods);
                     Vec::new()
                 }
                 watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
-                    let name = p.metadata.name.clone().unwrap_or_default();
-                    tracker.pod(&name, validator_facts(&p.to_pod(), now), now)
+                    tracker.pod(p.name(), validator_facts(&p.to_pod(), now), now)
                 }
                 watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
                 watcher::Event::Delete(p) => {
-                    tracker.pod_deleted(p.metadata.name.as_deref().unwrap_or_default());
+                    tracker.pod_deleted(p.name());
                     Vec::new()
                 }
             },
@@ -761,9 +760,8 @@ mod tests {
         });
         let full: Pod = serde_json::from_value(json.clone()).unwrap();
         // As the shared validator pod watch holds it.
-        let slim = serde_json::from_value::<SlimPod>(json)
+        let slim = serde_json::from_value::<crate::readiness::SlimPod>(json)
             .unwrap()
-            .trim()
             .to_pod();
         for pod in [full, slim] {
             let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();

@@ -45,7 +45,6 @@ use kiln_core::upgrade::{
 use kube::api::{
     Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
@@ -124,7 +123,7 @@ impl Default for UpgradeConfig {
 pub struct Sources {
     /// The nodes ([`SlimNode`] keeps the upgrade labels and annotations,
     /// `spec.unschedulable` and the `Ready` condition).
-    pub nodes: Store<SlimNode>,
+    pub nodes: crate::store::NamedStore<SlimNode>,
     /// Driver pods and revisions (by the driver DaemonSet's selector) and validator pods.
     pub pods: Arc<PodWatches>,
     /// What wakes the loop ([`crate::live::Wake::upgrade_notify`]).
@@ -184,7 +183,7 @@ impl Upgrader {
             {
                 let mut patched = self.patched.lock().expect("patched lock");
                 patched.retain(|name, rv| {
-                    let Some(node) = self.sources.nodes.get(&ObjectRef::new(name)) else {
+                    let Some(node) = self.sources.nodes.get(name) else {
                         return false;
                     };
                     let have = node.resource_version().unwrap_or_default();
@@ -327,14 +326,8 @@ impl Upgrader {
         }
         let still: std::collections::HashSet<String> = drivers
             .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| {
-                format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or_default(),
-                    p.metadata.name.as_deref().unwrap_or_default()
-                )
-            })
+            .filter(|p| !p.is_deleting())
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name()))
             .collect();
         deleted.retain(|k| still.contains(k));
         for d in facts.iter_mut().filter_map(|f| f.driver.as_mut()) {
@@ -1002,7 +995,7 @@ mod tests {
             ps.iter()
                 .map(|p| {
                     let v = serde_json::to_value(p).unwrap();
-                    Arc::new(serde_json::from_value::<SlimPod>(v).unwrap().trim())
+                    Arc::new(serde_json::from_value::<SlimPod>(v).unwrap())
                 })
                 .collect()
         };

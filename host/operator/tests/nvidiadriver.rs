@@ -205,6 +205,17 @@ where
     w.apply_watcher_event(&watcher::Event::InitDone);
 }
 
+/// The node store holding the server's nodes now.
+fn filled_nodes(server: &Arc<Mutex<Server>>) -> kiln_operator::store::NamedStore<SlimNode> {
+    let s = server.lock().unwrap();
+    let nodes = s
+        .objects
+        .iter()
+        .filter(|(k, _)| k.starts_with("/api/v1/nodes/"))
+        .map(|(_, v)| serde_json::from_value::<SlimNode>(v.clone()).unwrap());
+    kiln_operator::store::NamedWriter::listed(nodes).as_reader()
+}
+
 /// A store holding the server's objects under `prefix` now.
 fn filled<K>(server: &Arc<Mutex<Server>>, prefix: &str, dt: K::DynamicType) -> Store<K>
 where
@@ -234,7 +245,7 @@ where
 fn cached_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
     let mut ctx = listing_context(server);
     ctx.caches = DriverCaches {
-        nodes: Some(filled::<SlimNode>(server, "/api/v1/nodes/", ())),
+        nodes: Some(filled_nodes(server)),
         policies: Some(filled::<DynamicObject>(
             server,
             "/apis/nvidia.com/v1/clusterpolicies/",
@@ -523,7 +534,7 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
         }
     }
     let mut ctx = Arc::into_inner(ctx).unwrap();
-    ctx.caches.nodes = Some(filled::<SlimNode>(&server, "/api/v1/nodes/", ()));
+    ctx.caches.nodes = Some(filled_nodes(&server));
     // As the node watch's pool signal does.
     ctx.inputs_changed();
     reconcile(typed_driver(&server, "pool-a"), Arc::new(ctx))

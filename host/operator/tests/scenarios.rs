@@ -24,6 +24,7 @@ use kiln_core::spec::ClusterPolicy;
 use kiln_operator::live::{LiveCache, Meta};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::reconcile::reconcile;
+use kiln_operator::store::NamedWriter;
 use kiln_operator::{Config, Context};
 use kube::api::ApiResource;
 use kube::runtime::reflector::store::Writer;
@@ -334,7 +335,7 @@ async fn a_drop_in_shadowing_a_standard_plugin_is_named_in_the_status() {
 /// DaemonSets (full objects), each behind a writer the test feeds as a watch would.
 struct Caches {
     policies: Writer<kube::api::DynamicObject>,
-    nodes: Writer<kiln_operator::node::SlimNode>,
+    nodes: NamedWriter<kiln_operator::node::SlimNode>,
     daemonsets: Writer<k8s_openapi::api::apps::v1::DaemonSet>,
 }
 
@@ -380,7 +381,7 @@ fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
         server_objects::<kube::api::DynamicObject>(server, "/apis/nvidia.com/v1/clusterpolicies/"),
         ApiResource::erase::<ClusterPolicy>(&()),
     );
-    let nodes = listed(server_objects::<kiln_operator::node::SlimNode>(
+    let nodes = NamedWriter::listed(server_objects::<kiln_operator::node::SlimNode>(
         server,
         "/api/v1/nodes/",
     ));
@@ -405,7 +406,7 @@ fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
 /// report), each DaemonSet with a status of `ready` pods on every GPU node.
 fn sync_caches(server: &Arc<Mutex<Server>>, caches: &mut Caches, ready: i32) {
     for n in server_objects::<kiln_operator::node::SlimNode>(server, "/api/v1/nodes/") {
-        caches.nodes.apply_watcher_event(&watcher::Event::Apply(n));
+        caches.nodes.apply(&watcher::Event::Apply(Arc::new(n)));
     }
     let ds_prefix = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/");
     let all: Vec<Value> = {
@@ -655,7 +656,7 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
     events.push(watcher::Event::Apply(slim(moved)));
     let (wake, mut wakes) = Wake::channel();
     let (pools_tx, mut pools_rx) = futures::channel::mpsc::unbounded();
-    let writer = Writer::<kiln_operator::node::SlimNode>::default();
+    let writer = NamedWriter::<kiln_operator::node::SlimNode>::default();
     let (timeline_tx, mut timeline_rx) = futures::channel::mpsc::channel(64);
     let store = writer.as_reader();
     let w = NodeWatch {
