@@ -23,7 +23,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_operator::node::{SlimNode, WatchedNode};
-use kiln_operator::readiness::{PodStore, PodStoreWriter, SlimPod};
+use kiln_operator::readiness::{PodStore, PodStoreWriter, SlimPod, WirePod};
 use kiln_operator::store::NamedWriter;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -189,8 +189,8 @@ fn pod_store(template: &Value, n: usize) -> (usize, usize, PodStore) {
     let base = HELD.load(Ordering::Relaxed);
     writer.apply(&watcher::Event::Init);
     for bytes in &wire {
-        let pod: SlimPod = serde_json::from_slice(bytes).unwrap();
-        writer.apply(&watcher::Event::InitApply(Arc::new(pod)));
+        let pod: WirePod = serde_json::from_slice(bytes).unwrap();
+        writer.apply(&watcher::Event::InitApply(Arc::new(SlimPod::from(pod))));
     }
     writer.apply(&watcher::Event::InitDone);
     let held = HELD.load(Ordering::Relaxed) - base;

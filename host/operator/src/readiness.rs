@@ -419,8 +419,8 @@ pub const POD_PAGE: u32 = 100;
 /// phase, the `Ready` condition with its transition time and each container's name, ready
 /// flag, restart count and, when it terminated, exit code and finish time.
 ///
-/// Decoded from the API's JSON as a [`WirePod`] (every other field skipped while parsing) and
-/// converted at once ([`SlimPod::from`]; `serde` decodes a `SlimPod` the same way). Every text
+/// Built while the API's JSON is parsed (every other field, managed fields included, is
+/// skipped; the watches decode a [`WirePod`], `serde` a `SlimPod` the same way). Every text
 /// that pods share is interned ([`Sym`]): namespace, node name, digest, phase, container
 /// names; the label set and the owner references are interned whole, so a DaemonSet
 /// revision's pods share one copy ([`InternedLabels`]). Held in a [`PodStore`] with its key, a
@@ -429,7 +429,7 @@ pub const POD_PAGE: u32 = 100;
 /// an `ObjectMeta` each and labels per pod): these stores hold two pods a GPU node.
 /// [`SlimPod::to_pod`] gives the rules that read a `Pod` one.
 #[derive(Clone, Debug, serde::Deserialize)]
-#[serde(from = "WirePod")]
+#[serde(from = "RawPod")]
 pub struct SlimPod {
     /// `metadata.name` (also the key of its [`PodStore`]).
     name: Arc<str>,
@@ -476,16 +476,58 @@ struct SlimContainerStatus {
     terminated: Option<(i32, Option<Time>)>,
 }
 
-/// A pod as the pod watches decode it from the API server's JSON: the fields [`SlimPod`]
-/// keeps, every other one skipped while parsing. The watch's own type (kube's watcher reads
-/// its `resourceVersion` from `metadata`); each is turned into a [`SlimPod`] as it arrives.
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+/// A pod as the pod watches decode it: the [`SlimPod`], built while the JSON is parsed (every
+/// field it does not keep is skipped, managed fields included), and, for kube's watcher (which
+/// reads each object's `resourceVersion` through [`kube::Resource`]), its name, namespace and
+/// `resourceVersion` in an `ObjectMeta` dropped once the pod is in its store.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(from = "RawPod")]
 pub struct WirePod {
     metadata: ObjectMeta,
+    pod: SlimPod,
+}
+
+/// What is decoded of a pod's JSON.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct RawPod {
+    #[serde(default)]
+    metadata: RawMeta,
     #[serde(default)]
     spec: WireSpec,
     #[serde(default)]
     status: WireStatus,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct RawMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    deletion_timestamp: Option<Time>,
+    labels: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl From<RawPod> for WirePod {
+    fn from(p: RawPod) -> Self {
+        let metadata = ObjectMeta {
+            name: p.metadata.name.clone(),
+            namespace: p.metadata.namespace.clone(),
+            resource_version: p.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        WirePod {
+            metadata,
+            pod: p.into(),
+        }
+    }
+}
+
+impl From<WirePod> for SlimPod {
+    fn from(w: WirePod) -> Self {
+        w.pod
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -618,8 +660,8 @@ fn slim_statuses(v: Option<Vec<WireContainerStatus>>) -> Box<[SlimContainerStatu
 
 /// Keeps only what the rules read (see [`SlimPod`]): the digest is taken from the containers'
 /// environments, which are dropped; of the conditions, `Ready`.
-impl From<WirePod> for SlimPod {
-    fn from(p: WirePod) -> Self {
+impl From<RawPod> for SlimPod {
+    fn from(p: RawPod) -> Self {
         let m = p.metadata;
         let digest = p
             .spec
