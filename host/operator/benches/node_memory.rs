@@ -23,7 +23,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_operator::node::{SlimNode, WatchedNode};
-use kiln_operator::readiness::{PodStore, PodStoreWriter, SlimPod, WirePod};
+use kiln_operator::readiness::{PodStore, PodStoreWriter, WirePod};
 use kiln_operator::store::NamedWriter;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -190,7 +190,7 @@ fn pod_store(template: &Value, n: usize) -> (usize, usize, PodStore) {
     writer.apply(&watcher::Event::Init);
     for bytes in &wire {
         let pod: WirePod = serde_json::from_slice(bytes).unwrap();
-        writer.apply(&watcher::Event::InitApply(Arc::new(SlimPod::from(pod))));
+        writer.apply(&watcher::Event::InitApply(Arc::new(pod.object)));
     }
     writer.apply(&watcher::Event::InitDone);
     let held = HELD.load(Ordering::Relaxed) - base;
@@ -230,7 +230,7 @@ fn main() {
             .map(|b| serde_json::from_slice(b).unwrap())
             .collect();
         for node in decoded {
-            writer.apply(&watcher::Event::InitApply(Arc::new(SlimNode::from(node))));
+            writer.apply(&watcher::Event::InitApply(Arc::new(node.object)));
         }
     }
     writer.apply(&watcher::Event::InitDone);

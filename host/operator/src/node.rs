@@ -20,7 +20,6 @@
 //! counts, memory, CUDA versions and the `gfd.timestamp` it rewrites every minute) are never
 //! decoded into memory.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -321,33 +320,22 @@ impl From<Node> for SlimNode {
     }
 }
 
-/// A Node as the node watch decodes it: the [`SlimNode`] and, for kube's watcher (which reads
-/// each object's `resourceVersion` through [`kube::Resource`]), its name and
-/// `resourceVersion` in an `ObjectMeta` dropped once the node is in the store.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(from = "WireNode")]
-pub struct WatchedNode {
-    metadata: ObjectMeta,
-    node: SlimNode,
-}
+/// A Node as the node watch decodes it ([`crate::store::Watched`]).
+pub type WatchedNode = crate::store::Watched<SlimNode>;
 
-impl From<WireNode> for WatchedNode {
-    fn from(w: WireNode) -> Self {
-        let metadata = ObjectMeta {
+impl crate::store::WatchedKind for SlimNode {
+    type Raw = WireNode;
+    type Scope = k8s_openapi::ClusterResourceScope;
+    const KIND: &'static str = "Node";
+    const PLURAL: &'static str = "nodes";
+
+    fn split(w: WireNode) -> (crate::store::Identity, SlimNode) {
+        let id = crate::store::Identity {
             name: w.metadata.name.clone(),
+            namespace: None,
             resource_version: w.metadata.resource_version.clone(),
-            ..ObjectMeta::default()
         };
-        WatchedNode {
-            metadata,
-            node: w.into(),
-        }
-    }
-}
-
-impl From<WatchedNode> for SlimNode {
-    fn from(w: WatchedNode) -> Self {
-        w.node
+        (id, w.into())
     }
 }
 
@@ -357,34 +345,10 @@ impl crate::store::Keyed for SlimNode {
     }
 }
 
-impl kube::Resource for WatchedNode {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Node".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "nodes".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
 /// What is decoded of a Node's JSON (everything else is skipped unread).
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct WireNode {
+pub struct WireNode {
     metadata: WireMeta,
     spec: WireSpec,
     status: WireStatus,

@@ -105,7 +105,7 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
             .list(&params)
             .await
             .map_err(|e| Error::kube("list nodes", e))?;
-        nodes.extend(page.items.into_iter().map(SlimNode::from));
+        nodes.extend(page.items.into_iter().map(|w| w.object));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(nodes),
@@ -221,7 +221,7 @@ pub async fn watch_nodes(w: NodeWatch, writer: NamedWriter<SlimNode>) {
         crate::watch::config(),
     )
     .default_backoff()
-    .map(|ev| ev.map(|ev| crate::store::map_event(ev, SlimNode::from)));
+    .map(|ev| ev.map(|ev| crate::store::map_event(ev, |w| w.object)));
     follow_nodes(w, writer, stream).await;
 }
 

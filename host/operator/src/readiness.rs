@@ -167,7 +167,7 @@ fn spawn_pod_watch(
     let store = writer.as_reader();
     let stream = watcher(api, crate::watch::config().labels(&signals.selector)).default_backoff();
     let task = tokio::spawn(stream.for_each(move |ev| {
-        let ev = ev.map(|ev| crate::store::map_event(ev, |p| Arc::new(SlimPod::from(p))));
+        let ev = ev.map(|ev| crate::store::map_event(ev, |p| Arc::new(p.object)));
         if let Ok(ev) = &ev {
             writer.apply(ev);
             if let Some(tap) = &mut tap {
@@ -391,7 +391,7 @@ async fn list_pods_and_revisions(
             .list(&page_params)
             .await
             .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
-        pods.extend(page.items.into_iter().map(SlimPod::from));
+        pods.extend(page.items.into_iter().map(|w| w.object));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => {
                 page_params = page_params.continue_token(&token);
@@ -476,20 +476,28 @@ struct SlimContainerStatus {
     terminated: Option<(i32, Option<Time>)>,
 }
 
-/// A pod as the pod watches decode it: the [`SlimPod`], built while the JSON is parsed (every
-/// field it does not keep is skipped, managed fields included), and, for kube's watcher (which
-/// reads each object's `resourceVersion` through [`kube::Resource`]), its name, namespace and
-/// `resourceVersion` in an `ObjectMeta` dropped once the pod is in its store.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(from = "RawPod")]
-pub struct WirePod {
-    metadata: ObjectMeta,
-    pod: SlimPod,
+/// A pod as the pod watches decode it ([`crate::store::Watched`]).
+pub type WirePod = crate::store::Watched<SlimPod>;
+
+impl crate::store::WatchedKind for SlimPod {
+    type Raw = RawPod;
+    type Scope = k8s_openapi::NamespaceResourceScope;
+    const KIND: &'static str = "Pod";
+    const PLURAL: &'static str = "pods";
+
+    fn split(p: RawPod) -> (crate::store::Identity, SlimPod) {
+        let id = crate::store::Identity {
+            name: p.metadata.name.clone(),
+            namespace: p.metadata.namespace.clone(),
+            resource_version: p.metadata.resource_version.clone(),
+        };
+        (id, p.into())
+    }
 }
 
 /// What is decoded of a pod's JSON.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
-struct RawPod {
+pub struct RawPod {
     #[serde(default)]
     metadata: RawMeta,
     #[serde(default)]
@@ -507,27 +515,6 @@ struct RawMeta {
     deletion_timestamp: Option<Time>,
     labels: Option<BTreeMap<String, String>>,
     owner_references: Option<Vec<OwnerReference>>,
-}
-
-impl From<RawPod> for WirePod {
-    fn from(p: RawPod) -> Self {
-        let metadata = ObjectMeta {
-            name: p.metadata.name.clone(),
-            namespace: p.metadata.namespace.clone(),
-            resource_version: p.metadata.resource_version.clone(),
-            ..ObjectMeta::default()
-        };
-        WirePod {
-            metadata,
-            pod: p.into(),
-        }
-    }
-}
-
-impl From<WirePod> for SlimPod {
-    fn from(w: WirePod) -> Self {
-        w.pod
-    }
 }
 
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -594,30 +581,6 @@ struct WireTerminated {
     exit_code: i32,
     #[serde(default)]
     finished_at: Option<Time>,
-}
-
-impl kube::Resource for WirePod {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 }
 
 /// The readiness rule reads a watched pod as it is (no `Pod` is built).
@@ -949,6 +912,38 @@ mod tests {
                 "containerStatuses": [{"name": "nvidia-driver-ctr", "ready": false, "restartCount": 12,
                     "image": "d", "imageID": ""}]}
         })
+    }
+
+    #[test]
+    fn pods_of_a_daemonset_revision_share_their_labels_owners_and_texts() {
+        let a: SlimPod = serde_json::from_value(driver_pod()).unwrap();
+        let mut other = driver_pod();
+        other["metadata"]["name"] = serde_json::json!("nvidia-driver-daemonset-x2");
+        other["spec"]["nodeName"] = serde_json::json!("gpu-node-2");
+        let b: SlimPod = serde_json::from_value(other).unwrap();
+        assert_eq!(
+            (a.name(), b.name()),
+            ("nvidia-driver-daemonset-x1", "nvidia-driver-daemonset-x2")
+        );
+        assert_eq!(
+            (a.node_name(), b.node_name()),
+            (Some("gpu-node-1"), Some("gpu-node-2"))
+        );
+        // Interned values compare by address: equal means one copy.
+        assert_eq!(a.labels, b.labels, "one label set");
+        assert!(std::ptr::eq(&**a.owners, &**b.owners), "one owner list");
+        assert!(std::ptr::eq(
+            &**a.digest.as_ref().unwrap(),
+            &**b.digest.as_ref().unwrap()
+        ));
+        // A pod of the next revision has a set of its own.
+        let mut next = driver_pod();
+        next["metadata"]["labels"]["controller-revision-hash"] = serde_json::json!("def");
+        let c: SlimPod = serde_json::from_value(next).unwrap();
+        assert_ne!(a.labels, c.labels);
+        use kiln_core::readiness::PodFacts;
+        assert_eq!(c.label("controller-revision-hash"), Some("def"));
+        assert_eq!(a.first_owner_uid(), Some("ds1"));
     }
 
     #[test]

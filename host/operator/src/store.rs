@@ -10,9 +10,11 @@
 //! object ([`Keyed::key`]). The other stores (policies, DaemonSets, ConfigMaps, CRs: a few
 //! objects each) stay kube's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 
 /// An object kept in a [`NamedStore`]: its name, the store's key (a clone of the object's own
@@ -151,6 +153,83 @@ pub fn map_event<A, B>(ev: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Ev
         watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
         watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
         watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+    }
+}
+
+/// What a watch for a [`NamedStore`] decodes: the kept object, built while the JSON is parsed
+/// ([`WatchedKind::Raw`] names only the fields it keeps; managed fields and the rest are
+/// skipped), and, for kube's watcher (which reads each object's `resourceVersion` through
+/// [`kube::Resource`]), an `ObjectMeta` holding only its name, namespace and
+/// `resourceVersion`, dropped with the envelope once the object is stored.
+#[derive(Clone, Debug)]
+pub struct Watched<T> {
+    metadata: ObjectMeta,
+    /// The object as its store keeps it.
+    pub object: T,
+}
+
+/// The identity kube's watcher and `Api` read of a watched object.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.namespace` (`None` for cluster-scoped kinds).
+    pub namespace: Option<String>,
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+}
+
+/// A core (`v1`) kind kept in a [`NamedStore`] and watched as [`Watched`]: how its JSON is
+/// decoded and how the API addresses it.
+pub trait WatchedKind: Sized {
+    /// What is decoded of an object's JSON.
+    type Raw: serde::de::DeserializeOwned;
+    /// Namespaced or cluster-scoped (k8s-openapi's scope types).
+    type Scope;
+    /// The kind (`Node`).
+    const KIND: &'static str;
+    /// Its resource name (`nodes`).
+    const PLURAL: &'static str;
+    /// The object kept of `raw`, with its identity.
+    fn split(raw: Self::Raw) -> (Identity, Self);
+}
+
+impl<'de, T: WatchedKind> serde::Deserialize<'de> for Watched<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (id, object) = T::split(T::Raw::deserialize(d)?);
+        Ok(Watched {
+            metadata: ObjectMeta {
+                name: id.name,
+                namespace: id.namespace,
+                resource_version: id.resource_version,
+                ..ObjectMeta::default()
+            },
+            object,
+        })
+    }
+}
+
+impl<T: WatchedKind> kube::Resource for Watched<T> {
+    type DynamicType = ();
+    type Scope = T::Scope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        T::KIND.into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        T::PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
