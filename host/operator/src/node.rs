@@ -50,7 +50,7 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Labels as the operator's stores keep them. The set, sorted by key with keys and values
 /// interned, is itself interned: every node of a pool (every pod of a DaemonSet revision)
 /// holds one pointer to one copy. `kubernetes.io/hostname`, different on every node, is kept
-/// beside the set. 16 bytes an object, against 16 bytes a label for a per-object set of
+/// per node outside the shared set (lookups and iteration see it among the others). 16 bytes an object, against 16 bytes a label for a per-object set of
 /// interned pairs (448 bytes for a testcluster GPU node's 28 kept labels) or a
 /// `BTreeMap<String, String>`'s 11-slot node (about 540 bytes) plus two strings a label.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

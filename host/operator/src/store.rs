@@ -9,6 +9,9 @@
 //! memory at 5,000 nodes. Here an object's key is its name, one allocation shared with the
 //! object ([`Keyed::key`]). The other stores (policies, DaemonSets, ConfigMaps, CRs: a few
 //! objects each) stay kube's.
+//!
+//! Panics: every method takes the store's lock and panics if a thread panicked while holding
+//! it (a poisoned lock), as kube's store does.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -50,6 +53,7 @@ pub struct NamedWriter<T> {
     ready: tokio::sync::watch::Sender<bool>,
 }
 
+/// An empty writer whose store is not ready until its first list is applied.
 impl<T> Default for NamedWriter<T> {
     fn default() -> Self {
         NamedWriter {
@@ -69,9 +73,10 @@ impl<T: Keyed> NamedWriter<T> {
         }
     }
 
-    /// Apply one watch event: `Init` starts a relist, `InitApply` adds to it, `InitDone`
-    /// replaces the store's objects with it (and marks the store ready, the first time);
-    /// `Apply` and `Delete` change one object.
+    /// Apply one watch event: `Init` starts a relist (dropping one in progress), `InitApply`
+    /// adds to it, `InitDone` replaces the store's objects with it (and marks the store ready,
+    /// the first time); `Apply` and `Delete` change one object of the live set at once (kube's
+    /// watcher sends none while a relist is in progress).
     pub fn apply(&mut self, ev: &watcher::Event<Arc<T>>) {
         match ev {
             watcher::Event::Init => self.buffer = Some(HashMap::new()),
@@ -98,7 +103,8 @@ impl<T: Keyed> NamedWriter<T> {
         }
     }
 
-    /// A store holding `objects` as listed, ready (tests, benches).
+    /// A writer whose store holds `objects` as one complete list, ready (tests, benches; read
+    /// it through [`NamedWriter::as_reader`]).
     pub fn listed(objects: impl IntoIterator<Item = T>) -> Self {
         let mut w = NamedWriter::default();
         w.apply(&watcher::Event::Init);
@@ -111,7 +117,8 @@ impl<T: Keyed> NamedWriter<T> {
 }
 
 impl<T> NamedStore<T> {
-    /// Every object it holds (in no particular order).
+    /// Every object it holds (in no particular order): a new `Vec` of `Arc` clones, O(n),
+    /// taken under the read lock.
     pub fn state(&self) -> Vec<Arc<T>> {
         self.objects
             .read()
@@ -184,16 +191,19 @@ pub struct Identity {
 pub trait WatchedKind: Sized {
     /// What is decoded of an object's JSON.
     type Raw: serde::de::DeserializeOwned;
-    /// Namespaced or cluster-scoped (k8s-openapi's scope types).
+    /// `k8s_openapi::NamespaceResourceScope` or `k8s_openapi::ClusterResourceScope`.
     type Scope;
     /// The kind (`Node`).
     const KIND: &'static str;
     /// Its resource name (`nodes`).
     const PLURAL: &'static str;
-    /// The object kept of `raw`, with its identity.
+    /// The object kept of `raw`, with its identity (an object without a name gets the empty
+    /// name as its store key; the API server never sends one).
     fn split(raw: Self::Raw) -> (Identity, Self);
 }
 
+/// Decodes [`WatchedKind::Raw`] and splits it; fails as that decode fails (malformed JSON, a
+/// field of the wrong type).
 impl<'de, T: WatchedKind> serde::Deserialize<'de> for Watched<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let (id, object) = T::split(T::Raw::deserialize(d)?);
