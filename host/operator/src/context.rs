@@ -15,12 +15,11 @@ use kube::runtime::events::Reporter;
 use crate::events::Events;
 use kube::runtime::reflector::Store;
 
-use crate::store::NamedStore;
-
 use crate::apply::Applier;
 use crate::live::Wake;
 use crate::metrics::Metrics;
 use crate::status::StatusWriter;
+use crate::store::NamedStore;
 
 /// How the operator runs (from the CLI flags / environment).
 #[derive(Debug, Clone)]

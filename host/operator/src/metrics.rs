@@ -58,15 +58,16 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
-
-use crate::node::Sym;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::node::Sym;
+
 type Labels = Vec<(String, String)>;
+type HistFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// The label set of the per-node GPU gauges, `node="<name>"`: the name interned (one copy a
 /// node, shared with the node store and the readiness timeline), 8 bytes a series where a
@@ -79,7 +80,6 @@ impl EncodeLabelSet for NodeLabel {
         [("node", &*self.0)].encode(encoder)
     }
 }
-type HistFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
     // 1 ms … ~33 s.

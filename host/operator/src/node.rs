@@ -36,6 +36,11 @@ use crate::nodes::{is_upgrade_key, reads_label};
 /// (freed when the last holder drops it).
 pub type Sym = ArcIntern<str>;
 
+/// `s` interned (the decoders' optional texts).
+pub fn sym(s: Option<String>) -> Option<Sym> {
+    s.map(|s| Sym::from(s.as_str()))
+}
+
 /// Whether the node store keeps label `key`: every label kiln reads ([`reads_label`]), the
 /// driver-upgrade labels ([`is_upgrade_key`]), and every label outside `nvidia.com/` (a
 /// DaemonSet's `nodeSelector` may name any of them; readiness counts the nodes it matches).
@@ -50,9 +55,10 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Labels as the operator's stores keep them. The set, sorted by key with keys and values
 /// interned, is itself interned: every node of a pool (every pod of a DaemonSet revision)
 /// holds one pointer to one copy. `kubernetes.io/hostname`, different on every node, is kept
-/// per node outside the shared set (lookups and iteration see it among the others). 16 bytes an object, against 16 bytes a label for a per-object set of
-/// interned pairs (448 bytes for a testcluster GPU node's 28 kept labels) or a
-/// `BTreeMap<String, String>`'s 11-slot node (about 540 bytes) plus two strings a label.
+/// per node outside the shared set (lookups and iteration see it among the others). 16 bytes
+/// an object, against 16 bytes a label for a per-object set of interned pairs (448 bytes for a
+/// testcluster GPU node's 28 kept labels) or a `BTreeMap<String, String>`'s 11-slot node
+/// (about 540 bytes) plus two strings a label.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InternedLabels {
     /// Every label but [`HOSTNAME_LABEL`], sorted by key.
@@ -419,11 +425,7 @@ impl From<WireNode> for SlimNode {
             pci_gpu: has_gpu_pci_labels(&labels),
             nfd: has_nfd_labels(&labels),
             labels: InternedLabels::of(&labels, kept_label),
-            runtime: w
-                .status
-                .node_info
-                .and_then(|i| i.container_runtime_version)
-                .map(|v| Sym::from(v.as_str())),
+            runtime: sym(w.status.node_info.and_then(|i| i.container_runtime_version)),
             unschedulable: w.spec.unschedulable,
             ready: w
                 .status

@@ -265,10 +265,10 @@ where
             Err(e) => tracing::warn!(error = %e, "node watch"),
             Ok(watcher::Event::InitApply(n)) => {
                 let facts = crate::timeline::node_facts(&n);
-                let f = hash_of(&facts);
+                let (name, f) = (facts.name.clone(), hash_of(&facts));
                 timeline(watcher::Event::InitApply(facts)).await;
                 seen.insert(
-                    Sym::from(n.name()),
+                    name,
                     (relevant_hash(&n), upgrade_hash(&n), f, hash_of(n.labels())),
                 );
             }
@@ -283,17 +283,18 @@ where
                 seen.clear();
             }
             Ok(watcher::Event::Delete(n)) => {
-                timeline(watcher::Event::Delete(crate::timeline::node_facts(&n))).await;
-                seen.remove(&Sym::from(n.name()));
+                let facts = crate::timeline::node_facts(&n);
+                seen.remove(&facts.name);
+                timeline(watcher::Event::Delete(facts)).await;
                 w.wake.reconcile();
                 w.wake.upgrade();
                 pools();
             }
             Ok(watcher::Event::Apply(n)) => {
-                let name = Sym::from(n.name());
                 let (h, u, p) = (relevant_hash(&n), upgrade_hash(&n), hash_of(n.labels()));
+                // One interning of the name a node event: the timeline's facts carry it.
                 let facts = crate::timeline::node_facts(&n);
-                let f = hash_of(&facts);
+                let (name, f) = (facts.name.clone(), hash_of(&facts));
                 let before = seen.insert(name.clone(), (h, u, f, p));
                 if before.is_none_or(|(_, _, bf, _)| bf != f) {
                     timeline(watcher::Event::Apply(facts)).await;

@@ -28,7 +28,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::live::Wake;
-use crate::node::{InternedLabels, Sym};
+use crate::node::{InternedLabels, Sym, sym};
 use crate::{Error, Result};
 
 /// How long a first readiness check of an `OnDelete` DaemonSet waits for its new pod and
@@ -603,10 +603,6 @@ impl kiln_core::readiness::PodFacts for SlimPod {
     fn containers_ready(&self) -> bool {
         self.containers.iter().all(|c| c.ready)
     }
-}
-
-fn sym(s: Option<String>) -> Option<Sym> {
-    s.map(|s| Sym::from(s.as_str()))
 }
 
 fn slim_statuses(v: Option<Vec<WireContainerStatus>>) -> Box<[SlimContainerStatus]> {
