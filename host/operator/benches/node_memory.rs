@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use kiln_operator::node::{SlimNode, WatchedNode};
 use kiln_operator::readiness::{PodStore, PodStoreWriter, WirePod};
 use kiln_operator::store::NamedWriter;
+use kiln_operator::timeline::{Source, Tracker, node_facts, validator_facts};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -266,4 +267,33 @@ fn main() {
         (held + pods_held) as f64 / n as f64,
         mib(held + pods_held)
     );
+    timeline(&reader, n);
+}
+
+/// The readiness timeline's state for `n` GPU nodes and their validator pods, fed as the
+/// operator's timeline task is fed (each node's facts, then each validator pod's).
+fn timeline(nodes: &kiln_operator::store::NamedStore<SlimNode>, n: usize) {
+    let template: Value = serde_json::from_str(POD_TEMPLATES[1].1).unwrap();
+    let (_, _, pods) = pod_store(&template, n);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let base = HELD.load(Ordering::Relaxed);
+    let mut tracker = Tracker::default();
+    for source in [Source::Nodes, Source::Pods] {
+        tracker.begin_list(source);
+    }
+    for node in nodes.state() {
+        tracker.node(node_facts(&node), now);
+    }
+    tracker.end_list(Source::Nodes, now);
+    for pod in pods.state() {
+        tracker.pod(pod.name(), validator_facts(&pod.to_pod(), now), now);
+    }
+    tracker.end_list(Source::Pods, now);
+    let held = HELD.load(Ordering::Relaxed) - base;
+    println!(
+        "readiness timeline of {n} GPU nodes and their validator pods: held {:.1} MiB = {:.0} bytes a node",
+        mib(held),
+        held as f64 / n as f64,
+    );
+    assert!(tracker.is_live());
 }

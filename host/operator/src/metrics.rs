@@ -57,10 +57,14 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -69,15 +73,53 @@ use crate::node::Sym;
 type Labels = Vec<(String, String)>;
 type HistFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
-/// The label set of the per-node GPU gauges, `node="<name>"`: the name interned (one copy a
-/// node, shared with the node store and the readiness timeline), 8 bytes a series where a
-/// [`Labels`] takes 24 and two strings; these two gauges have a series a GPU node.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct NodeLabel(Sym);
+/// The label set of the per-node GPU gauges, `node="<name>"`.
+struct NodeLabel<'a>(&'a str);
 
-impl EncodeLabelSet for NodeLabel {
+impl EncodeLabelSet for NodeLabel<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> std::fmt::Result {
-        [("node", &*self.0)].encode(encoder)
+        [("node", self.0)].encode(encoder)
+    }
+}
+
+/// `kiln_node_gpus_expected` and `kiln_node_gpus_allocatable`: one series each a GPU node,
+/// kept as one map of interned node name (shared with the node store and the readiness
+/// timeline) to the two values, 24 bytes a node, and encoded at scrape. Two gauge
+/// [`Family`]s cost a map entry and an allocated gauge a series, about 120 bytes a node.
+#[derive(Debug, Default)]
+struct NodeGpus(Mutex<HashMap<Sym, (i64, i64)>>);
+
+/// Help texts of the two [`NodeGpus`] series, by name.
+const NODE_GPUS: [(&str, &str); 2] = [
+    (
+        "node_gpus_expected",
+        "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles)",
+    ),
+    (
+        "node_gpus_allocatable",
+        "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node",
+    ),
+];
+
+impl Collector for NodeGpus {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        // A sorted copy, so the lock is not held while encoding and the series keep one order.
+        let mut nodes: Vec<(Sym, (i64, i64))> = self
+            .0
+            .lock()
+            .expect("node gpus lock")
+            .iter()
+            .map(|(n, v)| (n.clone(), *v))
+            .collect();
+        nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (i, (name, help)) in NODE_GPUS.iter().enumerate() {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (node, (expected, allocatable)) in &nodes {
+                let value = if i == 0 { *expected } else { *allocatable };
+                ConstGauge::new(value).encode(family.encode_family(&NodeLabel(node))?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -164,8 +206,7 @@ pub struct Metrics {
     writes: Family<Labels, Counter>,
     leader: Gauge,
     node_ready: HistFamily,
-    gpus_expected: Family<NodeLabel, Gauge>,
-    gpus_allocatable: Family<NodeLabel, Gauge>,
+    node_gpus: Arc<NodeGpus>,
     nvidia: Nvidia,
     ready: AtomicBool,
 }
@@ -218,23 +259,13 @@ impl Metrics {
         );
         let node_ready: HistFamily =
             Family::new_with_constructor(|| Histogram::new(NODE_READY_BUCKETS.iter().copied()));
-        let gpus_expected = Family::<NodeLabel, Gauge>::default();
-        let gpus_allocatable = Family::<NodeLabel, Gauge>::default();
+        let node_gpus = Arc::new(NodeGpus::default());
         registry.register(
             "node_ready_seconds",
             "Seconds from a GPU node joining the cluster to each readiness stage",
             node_ready.clone(),
         );
-        registry.register(
-            "node_gpus_expected",
-            "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles)",
-            gpus_expected.clone(),
-        );
-        registry.register(
-            "node_gpus_allocatable",
-            "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node",
-            gpus_allocatable.clone(),
-        );
+        registry.register_collector(Box::new(node_gpus.clone()));
         // Every stage's series exists from the start (count 0).
         for stage in crate::timeline::Stage::ALL {
             let _ = node_ready.get_or_create(&label("stage", stage.name()));
@@ -258,8 +289,7 @@ impl Metrics {
             writes,
             leader,
             node_ready,
-            gpus_expected,
-            gpus_allocatable,
+            node_gpus,
             nvidia,
             ready: AtomicBool::new(false),
         }
@@ -350,17 +380,16 @@ impl Metrics {
     }
 
     /// Set a node's expected and allocatable GPU gauges.
-    pub fn node_gpus(&self, node: &str, expected: i64, allocatable: i64) {
-        let l = NodeLabel(node.into());
-        self.gpus_expected.get_or_create(&l).set(expected);
-        self.gpus_allocatable.get_or_create(&l).set(allocatable);
+    pub fn node_gpus(&self, node: &Sym, expected: i64, allocatable: i64) {
+        let mut nodes = self.node_gpus.0.lock().expect("node gpus lock");
+        nodes.insert(node.clone(), (expected, allocatable));
     }
 
     /// Drop a node's GPU gauges (the node is gone, or no longer says how many GPUs it has).
-    pub fn forget_node_gpus(&self, node: &str) {
-        let l = NodeLabel(node.into());
-        self.gpus_expected.remove(&l);
-        self.gpus_allocatable.remove(&l);
+    pub fn forget_node_gpus(&self, node: &Sym) {
+        let mut nodes = self.node_gpus.0.lock().expect("node gpus lock");
+        nodes.remove(node);
+        crate::memory::shrink_if_sparse(&mut nodes);
     }
 
     /// Count one reconcile that took `took`.
@@ -809,7 +838,7 @@ mod tests {
             failed: 2,
             ..UpgradeCensus::default()
         });
-        m.node_gpus("gpu-node-1", 8, 7);
+        m.node_gpus(&Sym::from("gpu-node-1"), 8, 7);
         m.node_stage("labelled", 4.0);
         let text = m.encode();
         for line in [
@@ -826,8 +855,27 @@ mod tests {
         ] {
             assert!(text.contains(&format!("{line}\n")), "{line}:\n{text}");
         }
-        m.forget_node_gpus("gpu-node-1");
-        assert!(!m.encode().contains("gpu-node-1"));
+        // Each gauge: one descriptor, then its series in node-name order.
+        m.node_gpus(&Sym::from("gpu-node-0"), 4, 4);
+        let text = m.encode();
+        let at = |line: &str| text.find(line).unwrap_or_else(|| panic!("{line}:\n{text}"));
+        assert!(
+            at("# TYPE kiln_node_gpus_expected gauge\n")
+                < at("kiln_node_gpus_expected{node=\"gpu-node-0\"} 4\n")
+        );
+        assert!(
+            at("kiln_node_gpus_expected{node=\"gpu-node-0\"} 4\n")
+                < at("kiln_node_gpus_expected{node=\"gpu-node-1\"} 8\n")
+        );
+        assert!(
+            at("kiln_node_gpus_expected{node=\"gpu-node-1\"} 8\n")
+                < at("# TYPE kiln_node_gpus_allocatable gauge\n")
+        );
+        assert_eq!(text.matches("# TYPE kiln_node_gpus_allocatable gauge").count(), 1);
+        m.forget_node_gpus(&Sym::from("gpu-node-1"));
+        let text = m.encode();
+        assert!(!text.contains("gpu-node-1"));
+        assert!(text.contains("kiln_node_gpus_allocatable{node=\"gpu-node-0\"} 4\n"));
     }
 
     /// A kube client over a fake API server: the token `good` is user `scraper` (allowed

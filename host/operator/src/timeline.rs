@@ -43,6 +43,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use crate::events::Events;
 use kube::runtime::watcher;
 
+use crate::memory::shrink_if_sparse;
 use crate::metrics::Metrics;
 use crate::node::{SlimNode, Sym};
 use crate::readiness::PodEvent;
@@ -261,13 +262,19 @@ pub enum Update {
     },
 }
 
-/// One tracked GPU node.
+/// One GPU node still reaching its stages.
 #[derive(Debug, Clone)]
 struct Track {
     facts: NodeFacts,
     /// Each stage, in [`Stage::ALL`] order.
     reached: [Reached; 5],
-    announced: bool,
+}
+
+/// One validator pod's facts, kept while its node is pending.
+#[derive(Debug, Clone)]
+struct PodTimes {
+    name: Box<str>,
+    facts: ValidatorFacts,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -290,11 +297,20 @@ pub enum Source {
 
 /// The timeline's state: tracked GPU nodes and validator pods, and whether both watches have
 /// listed once (before that, nothing is measured: see the module docs).
+///
+/// Only a node still reaching its stages (`pending`) keeps its facts and the facts of the
+/// validator pods on it; a node that reached every stage is only a name in `done`, and the
+/// facts of validator pods on it are dropped (a stage is measured once per node, so none of
+/// them can measure anything). At rest, with every GPU node ready, the tracker holds one
+/// interned name a node (its `done` and `gauged` entries).
 #[derive(Debug, Default)]
 pub struct Tracker {
-    nodes: HashMap<Sym, Track>,
-    /// Validator pods by name.
-    pods: HashMap<Box<str>, ValidatorFacts>,
+    /// GPU nodes not yet announced.
+    pending: HashMap<Sym, Track>,
+    /// GPU nodes that reached every stage (announced, or ready before measuring started).
+    done: HashSet<Sym>,
+    /// Validator pods on nodes not in `done`, by node.
+    pods: HashMap<Sym, Vec<PodTimes>>,
     listed: BTreeSet<&'static str>,
     live: bool,
     /// Names seen in the running relist of each source.
@@ -336,8 +352,9 @@ impl Tracker {
         match source {
             Source::Nodes => {
                 let gone: BTreeSet<String> = self
-                    .nodes
+                    .pending
                     .keys()
+                    .chain(self.done.iter())
                     .chain(self.gauged.iter())
                     .filter(|n| !seen.contains(&***n))
                     .map(|n| n.to_string())
@@ -347,18 +364,25 @@ impl Tracker {
                 }
             }
             Source::Pods => {
-                self.pods.retain(|name, _| seen.contains(&**name));
+                self.pods.retain(|_, pods| {
+                    pods.retain(|p| seen.contains(&*p.name));
+                    !pods.is_empty()
+                });
             }
         }
         self.listed.insert(key);
         if !self.live && self.listed.len() == 2 {
             // Still not live: whatever is reached now becomes Known, not measured.
-            let names: Vec<Sym> = self.nodes.keys().cloned().collect();
+            let names: Vec<Sym> = self.pending.keys().cloned().collect();
             for name in names {
                 self.evaluate(&name, now, &mut Vec::new());
-            }
-            for t in self.nodes.values_mut() {
-                t.announced = t.reached.iter().all(|r| *r != Reached::No);
+                if self.pending[&name]
+                    .reached
+                    .iter()
+                    .all(|r| *r != Reached::No)
+                {
+                    self.finish(name);
+                }
             }
             self.live = true;
         }
@@ -388,18 +412,21 @@ impl Tracker {
             }
         }
         if !facts.gpu || facts.created.is_none() {
-            self.nodes.remove(&name);
+            self.pending.remove(&name);
+            self.done.remove(&name);
             return out;
         }
-        match self.nodes.get_mut(&name) {
+        if self.done.contains(&name) {
+            return out;
+        }
+        match self.pending.get_mut(&name) {
             Some(t) => t.facts = facts,
             None => {
-                self.nodes.insert(
+                self.pending.insert(
                     name.clone(),
                     Track {
                         facts,
                         reached: [Reached::No; 5],
-                        announced: false,
                     },
                 );
             }
@@ -411,7 +438,9 @@ impl Tracker {
     /// A Node was deleted.
     pub fn node_deleted(&mut self, name: &str) -> Vec<Update> {
         let name = Sym::from(name);
-        self.nodes.remove(&name);
+        self.pending.remove(&name);
+        self.done.remove(&name);
+        self.pods.remove(&name);
         if self.gauged.remove(&name) {
             vec![Update::ForgetGpus { node: name }]
         } else {
@@ -425,26 +454,53 @@ impl Tracker {
             seen.insert(name.to_string());
         }
         let node = facts.node.clone();
-        self.pods.insert(name.into(), facts);
+        if self.done.contains(&node) {
+            return Vec::new();
+        }
+        let pods = self.pods.entry(node.clone()).or_default();
+        match pods.iter_mut().find(|p| &*p.name == name) {
+            Some(p) => p.facts = facts,
+            None => pods.push(PodTimes {
+                name: name.into(),
+                facts,
+            }),
+        }
         let mut out = Vec::new();
         self.evaluate(&node, now, &mut out);
         out
     }
 
-    /// A validator pod was deleted (stages it showed stay reached).
-    pub fn pod_deleted(&mut self, name: &str) {
-        self.pods.remove(name);
+    /// Validator pod `name` on `node` (`spec.nodeName`) was deleted (stages it showed stay
+    /// reached).
+    pub fn pod_deleted(&mut self, name: &str, node: &str) {
+        let node = Sym::from(node);
+        if let Some(pods) = self.pods.get_mut(&node) {
+            pods.retain(|p| &*p.name != name);
+            if pods.is_empty() {
+                self.pods.remove(&node);
+            }
+        }
+    }
+
+    /// `node` reached every stage: keep only its name.
+    fn finish(&mut self, node: Sym) {
+        self.pending.remove(&node);
+        self.pods.remove(&node);
+        self.done.insert(node);
+        shrink_if_sparse(&mut self.pending);
+        shrink_if_sparse(&mut self.pods);
     }
 
     /// When each stage is reached for `node` by what is known now (`None`: not reached).
     fn stage_times(&self, track: &Track, now: Timestamp) -> [Option<Timestamp>; 5] {
-        let pods: Vec<&ValidatorFacts> = self
+        let pods = self
             .pods
-            .values()
-            .filter(|p| p.node == track.facts.name)
-            .collect();
-        let earliest =
-            |f: fn(&ValidatorFacts) -> Option<Timestamp>| pods.iter().filter_map(|p| f(p)).min();
+            .get(&track.facts.name)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let earliest = |f: fn(&ValidatorFacts) -> Option<Timestamp>| {
+            pods.iter().filter_map(|p| f(&p.facts)).min()
+        };
         [
             track.facts.labelled.then_some(now),
             earliest(|p| p.driver),
@@ -455,7 +511,7 @@ impl Tracker {
     }
 
     fn evaluate(&mut self, node: &Sym, now: Timestamp, out: &mut Vec<Update>) {
-        let Some(track) = self.nodes.get(node) else {
+        let Some(track) = self.pending.get(node) else {
             return;
         };
         let Some(created) = track.facts.created else {
@@ -463,7 +519,7 @@ impl Tracker {
         };
         let times = self.stage_times(track, now);
         let live = self.live;
-        let track = self.nodes.get_mut(node).expect("looked up above");
+        let track = self.pending.get_mut(node).expect("looked up above");
         for stage in Stage::ALL {
             let i = stage.index();
             if track.reached[i] != Reached::No {
@@ -482,8 +538,7 @@ impl Tracker {
                 track.reached[i] = Reached::Known;
             }
         }
-        if live && !track.announced && track.reached.iter().all(|r| *r != Reached::No) {
-            track.announced = true;
+        if live && track.reached.iter().all(|r| *r != Reached::No) {
             // Only a node measured in full is announced with its timeline; one that reached
             // some stages before the operator started is announced without the unknown ones.
             let seconds = track.reached.map(|r| match r {
@@ -495,6 +550,7 @@ impl Tracker {
                 uid: track.facts.uid.clone(),
                 seconds,
             });
+            self.finish(node.clone());
         }
     }
 }
@@ -568,7 +624,7 @@ pub async fn run(
                 }
                 watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
                 watcher::Event::Delete(p) => {
-                    tracker.pod_deleted(p.name());
+                    tracker.pod_deleted(p.name(), p.node_name().unwrap_or_default());
                     Vec::new()
                 }
             },
@@ -612,7 +668,7 @@ async fn apply(metrics: &Metrics, recorder: &Events, update: Update) {
                 action: "Observe".into(),
                 secondary: None,
             };
-            if let Err(e) = recorder.publish(&ev, &reference).await {
+            if let Err(e) = recorder.publish_once(&ev, &reference).await {
                 tracing::warn!(%node, error = %e, "could not publish the node-ready event");
             }
         }
@@ -816,7 +872,7 @@ mod tests {
             }]
         );
         // A validator restart (new pod, later times) measures nothing again.
-        t.pod_deleted("v1");
+        t.pod_deleted("v1", "n1");
         let u = t.pod("v2", pod("n1", Some(500), Some(510), Some(520)), ts(521));
         assert!(u.is_empty(), "{u:?}");
         assert_eq!(
@@ -858,6 +914,48 @@ mod tests {
             "node n2 is ready for GPU workloads 170s after joining the cluster (driver_ready \
              150s, toolkit_ready 160s, validated 170s)"
         );
+    }
+
+    #[test]
+    fn a_ready_node_keeps_only_its_name_and_pods_before_their_node_count() {
+        let mut t = Tracker::default();
+        for source in [Source::Nodes, Source::Pods] {
+            t.begin_list(source);
+            t.end_list(source, ts(1));
+        }
+        // The validator pod's events come before its node's: kept, then read for the node.
+        assert!(t.pod("v1", pod("n1", Some(40), Some(45), None), ts(46)).is_empty());
+        let u = t.node(facts("n1", true, 1), ts(50));
+        assert_eq!(
+            stages(&u),
+            [
+                (Stage::Labelled, 50.0),
+                (Stage::DriverReady, 40.0),
+                (Stage::ToolkitReady, 45.0),
+                (Stage::GpuAllocatable, 50.0)
+            ]
+        );
+        assert_eq!(t.pods[&Sym::from("n1")].len(), 1);
+        let u = t.pod("v1", pod("n1", Some(40), Some(45), Some(60)), ts(61));
+        assert!(matches!(u.last(), Some(Update::Ready { .. })), "{u:?}");
+        // Ready: only the name is left, and later pods on it are not kept.
+        assert!(t.pending.is_empty() && t.pods.is_empty());
+        assert!(t.done.contains(&Sym::from("n1")));
+        assert!(t.pod("v2", pod("n1", Some(90), None, None), ts(91)).is_empty());
+        assert!(t.pods.is_empty());
+        // No longer a GPU node, then one again: measured again from its creation.
+        let mut cpu = facts("n1", false, 0);
+        cpu.gpu = false;
+        t.node(cpu, ts(100));
+        assert!(t.done.is_empty());
+        let u = t.node(facts("n1", true, 0), ts(110));
+        assert_eq!(stages(&u), [(Stage::Labelled, 110.0)]);
+        let u = t.pod("v3", pod("n1", Some(120), None, None), ts(121));
+        assert_eq!(stages(&u), [(Stage::DriverReady, 120.0)]);
+        // A deleted pod's facts go; the stage it showed stays reached.
+        t.pod_deleted("v3", "n1");
+        assert!(t.pods.is_empty());
+        assert!(t.pod("v4", pod("n1", Some(130), None, None), ts(131)).is_empty());
     }
 
     #[test]

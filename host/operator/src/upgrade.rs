@@ -192,13 +192,16 @@ impl Upgrader {
                         _ => have != rv,
                     }
                 });
+                crate::memory::shrink_if_sparse(&mut patched);
                 if patched.is_empty() {
                     return;
                 }
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::debug!("node store behind this controller's patches; planning anyway");
-                self.patched.lock().expect("patched lock").clear();
+                let mut patched = self.patched.lock().expect("patched lock");
+                patched.clear();
+                crate::memory::shrink_if_sparse(&mut patched);
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
