@@ -56,14 +56,14 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
-use prometheus_client::encoding::text::encode;
 use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
 };
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -871,7 +871,11 @@ mod tests {
             at("kiln_node_gpus_expected{node=\"gpu-node-1\"} 8\n")
                 < at("# TYPE kiln_node_gpus_allocatable gauge\n")
         );
-        assert_eq!(text.matches("# TYPE kiln_node_gpus_allocatable gauge").count(), 1);
+        assert_eq!(
+            text.matches("# TYPE kiln_node_gpus_allocatable gauge")
+                .count(),
+            1
+        );
         m.forget_node_gpus(&Sym::from("gpu-node-1"));
         let text = m.encode();
         assert!(!text.contains("gpu-node-1"));

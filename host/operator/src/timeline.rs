@@ -924,7 +924,10 @@ mod tests {
             t.end_list(source, ts(1));
         }
         // The validator pod's events come before its node's: kept, then read for the node.
-        assert!(t.pod("v1", pod("n1", Some(40), Some(45), None), ts(46)).is_empty());
+        assert!(
+            t.pod("v1", pod("n1", Some(40), Some(45), None), ts(46))
+                .is_empty()
+        );
         let u = t.node(facts("n1", true, 1), ts(50));
         assert_eq!(
             stages(&u),
@@ -941,7 +944,10 @@ mod tests {
         // Ready: only the name is left, and later pods on it are not kept.
         assert!(t.pending.is_empty() && t.pods.is_empty());
         assert!(t.done.contains(&Sym::from("n1")));
-        assert!(t.pod("v2", pod("n1", Some(90), None, None), ts(91)).is_empty());
+        assert!(
+            t.pod("v2", pod("n1", Some(90), None, None), ts(91))
+                .is_empty()
+        );
         assert!(t.pods.is_empty());
         // No longer a GPU node, then one again: measured again from its creation.
         let mut cpu = facts("n1", false, 0);
@@ -955,7 +961,10 @@ mod tests {
         // A deleted pod's facts go; the stage it showed stays reached.
         t.pod_deleted("v3", "n1");
         assert!(t.pods.is_empty());
-        assert!(t.pod("v4", pod("n1", Some(130), None, None), ts(131)).is_empty());
+        assert!(
+            t.pod("v4", pod("n1", Some(130), None, None), ts(131))
+                .is_empty()
+        );
     }
 
     #[test]
