@@ -2,6 +2,8 @@
 
 mod commands;
 
+kiln_operator::global_allocator!();
+
 use std::io::IsTerminal as _;
 
 use clap::Parser;

@@ -10,6 +10,10 @@
 //! off testcluster at 5,000 GPU nodes, as the API server serves them to a watch
 //! (`benches/data/*-pod.json`, managed fields included), renamed and rebound per node.
 //!
+//! Then the readiness timeline ([`kiln_operator::timeline::Tracker`]) fed those nodes and
+//! validator pods, as the operator's timeline task is fed: what it keeps once every node is
+//! ready.
+//!
 //! `cargo bench -p kiln-operator --bench node_memory` (`KILN_BENCH_NODES`, default 5000). Heap
 //! bytes do not depend on the machine's load, so the figure is exact; RSS adds the allocator's
 //! overhead and the executable (see the steady_state bench). Target context (issue 16): RSS

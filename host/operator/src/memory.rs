@@ -7,11 +7,10 @@
 //!   from (policy spec, transform context, plugin chain); a reconcile whose inputs are unchanged
 //!   (a node label change, a DaemonSet status change) reuses it and calls no plugin;
 //! - [`release_idle_memory`] drops the loaded plugins once a full reconcile, or an NVIDIADriver
-//!   render, is done (they reload from
-//!   the precompiled disk cache, about 2 ms each, when inputs change) and returns freed heap
-//!   pages to the OS;
-//! - [`tune_malloc`] keeps glibc from holding on to the pages of big transient allocations,
-//!   and [`run_trim`] returns what the operator frees at rest once a minute;
+//!   render, is done (they reload from the precompiled disk cache, about 2 ms each, when inputs
+//!   change);
+//! - kiln's binaries allocate with jemalloc ([`global_allocator!`](crate::global_allocator)),
+//!   which returns freed pages to the OS within a second ([`JEMALLOC_CONF`]);
 //! - per-node maps that empty out after a rollout (nodes being upgraded or still reaching
 //!   readiness) give their buckets back ([`shrink_if_sparse`]).
 
@@ -92,138 +91,45 @@ impl<K: Eq + std::hash::Hash, V: Clone> RenderCache<K, V> {
 pub const PLUGIN_KEEP_RESIDENT_BYTES: usize = 0;
 
 /// Drops the renderer's loaded plugins (see
-/// [`kiln_plugin_host::PluginHost::release_loaded`]) and hands freed heap memory back to the
-/// OS. Returns how many plugins were dropped.
+/// [`kiln_plugin_host::PluginHost::release_loaded`]); the heap memory they held goes back to
+/// the OS with jemalloc's decay ([`JEMALLOC_CONF`]). Returns how many plugins were dropped.
 pub fn release_idle_memory(renderer: &Renderer) -> usize {
-    let released = renderer.host().release_loaded();
-    trim_heap();
-    released
+    renderer.host().release_loaded()
 }
 
-/// How often [`run_trim`] hands freed heap pages back to the OS: every 60 s.
-pub const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// kiln's global allocator, jemalloc (`tikv-jemallocator`); each kiln binary declares it with
+/// [`crate::global_allocator!`], which also hands it [`JEMALLOC_CONF`].
+pub use tikv_jemallocator::Jemalloc;
 
-/// glibc's `malloc_trim(0)` every [`TRIM_EVERY`], forever (run it as a task). Between reconciles the
-/// operator still frees memory: every node event replaces a node in its store (GFD rewrites
-/// each GPU node's timestamp once a minute), and [`crate::events::Events`] drops its series
-/// cache (at 5,000 GPU nodes, 5,000 Events) six minutes after a rollout. Without a trim
-/// those pages stay with the process until the next full reconcile. At 500 GPU nodes at rest a
-/// trim returned 1.0–1.5 MiB of 14.5–15.8 MiB of anonymous memory (session 22, a `gdb` call
-/// into the steady_state bench's operator); what it cannot return is free memory inside pages
-/// still partly in use (5 of the 15 MiB glibc held there). No request; the operator's CPU at
-/// rest there was 0.30 s a minute with it, 0.31–0.34 s without.
-pub async fn run_trim() {
-    let mut tick = tokio::time::interval(TRIM_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        trim_heap();
-    }
-}
+/// jemalloc's settings in kiln's binaries (its `malloc_conf`; `_RJEM_MALLOC_CONF` in the
+/// environment is read after it and wins), NUL-terminated for C:
+/// - `narenas:1`, `tcache:false`: one arena and no per-thread caches, so freed memory is
+///   reused by whatever thread allocates next (the operator's work is event-driven, not
+///   allocation-bound);
+/// - `dirty_decay_ms:1000`, `muzzy_decay_ms:0`, `background_thread:true`: pages freed for a
+///   second go back to the OS, by jemalloc's own thread, with no trim call from kiln.
+///
+/// Why not glibc's malloc: it serves small blocks of every size from one heap, so the long-lived
+/// per-node records of a 5,000-node cluster end up spread between the blocks of watch pages,
+/// renders and Events already freed, and pages that hold one live record cannot go back. At
+/// 5,000 GPU nodes it held 9.9 MB free between 18.6 MB of live blocks (issue 16, session 23);
+/// jemalloc keeps each size in its own runs of pages.
+pub const JEMALLOC_CONF: &[u8] =
+    b"narenas:1,tcache:false,dirty_decay_ms:1000,muzzy_decay_ms:0,background_thread:true\0";
 
-/// glibc keeps freed memory in its arenas (one per thread that allocated) at its peak;
-/// `malloc_trim(0)` returns the free pages of every arena to the OS. Other C libraries: no-op.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn trim_heap() {
-    // SAFETY: malloc_trim takes no pointers and only releases memory glibc's allocator holds
-    // free; it is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+/// Declares kiln's global allocator ([`Jemalloc`]) and its settings ([`JEMALLOC_CONF`], as the
+/// `_rjem_malloc_conf` symbol jemalloc reads at start) in a binary: `kiln_operator::global_allocator!();`
+/// at the binary's root, once.
+#[macro_export]
+macro_rules! global_allocator {
+    () => {
+        #[global_allocator]
+        static KILN_ALLOCATOR: $crate::memory::Jemalloc = $crate::memory::Jemalloc;
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
-
-/// Most glibc malloc arenas the operator uses ([`tune_malloc`]).
-pub const MALLOC_ARENAS: i32 = 2;
-
-/// Allocations of at least this many bytes are normally served by glibc with pages of their own
-/// (`mmap`, when no free heap block fits), which go back to the OS as soon as they are freed
-/// ([`tune_malloc`]): 256 KiB.
-pub const MALLOC_MMAP_THRESHOLD: i32 = 256 * 1024;
-
-/// Tunes glibc's allocator for a long-running process whose big allocations are transient (a
-/// page of a 5,000-node list, a render's JSON): caps the malloc arenas at [`MALLOC_ARENAS`]
-/// (glibc's default is eight per core, each keeping its own free memory) and fixes the mmap
-/// threshold at [`MALLOC_MMAP_THRESHOLD`]. glibc otherwise raises that threshold to the size of
-/// each big block freed (up to 32 MiB), after which such blocks are carved from the heap and
-/// their pages stay with the process until a `malloc_trim`. At 5,000 nodes the live heap was
-/// about 12 MiB while the process kept 23 MiB of anonymous memory; this and the reconcile's
-/// fixes together took that to 18 MiB (not measured one by one). Call before the
-/// runtime starts its threads. `MALLOC_ARENA_MAX` and `MALLOC_MMAP_THRESHOLD_`, when set,
-/// still win (`GLIBC_TUNABLES` for the same two settings does not). Other C libraries: no-op.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-pub fn tune_malloc() {
-    // SAFETY: mallopt takes two integers and changes an allocator setting: M_ARENA_MAX only
-    // limits how many arenas later threads may create, M_MMAP_THRESHOLD which sizes are
-    // served by mmap from now on.
-    unsafe {
-        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
-        }
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD);
-        }
-    }
-}
-
-/// No-op off glibc.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn tune_malloc() {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn policy(spec: serde_json::Value) -> Policy {
-        Policy::from_object(&json!({
-            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "p"}, "spec": spec
-        }))
-        .unwrap()
-    }
-
-    fn rendered(state: State, marker: &str) -> RenderedState {
-        RenderedState {
-            state,
-            objects: vec![json!({"kind": "ConfigMap", "metadata": {"name": marker}})],
-        }
-    }
-
-    #[test]
-    fn a_render_is_reused_only_for_identical_inputs() {
-        let cache = RenderCache::default();
-        let ctx = kiln_render::defaults::render_context();
-        let p = policy(json!({"dcgmExporter": {"enabled": true}}));
-        let inputs = RenderCache::inputs(State::DcgmExporter, &p, &ctx);
-        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
-        cache.put(
-            State::DcgmExporter,
-            inputs.clone(),
-            rendered(State::DcgmExporter, "a"),
-        );
-        assert_eq!(
-            cache.get(&State::DcgmExporter, &inputs),
-            Some(rendered(State::DcgmExporter, "a"))
-        );
-
-        // Another state, another spec, another fact: all miss.
-        let other_state = RenderCache::inputs(State::Dcgm, &p, &ctx);
-        assert_eq!(cache.get(&State::Dcgm, &other_state), None);
-        let p2 = policy(json!({"dcgmExporter": {"enabled": true, "version": "x"}}));
-        let other_spec = RenderCache::inputs(State::DcgmExporter, &p2, &ctx);
-        assert_eq!(cache.get(&State::DcgmExporter, &other_spec), None);
-        let mut ctx2 = ctx.clone();
-        ctx2.kernel_version = Some("6.8.0-kiln".into());
-        let other_fact = RenderCache::inputs(State::DcgmExporter, &p, &ctx2);
-        assert_ne!(other_fact, inputs);
-        assert_eq!(cache.get(&State::DcgmExporter, &other_fact), None);
-
-        cache.forget(&State::DcgmExporter);
-        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
-    }
+        /// jemalloc's settings ([`kiln_operator::memory::JEMALLOC_CONF`]), read by jemalloc at
+        /// start: C reads the slice's first word, a pointer to the NUL-terminated text.
+        #[allow(non_upper_case_globals, unsafe_code)]
+        #[unsafe(export_name = "_rjem_malloc_conf")]
+        pub static malloc_conf: &[u8] = $crate::memory::JEMALLOC_CONF;
+    };
 }

@@ -28,8 +28,8 @@ use crate::{Error, Result};
 
 /// Async worker threads of the operator's runtime: reconciles are sequential per policy and
 /// rendering runs on the blocking pool, so two workers keep watches, HTTP and leader election
-/// responsive. Fixed rather than one per core, so memory (glibc keeps one malloc arena per
-/// thread) does not grow with the node's core count.
+/// responsive. Fixed rather than one per core, so memory (each thread's stack) does not grow
+/// with the node's core count.
 pub const WORKER_THREADS: usize = 2;
 /// Most threads of the blocking pool (plugin calls, one state at a time per reconcile).
 pub const MAX_BLOCKING_THREADS: usize = 4;
@@ -59,7 +59,6 @@ pub const WATCHED_RESOURCES: &[(&str, &str, bool)] = &[
 /// # Errors
 /// When the runtime cannot start its threads.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    crate::memory::tune_malloc();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .max_blocking_threads(MAX_BLOCKING_THREADS)
@@ -189,8 +188,6 @@ pub async fn run_until(
     }
     // Drops kube's Event series cache once idle (after a rollout's per-node Events).
     tokio::spawn(ctx.recorder.clone().run_renewal());
-    // Hands what the operator frees at rest (node events, that cache) back to the OS.
-    tokio::spawn(crate::memory::run_trim());
     tokio::spawn(crate::timeline::run(
         metrics.clone(),
         ctx.recorder.clone(),

@@ -27,8 +27,11 @@
 //! IO: the node watch's events ([`crate::nodes::follow_nodes`] hands on each node's
 //! [`NodeFacts`] when they change) and the events of the driver upgrade's watch of the
 //! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
-//! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept:
-//! no watch of its own.
+//! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
+//! and only while the pod's node is still reaching its stages: no watch of its own. At rest,
+//! with every GPU node ready, the timeline holds each node's interned name in two sets (57
+//! bytes a GPU node at 5,000, `cargo bench -p kiln-operator --bench node_memory`; 596 when it
+//! kept every node's facts and every validator pod's).
 //! The decisions are [`Tracker`]'s, with no IO.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

@@ -11,6 +11,8 @@
 //!                            # the operator's RSS, CPU and requests so far instead
 //! KILN_BENCH_UP_S=600 …      # wait up to 600 s for testcluster's nodes (default 180; 5,000
 //!                            # nodes came up in 160-180+ s on 2 cores)
+//! KILN_BENCH_AFTER_S=420 …   # print the operator's RSS 420 s after the change rolled out
+//!                            # (default 0: not measured)
 //! ```
 //!
 //! For each cluster size `NODES:GPU_NODES` (default `8:5,500:500`) it starts a fresh
@@ -62,6 +64,9 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+// The operator's allocator and settings, as in the `kiln` binary.
+kiln_operator::global_allocator!();
 
 const NS: &str = "gpu-operator";
 const SA: &str = "kiln-operator";
@@ -474,6 +479,17 @@ async fn run_once(
         println!("  at ready: {breakdown_at_ready}");
         println!("  at the window's end: {}", rss_breakdown(pid));
         let change = policy_change(&admin, &seen, &mut child, audit_log, pid).await?;
+        // At rest again after the rollout, the GFD churn still running.
+        let after = Duration::from_secs(env_or("KILN_BENCH_AFTER_S", 0));
+        if !after.is_zero() {
+            tokio::time::sleep(after).await;
+            println!(
+                "operator RSS {} s after the change rolled out: {:.1} MiB; {}",
+                after.as_secs(),
+                current_rss(pid).unwrap_or(0) as f64 / MIB,
+                rss_breakdown(pid)
+            );
+        }
         churn.abort();
         Ok(Row {
             nodes,
