@@ -371,3 +371,31 @@ fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// The `kiln` binary allocates with jemalloc, with every setting of
+/// `kiln_operator::memory::JEMALLOC_CONF` in effect (jemalloc prints its options at exit when
+/// `_RJEM_MALLOC_CONF=stats_print:true` is added from the environment).
+#[test]
+fn kiln_allocates_with_jemalloc_and_kilns_settings() {
+    let out = Command::new(KILN)
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stats = stderr(&out);
+    let conf = std::str::from_utf8(kiln_operator::memory::JEMALLOC_CONF)
+        .unwrap()
+        .trim_end_matches('\0');
+    let settings: Vec<&str> = conf.split(',').collect();
+    assert!(settings.len() >= 5, "{conf}");
+    for setting in settings {
+        let (key, value) = setting.split_once(':').unwrap();
+        assert!(
+            stats
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("opt.{key}: {value}"))),
+            "opt.{key}: {value} not in jemalloc's stats:\n{stats}"
+        );
+    }
+}

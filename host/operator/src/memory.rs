@@ -133,3 +133,57 @@ macro_rules! global_allocator {
         pub static malloc_conf: &[u8] = $crate::memory::JEMALLOC_CONF;
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy(spec: serde_json::Value) -> Policy {
+        Policy::from_object(&json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "p"}, "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn rendered(state: State, marker: &str) -> RenderedState {
+        RenderedState {
+            state,
+            objects: vec![json!({"kind": "ConfigMap", "metadata": {"name": marker}})],
+        }
+    }
+
+    #[test]
+    fn a_render_is_reused_only_for_identical_inputs() {
+        let cache = RenderCache::default();
+        let ctx = kiln_render::defaults::render_context();
+        let p = policy(json!({"dcgmExporter": {"enabled": true}}));
+        let inputs = RenderCache::inputs(State::DcgmExporter, &p, &ctx);
+        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
+        cache.put(
+            State::DcgmExporter,
+            inputs.clone(),
+            rendered(State::DcgmExporter, "a"),
+        );
+        assert_eq!(
+            cache.get(&State::DcgmExporter, &inputs),
+            Some(rendered(State::DcgmExporter, "a"))
+        );
+
+        // Another state, another spec, another fact: all miss.
+        let other_state = RenderCache::inputs(State::Dcgm, &p, &ctx);
+        assert_eq!(cache.get(&State::Dcgm, &other_state), None);
+        let p2 = policy(json!({"dcgmExporter": {"enabled": true, "version": "x"}}));
+        let other_spec = RenderCache::inputs(State::DcgmExporter, &p2, &ctx);
+        assert_eq!(cache.get(&State::DcgmExporter, &other_spec), None);
+        let mut ctx2 = ctx.clone();
+        ctx2.kernel_version = Some("6.8.0-kiln".into());
+        let other_fact = RenderCache::inputs(State::DcgmExporter, &p, &ctx2);
+        assert_ne!(other_fact, inputs);
+        assert_eq!(cache.get(&State::DcgmExporter, &other_fact), None);
+
+        cache.forget(&State::DcgmExporter);
+        assert_eq!(cache.get(&State::DcgmExporter, &inputs), None);
+    }
+}
