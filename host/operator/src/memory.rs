@@ -112,10 +112,15 @@ pub use tikv_jemallocator::Jemalloc;
 /// Why not glibc's malloc: it serves small blocks of every size from one heap, so the long-lived
 /// per-node records of a 5,000-node cluster end up spread between the blocks of watch pages,
 /// renders and Events already freed, and pages that hold one live record cannot go back. At
-/// 5,000 GPU nodes it held 9.9 MB free between 18.6 MB of live blocks (issue 16, session 23);
-/// jemalloc keeps each size in its own runs of pages.
+/// 5,000 GPU nodes it held 6.5 MB free between 16.6 MB of live blocks, and the operator's
+/// RSS was 42.1 MiB; with jemalloc, 37.5 MiB (issue 16, session 24,
+/// `deploy/operator/README.md`). jemalloc keeps each size class in its own runs of pages.
 pub const JEMALLOC_CONF: &[u8] =
     b"narenas:1,tcache:false,dirty_decay_ms:1000,muzzy_decay_ms:0,background_thread:true\0";
+const _: () = assert!(
+    JEMALLOC_CONF[JEMALLOC_CONF.len() - 1] == 0,
+    "C reads up to a NUL"
+);
 
 /// Declares kiln's global allocator ([`Jemalloc`]) and its settings ([`JEMALLOC_CONF`], as the
 /// `_rjem_malloc_conf` symbol jemalloc reads at start) in a binary: `kiln_operator::global_allocator!();`
@@ -127,10 +132,11 @@ macro_rules! global_allocator {
         static KILN_ALLOCATOR: $crate::memory::Jemalloc = $crate::memory::Jemalloc;
 
         /// jemalloc's settings ([`kiln_operator::memory::JEMALLOC_CONF`]), read by jemalloc at
-        /// start: C reads the slice's first word, a pointer to the NUL-terminated text.
+        /// start as a `const char *`: `Option<&u8>` is one pointer (to the NUL-terminated
+        /// text's first byte), `None` a null one.
         #[allow(non_upper_case_globals, unsafe_code)]
         #[unsafe(export_name = "_rjem_malloc_conf")]
-        pub static malloc_conf: &[u8] = $crate::memory::JEMALLOC_CONF;
+        pub static malloc_conf: Option<&'static u8> = Some(&$crate::memory::JEMALLOC_CONF[0]);
     };
 }
 

@@ -89,15 +89,16 @@ impl EncodeLabelSet for NodeLabel<'_> {
 #[derive(Debug, Default)]
 struct NodeGpus(Mutex<HashMap<Sym, (i64, i64)>>);
 
-/// Help texts of the two [`NodeGpus`] series, by name.
+/// Help texts of the two [`NodeGpus`] series, by name (with the full stop
+/// `Registry::register` adds to every other metric's help).
 const NODE_GPUS: [(&str, &str); 2] = [
     (
         "node_gpus_expected",
-        "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles)",
+        "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles).",
     ),
     (
         "node_gpus_allocatable",
-        "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node",
+        "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node.",
     ),
 ];
 
@@ -876,6 +877,10 @@ mod tests {
                 .count(),
             1
         );
+        assert!(text.contains(
+            "# HELP kiln_node_gpus_allocatable Allocatable nvidia.com/gpu, nvidia.com/gpu.shared \
+             and nvidia.com/mig-* of a node.\n"
+        ));
         m.forget_node_gpus(&Sym::from("gpu-node-1"));
         let text = m.encode();
         assert!(!text.contains("gpu-node-1"));

@@ -15,7 +15,8 @@
 //! | `gpu_allocatable` | the node's allocatable GPUs ([`allocatable_gpus`]) are above 0 | when the operator saw it |
 //!
 //! A stage is measured once per node (the first time it is reached), so a validator restart or
-//! a driver upgrade does not add samples. Nodes already present when the operator starts (or
+//! a driver upgrade does not add samples; a node that stops being a GPU node and becomes one
+//! again is measured anew. Nodes already present when the operator starts (or
 //! becomes leader) keep the stages they have reached unmeasured — a previous replica measured
 //! them, or they predate kiln — and the stages they reach later are measured; nodes that join
 //! later are measured in full. A node fully ready at startup gets no Event.
@@ -29,7 +30,7 @@
 //! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
 //! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
 //! and only while the pod's node is still reaching its stages: no watch of its own. At rest,
-//! with every GPU node ready, the timeline holds each node's interned name in two sets (57
+//! with every GPU node ready, the timeline holds each node's interned name in two sets (57–62
 //! bytes a GPU node at 5,000, `cargo bench -p kiln-operator --bench node_memory`; 596 when it
 //! kept every node's facts and every validator pod's).
 //! The decisions are [`Tracker`]'s, with no IO.
@@ -457,7 +458,8 @@ impl Tracker {
             seen.insert(name.to_string());
         }
         let node = facts.node.clone();
-        if self.done.contains(&node) {
+        // Unscheduled (no `spec.nodeName` yet): no stage to show, and its node is not known.
+        if node.is_empty() || self.done.contains(&node) {
             return Vec::new();
         }
         let pods = self.pods.entry(node.clone()).or_default();
@@ -926,6 +928,9 @@ mod tests {
             t.begin_list(source);
             t.end_list(source, ts(1));
         }
+        // Unscheduled (no node yet): nothing kept.
+        assert!(t.pod("v1", pod("", None, None, None), ts(2)).is_empty());
+        assert!(t.pods.is_empty());
         // The validator pod's events come before its node's: kept, then read for the node.
         assert!(
             t.pod("v1", pod("n1", Some(40), Some(45), None), ts(46))
