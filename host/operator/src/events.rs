@@ -152,6 +152,26 @@ mod tests {
         (client, creates, patches)
     }
 
+    /// [`Events`] of reporter `kiln` (instance `test`) over [`events_server`], and a reading
+    /// of the server's (creates, series patches).
+    async fn recorder() -> (Events, impl Fn() -> (u64, u64)) {
+        let (client, creates, patches) = events_server().await;
+        let events = Events::new(
+            client,
+            Reporter {
+                controller: "kiln".into(),
+                instance: Some("test".into()),
+            },
+        );
+        let counts = move || {
+            (
+                creates.load(Ordering::SeqCst),
+                patches.load(Ordering::SeqCst),
+            )
+        };
+        (events, counts)
+    }
+
     fn node_ready() -> (Event, ObjectReference) {
         let ev = Event {
             type_: EventType::Normal,
@@ -174,14 +194,7 @@ mod tests {
     /// was published to recently, or never, is kept.
     #[tokio::test]
     async fn an_idle_recorder_is_renewed_and_its_series_cache_dropped() {
-        let (client, creates, patches) = events_server().await;
-        let events = Events::new(
-            client,
-            Reporter {
-                controller: "kiln".into(),
-                instance: Some("test".into()),
-            },
-        );
+        let (events, counts) = recorder().await;
         assert!(
             !events.renew_if_idle(Instant::now()),
             "nothing published yet"
@@ -189,13 +202,7 @@ mod tests {
         let (ev, node) = node_ready();
         events.publish(&ev, &node).await.unwrap();
         events.publish(&ev, &node).await.unwrap();
-        assert_eq!(
-            (
-                creates.load(Ordering::SeqCst),
-                patches.load(Ordering::SeqCst)
-            ),
-            (1, 1)
-        );
+        assert_eq!(counts(), (1, 1));
         let now = Instant::now();
         assert!(!events.renew_if_idle(now + SERIES_WINDOW - Duration::from_secs(5)));
         assert!(events.renew_if_idle(now + SERIES_WINDOW));
@@ -204,37 +211,18 @@ mod tests {
             "already fresh"
         );
         events.publish(&ev, &node).await.unwrap();
-        assert_eq!(
-            (
-                creates.load(Ordering::SeqCst),
-                patches.load(Ordering::SeqCst)
-            ),
-            (2, 1)
-        );
+        assert_eq!(counts(), (2, 1));
     }
 
     /// A one-off Event is created each time, never patched into a series, and leaves the
     /// shared recorder (and when it is renewed) alone.
     #[tokio::test]
     async fn a_one_off_event_is_not_kept_for_series() {
-        let (client, creates, patches) = events_server().await;
-        let events = Events::new(
-            client,
-            Reporter {
-                controller: "kiln".into(),
-                instance: Some("test".into()),
-            },
-        );
+        let (events, counts) = recorder().await;
         let (ev, node) = node_ready();
         events.publish_once(&ev, &node).await.unwrap();
         events.publish_once(&ev, &node).await.unwrap();
-        assert_eq!(
-            (
-                creates.load(Ordering::SeqCst),
-                patches.load(Ordering::SeqCst)
-            ),
-            (2, 0)
-        );
+        assert_eq!(counts(), (2, 0));
         assert!(
             !events.renew_if_idle(Instant::now() + SERIES_WINDOW),
             "the shared recorder was not published to"
