@@ -89,16 +89,19 @@ impl EncodeLabelSet for NodeLabel<'_> {
 #[derive(Debug, Default)]
 struct NodeGpus(Mutex<HashMap<Sym, (i64, i64)>>);
 
-/// Help texts of the two [`NodeGpus`] series, by name (with the full stop
-/// `Registry::register` adds to every other metric's help).
-const NODE_GPUS: [(&str, &str); 2] = [
+/// The two [`NodeGpus`] series: name, help text (with the full stop `Registry::register` adds
+/// to every other metric's help) and which of a node's two values it reports.
+type NodeGpuSeries = (&'static str, &'static str, fn(&(i64, i64)) -> i64);
+const NODE_GPUS: [NodeGpuSeries; 2] = [
     (
         "node_gpus_expected",
         "GPUs a node should offer: nvidia.com/gpu.count times nvidia.com/gpu.replicas (plus MIG profiles).",
+        |v| v.0,
     ),
     (
         "node_gpus_allocatable",
         "Allocatable nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* of a node.",
+        |v| v.1,
     ),
 ];
 
@@ -113,11 +116,10 @@ impl Collector for NodeGpus {
             .map(|(n, v)| (n.clone(), *v))
             .collect();
         nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (i, (name, help)) in NODE_GPUS.iter().enumerate() {
+        for (name, help, value) in NODE_GPUS {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (node, (expected, allocatable)) in &nodes {
-                let value = if i == 0 { *expected } else { *allocatable };
-                ConstGauge::new(value).encode(family.encode_family(&NodeLabel(node))?)?;
+            for (node, values) in &nodes {
+                ConstGauge::new(value(values)).encode(family.encode_family(&NodeLabel(node))?)?;
             }
         }
         Ok(())

@@ -454,14 +454,30 @@ impl Tracker {
 
     /// A validator pod was listed or changed.
     pub fn pod(&mut self, name: &str, facts: ValidatorFacts, now: Timestamp) -> Vec<Update> {
+        let node = facts.node.clone();
+        self.pod_on(name, &node, || facts, now)
+    }
+
+    /// A validator pod on `node` (`spec.nodeName`, empty while unscheduled) was listed or
+    /// changed; `facts` reads its [`ValidatorFacts`], and is called only when they can still
+    /// measure something (the node is not ready yet), so the watch's pod is not converted for
+    /// nothing.
+    pub fn pod_on(
+        &mut self,
+        name: &str,
+        node: &str,
+        facts: impl FnOnce() -> ValidatorFacts,
+        now: Timestamp,
+    ) -> Vec<Update> {
         if let Some(seen) = self.relist.get_mut(source_key(Source::Pods)) {
             seen.insert(name.to_string());
         }
-        let node = facts.node.clone();
+        let node = Sym::from(node);
         // Unscheduled (no `spec.nodeName` yet): no stage to show, and its node is not known.
         if node.is_empty() || self.done.contains(&node) {
             return Vec::new();
         }
+        let facts = facts();
         let pods = self.pods.entry(node.clone()).or_default();
         match pods.iter_mut().find(|p| &*p.name == name) {
             Some(p) => p.facts = facts,
@@ -624,9 +640,12 @@ pub async fn run(
                     tracker.begin_list(Source::Pods);
                     Vec::new()
                 }
-                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
-                    tracker.pod(p.name(), validator_facts(&p.to_pod(), now), now)
-                }
+                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => tracker.pod_on(
+                    p.name(),
+                    p.node_name().unwrap_or_default(),
+                    || validator_facts(&p.to_pod(), now),
+                    now,
+                ),
                 watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
                 watcher::Event::Delete(p) => {
                     tracker.pod_deleted(p.name(), p.node_name().unwrap_or_default());
@@ -957,6 +976,10 @@ mod tests {
                 .is_empty()
         );
         assert!(t.pods.is_empty());
+        // Its pods (and unscheduled ones) are not even read.
+        let unread = || -> ValidatorFacts { panic!("facts read for nothing") };
+        assert!(t.pod_on("v2", "n1", unread, ts(92)).is_empty());
+        assert!(t.pod_on("v9", "", unread, ts(92)).is_empty());
         // No longer a GPU node, then one again: measured again from its creation.
         let mut cpu = facts("n1", false, 0);
         cpu.gpu = false;
