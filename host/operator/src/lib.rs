@@ -24,6 +24,7 @@ pub mod apply;
 pub mod context;
 pub mod crd;
 pub mod events;
+pub mod eviction;
 pub mod facts;
 pub mod leader;
 pub mod lifecycle;

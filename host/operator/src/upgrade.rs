@@ -42,9 +42,7 @@ use kiln_core::upgrade::{
     self, Action, Counts, DriverPodFacts, Inputs, NodeFacts, NodePlan, PodFacts, Selector,
     UpgradeState,
 };
-use kube::api::{
-    Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
@@ -435,16 +433,21 @@ impl Upgrader {
         Ok(writes)
     }
 
-    /// Evict `pods` (`namespace/name`) as `kubectl drain` does; a refusal (PodDisruptionBudget,
-    /// 429) is logged and retried on the next pass.
+    /// Evict `pods` (`namespace/name`) as `kubectl drain` does, stating node and reason for the
+    /// chart's admission policies ([`crate::eviction`]); a refusal (PodDisruptionBudget, 429) is
+    /// logged and retried on the next pass.
     async fn evict(&self, node: &str, pods: &[String], drain: bool) -> u64 {
         let mut writes = 0;
         for key in pods {
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
             };
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-            match api.evict(name, &EvictParams::default()).await {
+            let reason = if drain {
+                crate::eviction::Reason::Drain
+            } else {
+                crate::eviction::Reason::GpuPod
+            };
+            match crate::eviction::evict(&self.client, ns, name, node, reason).await {
                 Ok(_) => writes += 1,
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => {

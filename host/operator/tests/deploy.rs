@@ -398,6 +398,8 @@ fn helm_template_renders_a_valid_policy() {
             "RoleBinding",
             "ServiceAccount",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     );
     let mut kinds: Vec<&str> = objects
@@ -419,9 +421,11 @@ fn helm_template_renders_a_valid_policy() {
             "RoleBinding",
             "RoleBinding",
             "ServiceAccount",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
         ]
+        .into_iter()
+        .chain(["ValidatingAdmissionPolicy"; 7])
+        .chain(["ValidatingAdmissionPolicyBinding"; 7])
+        .collect::<Vec<_>>()
     );
     let cp = find(&objects, "ClusterPolicy", "cluster-policy");
     let policy = kiln_render::Policy::from_object(cp).unwrap();
@@ -441,10 +445,11 @@ fn helm_template_renders_a_valid_policy() {
             "drain": {"enable": false, "force": false, "podSelector": "", "timeoutSeconds": 300,
                 "deleteEmptyDir": false}})
     );
-    // deploy/rbac and deploy/rbac/node-patch-policy.yaml are the chart's objects, verbatim.
+    // deploy/rbac/*.yaml are the chart's objects, verbatim.
     let copies: Vec<Value> = docs(&read("deploy/rbac/kiln-operator.yaml"))
         .into_iter()
         .chain(docs(&read("deploy/rbac/node-patch-policy.yaml")))
+        .chain(docs(&read("deploy/rbac/admission-policies.yaml")))
         .collect();
     for copy in &copies {
         let kind = copy["kind"].as_str().unwrap();
@@ -475,11 +480,134 @@ fn helm_template_renders_a_valid_policy() {
         "operator.metricsAuth=none",
     ])
     .unwrap();
-    assert!(!off.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
+    assert!(!off.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"
+        || o["kind"] == "ValidatingAdmissionPolicyBinding"));
     assert_eq!(
         find(&off, "Deployment", "kiln-operator")
             .pointer("/spec/template/spec/containers/0/args")
             .unwrap(),
         &json!(["operator", "--leader-elect", "--metrics-auth", "none"])
+    );
+}
+
+/// `files/admission.yaml`, the data of the chart's admission policies, is a copy of the code and
+/// the assets it names: the node labels the operator writes, the upgrade's annotation prefix,
+/// state label and eviction states, the NFD GPU labels, the GPU resource prefixes, every operand
+/// binding with the one ServiceAccount it binds, and the fixed RuntimeClass names.
+#[test]
+fn admission_policy_data_is_the_codes_and_the_assets() {
+    use kiln_core::labels::{GPU_PRESENT, MIG_CONFIG, NFD_GPU_LABELS, known_deploy_keys};
+    use kiln_core::upgrade::{self, UpgradeState};
+    let data = yaml("deploy/helm/kiln/files/admission.yaml");
+    let set = |v: &Value| -> BTreeSet<String> { strs(v).into_iter().map(str::to_string).collect() };
+
+    let owned: BTreeSet<String> = known_deploy_keys()
+        .into_iter()
+        .chain([GPU_PRESENT, MIG_CONFIG, upgrade::STATE_LABEL].map(str::to_string))
+        .collect();
+    assert_eq!(set(&data["nodeLabels"]), owned);
+    assert!(
+        !owned.contains(kiln_core::labels::DEPLOY_OPERANDS),
+        "the user's opt-out"
+    );
+    let prefix = data["nodeAnnotationPrefix"].as_str().unwrap();
+    for annotation in [
+        upgrade::SAFE_LOAD_ANNOTATION,
+        upgrade::INITIAL_UNSCHEDULABLE,
+        upgrade::WAIT_FOR_COMPLETION_START,
+        upgrade::VALIDATION_START,
+        upgrade::UPGRADE_REQUESTED,
+        upgrade::POD_DELETION_START,
+        upgrade::DRAIN_START,
+    ] {
+        assert!(annotation.starts_with(prefix), "{annotation}");
+    }
+    assert_eq!(data["upgradeStateLabel"], upgrade::STATE_LABEL);
+    assert_eq!(
+        data["gpuPodDeletionState"],
+        UpgradeState::PodDeletionRequired.label()
+    );
+    assert_eq!(data["drainState"], UpgradeState::DrainRequired.label());
+    assert_eq!(strs(&data["gpuNodeLabels"]), NFD_GPU_LABELS);
+    assert_eq!(
+        strs(&data["gpuResourcePrefixes"]),
+        upgrade::GPU_RESOURCE_PREFIXES
+    );
+
+    // Every operand binding: the role of its own name, one ServiceAccount.
+    let mut bindings: [serde_json::Map<String, Value>; 2] = Default::default();
+    for obj in rbac::operand_rbac(NS) {
+        let kind = obj["kind"].as_str().unwrap();
+        let idx = match kind {
+            "ClusterRoleBinding" => 0,
+            "RoleBinding" => 1,
+            _ => continue,
+        };
+        let name = obj["metadata"]["name"].as_str().unwrap();
+        assert_eq!(obj["roleRef"]["name"], name, "{kind} {name}");
+        assert_eq!(
+            obj["roleRef"]["kind"],
+            kind.trim_end_matches("Binding"),
+            "{kind} {name}"
+        );
+        let subjects = obj["subjects"].as_array().unwrap();
+        assert_eq!(subjects.len(), 1, "{kind} {name}");
+        let s = &subjects[0];
+        assert_eq!(s["kind"], "ServiceAccount", "{kind} {name}");
+        let sa = s["name"].as_str().unwrap();
+        let subject = match s["namespace"].as_str().unwrap() {
+            NS => sa.to_string(),
+            other => format!("{other}/{sa}"),
+        };
+        bindings[idx].insert(name.into(), subject.into());
+    }
+    let [cluster, namespaced] = bindings;
+    assert_eq!(data["clusterRoleBindings"], Value::Object(cluster));
+    assert_eq!(data["roleBindings"], Value::Object(namespaced));
+
+    // The RuntimeClasses of the assets with a fixed name (the placeholder one is
+    // operator.runtimeClass, which the template adds).
+    let fixed: BTreeSet<String> = kiln_core::State::ALL
+        .into_iter()
+        .flat_map(|s| kiln_render::assets::load_state(s, true).unwrap())
+        .filter(|a| a.object["kind"] == "RuntimeClass")
+        .filter_map(|a| a.object["metadata"]["name"].as_str().map(str::to_string))
+        .filter(|n| n != "FILLED_BY_OPERATOR")
+        .collect();
+    assert_eq!(set(&data["runtimeClasses"]), fixed);
+}
+
+/// The eviction label and annotation the policies read are the ones the operator writes
+/// (`kiln_operator::eviction`), and the runtime class of the values is allowed.
+#[test]
+fn admission_policies_read_what_the_operator_writes() {
+    let text = read("deploy/rbac/admission-policies.yaml");
+    for key in [
+        kiln_operator::eviction::REASON_LABEL,
+        kiln_operator::eviction::NODE_ANNOTATION,
+    ] {
+        assert!(text.contains(&format!("\"{key}\"")), "{key}");
+    }
+    for reason in [
+        kiln_operator::eviction::Reason::GpuPod,
+        kiln_operator::eviction::Reason::Drain,
+    ] {
+        assert!(
+            text.contains(&format!("\"{}\"", reason.label())),
+            "{reason:?}"
+        );
+    }
+    let Some(objects) = helm_template(&["--set", "operator.runtimeClass=site-gpu"]) else {
+        return;
+    };
+    let rc = find(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "kiln-operator-runtimeclasses",
+    );
+    let expr = rc["spec"]["validations"][0]["expression"].as_str().unwrap();
+    assert!(
+        expr.contains(r#"["kata-nvidia-gpu","nvidia-cdi","nvidia-legacy","site-gpu"]"#),
+        "{expr}"
     );
 }

@@ -20,9 +20,17 @@
 //!    runs where a real write would matter): it cannot create a ClusterRole broader than its
 //!    own (`*/*/*`), widen an operand role, bind `cluster-admin` or another role it does not
 //!    hold, write RBAC objects outside the operand names, read Secrets in `kube-system`,
-//!    delete nodes or change a node's other labels or spec (the chart's admission policy);
-//!    it can write every operand Role, ClusterRole and binding of `assets/`, patch
-//!    `nvidia.com/*` node labels and read a Secret's metadata in its namespace. `/metrics`
+//!    delete nodes; and each rule of the chart's admission policies is broken with that token
+//!    and refused by its policy: a node's ownerReferences, finalizers, taints, labels and
+//!    annotations it does not own, cordoning or marking a node without a GPU; binding its own
+//!    ClusterRole to `system:authenticated`, an operand role to another subject, a ClusterRole
+//!    of another name; a RuntimeClass of another name; deleting a pod outside its namespace;
+//!    an eviction without node and reason, of a non-GPU pod, naming another node, or on a node
+//!    not in the matching upgrade state. It can write every operand Role, ClusterRole and
+//!    binding of `assets/`, patch the node labels, upgrade annotations and cordon it owns, write
+//!    RuntimeClass `nvidia-cdi`, delete a pod in its namespace, evict (with
+//!    `kiln_operator::eviction`) a GPU pod of a node in `pod-deletion-required` and any pod of
+//!    a node in `drain-required`, and read a Secret's metadata in its namespace. `/metrics`
 //!    served with the operator's TokenReview/SubjectAccessReview check answers 401 without a
 //!    token, 403 to the operator's own token and 200 to one bound to `kiln-metrics-reader`.
 //! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
@@ -43,6 +51,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
@@ -251,11 +260,6 @@ async fn check_least_privilege(
         .into_iter()
         .find_map(|n| n.metadata.name)
         .context("no node")?;
-    let label = |key: &str| Patch::Merge(json!({"metadata": {"labels": {key: "kiln-test"}}}));
-    let dry_patch = PatchParams {
-        dry_run: true,
-        ..PatchParams::default()
-    };
     let refused = [
         (
             "create a */*/* ClusterRole",
@@ -358,48 +362,7 @@ async fn check_least_privilege(
         assert_eq!(*status, 403, "the operator's token must not {what}");
     }
 
-    // The admission policy: only nvidia.com/* labels, never the spec (it may take a moment
-    // after install to be enforced).
-    cluster
-        .wait_for("the node patch policy enforced", TIMEOUT, || async {
-            let other = code(
-                "",
-                nodes
-                    .patch(&node, &dry_patch, &label("example.com/kiln-test"))
-                    .await,
-            )?;
-            Ok(if other == 403 {
-                Ok(())
-            } else {
-                Err(format!("{other}"))
-            })
-        })
-        .await?;
-    // Cordoning (the driver upgrade controller) is the one spec change allowed; taints are not.
-    let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
-    assert_eq!(
-        code("", nodes.patch(&node, &dry_patch, &cordon).await)?,
-        200,
-        "cordon"
-    );
-    let taint = Patch::Merge(json!({"spec": {"taints": [
-        {"key": "example.com/kiln-test", "value": "x", "effect": "NoSchedule"}
-    ]}}));
-    assert_eq!(
-        code("", nodes.patch(&node, &dry_patch, &taint).await)?,
-        403,
-        "node taints"
-    );
-    assert_eq!(
-        code(
-            "",
-            nodes
-                .patch(&node, &dry_patch, &label("nvidia.com/kiln-test"))
-                .await
-        )?,
-        200,
-        "nvidia.com/* node label"
-    );
+    check_admission_policies(cluster, admin, sa).await?;
 
     // Every operand RBAC object of every state: its rules held, its role bindable by name.
     let operands = rbac::operand_rbac(NS);
@@ -675,4 +638,386 @@ async fn check_operator_work(admin: &Client) -> anyhow::Result<()> {
         .count();
     assert!(ours >= 1, "no Event from kiln on {POLICY}");
     Ok(())
+}
+
+/// Waits until `attempt` (a dry run) is refused with 403 by ValidatingAdmissionPolicy `policy`
+/// (the policies, and the objects their params come from, reach the API server's caches a
+/// moment after they are written); fails when it keeps succeeding or being refused otherwise.
+async fn refused_by<T, F, Fut>(
+    cluster: &TestCluster,
+    what: &str,
+    policy: &str,
+    mut attempt: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let needle = format!("ValidatingAdmissionPolicy '{policy}'");
+    cluster
+        .wait_for(format!("{what}: refused by {policy}"), TIMEOUT, || {
+            let outcome = attempt();
+            let needle = needle.clone();
+            async move {
+                Ok(match outcome.await {
+                    Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&needle) => {
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("{e}")),
+                    Ok(_) => Err("allowed".into()),
+                })
+            }
+        })
+        .await
+}
+
+/// A dry-run merge patch of `node` through `nodes`.
+async fn dry_node_patch(nodes: &Api<Node>, node: &str, body: Value) -> kube::Result<Node> {
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    nodes.patch(node, &params, &Patch::Merge(body)).await
+}
+
+/// The operator's eviction of `ns/pod` (`kiln_operator::eviction`'s body), as a dry run.
+async fn dry_evict(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    node: &str,
+    reason: kiln_operator::eviction::Reason,
+) -> kube::Result<Value> {
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create_subresource(
+            "eviction",
+            pod,
+            &params,
+            &kiln_operator::eviction::eviction(ns, pod, node, reason),
+        )
+        .await
+}
+
+/// A pod in `ns` bound to `node` (no scheduler), with `resources` as its container's limits.
+async fn bound_pod(
+    admin: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    limits: Value,
+) -> anyhow::Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "kiln-test",
+            "resources": {"limits": limits}}]}}))?;
+    Api::<Pod>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+/// The chart's admission policies (`templates/node-patch-policy.yaml`,
+/// `templates/admission-policies.yaml`) against the operator's own token `sa`: each rule
+/// broken (a dry run refused with 403 by that rule's policy) and its legitimate use allowed.
+async fn check_admission_policies(
+    cluster: &TestCluster,
+    admin: &Client,
+    sa: &Client,
+) -> anyhow::Result<()> {
+    use kiln_operator::eviction::Reason;
+    const NODE_POLICY: &str = "kiln-operator-node-patch";
+    let state = kiln_core::upgrade::STATE_LABEL;
+    let all = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let gpu = |n: &&Node| {
+        n.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(kiln_testcluster::NFD_NVIDIA_LABEL))
+            .map(String::as_str)
+            == Some("true")
+    };
+    let names = |want: bool| -> Vec<String> {
+        all.iter()
+            .filter(|n| gpu(n) == want)
+            .filter_map(|n| n.metadata.name.clone())
+            .collect()
+    };
+    let (gpus, cpus) = (names(true), names(false));
+    anyhow::ensure!(gpus.len() >= 2 && !cpus.is_empty(), "{gpus:?} {cpus:?}");
+    let (gpu_node, gpu_node2, cpu_node) = (&gpus[0], &gpus[1], &cpus[0]);
+
+    // Nodes: only the labels, annotations and spec.unschedulable the operator owns.
+    let nodes = Api::<Node>::all(sa.clone());
+    let dangling_owner = json!({"metadata": {"ownerReferences": [{"apiVersion": "v1",
+        "kind": "ConfigMap", "name": "kiln-test-gone",
+        "uid": "00000000-0000-0000-0000-000000000001"}]}});
+    let taint = json!({"spec": {"taints": [
+        {"key": "example.com/kiln-test", "value": "x", "effect": "NoSchedule"}]}});
+    for (what, node, body) in [
+        ("a dangling ownerReference", gpu_node, dangling_owner),
+        (
+            "a finalizer",
+            gpu_node,
+            json!({"metadata": {"finalizers": ["example.com/kiln-test"]}}),
+        ),
+        (
+            "a foreign label",
+            gpu_node,
+            json!({"metadata": {"labels": {"example.com/kiln-test": "x"}}}),
+        ),
+        (
+            "an nvidia.com label it does not own",
+            gpu_node,
+            json!({"metadata": {"labels": {"nvidia.com/kiln-test": "x"}}}),
+        ),
+        (
+            "a foreign annotation",
+            gpu_node,
+            json!({"metadata": {"annotations": {"example.com/kiln-test": "x"}}}),
+        ),
+        ("a taint", gpu_node, taint),
+        (
+            "cordon a node without a GPU",
+            cpu_node,
+            json!({"spec": {"unschedulable": true}}),
+        ),
+        (
+            "mark a node without a GPU for draining",
+            cpu_node,
+            json!({"metadata": {"labels": {state: "drain-required"}}}),
+        ),
+    ] {
+        refused_by(cluster, what, NODE_POLICY, || {
+            dry_node_patch(&nodes, node, body.clone())
+        })
+        .await?;
+    }
+    // What node labelling and the driver upgrade write (one patch: state, annotation, cordon).
+    for (what, body) in [
+        (
+            "deploy label",
+            json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "true"}}}),
+        ),
+        (
+            "upgrade step",
+            json!({"metadata": {"labels": {state: "wait-for-jobs-required"},
+            "annotations": {kiln_core::upgrade::WAIT_FOR_COMPLETION_START: "1700000000"}},
+            "spec": {"unschedulable": true}}),
+        ),
+    ] {
+        assert_eq!(
+            code(what, dry_node_patch(&nodes, gpu_node, body).await)?,
+            200,
+            "{what}"
+        );
+    }
+
+    // RBAC: roles and bindings only of the operands, a binding only to its operand's account.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let authenticated = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+        "name": "system:authenticated"}]);
+    let own_role: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-escalate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": "kiln-operator"},
+        "subjects": authenticated}))?;
+    let bindings = Api::<ClusterRoleBinding>::all(sa.clone());
+    refused_by(
+        cluster,
+        "bind its own ClusterRole to system:authenticated",
+        "kiln-operator-rbac-bindings",
+        || bindings.create(&dry, &own_role),
+    )
+    .await?;
+    let operand_crb = json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding", "metadata": {"name": "nvidia-driver"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": "nvidia-driver"},
+        "subjects": authenticated});
+    refused_by(
+        cluster,
+        "bind an operand ClusterRole to system:authenticated",
+        "kiln-operator-rbac-bindings",
+        || dry_apply(sa, &operand_crb),
+    )
+    .await?;
+    let operand_rb = json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding", "metadata": {"name": "nvidia-driver", "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": "nvidia-driver"},
+        "subjects": [{"kind": "ServiceAccount", "name": "kiln-operator", "namespace": NS}]});
+    refused_by(
+        cluster,
+        "bind an operand Role to the operator's own ServiceAccount",
+        "kiln-operator-rbac-bindings",
+        || dry_apply(sa, &operand_rb),
+    )
+    .await?;
+    let other_role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "kiln-test-other"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}))?;
+    let roles = Api::<ClusterRole>::all(sa.clone());
+    refused_by(
+        cluster,
+        "create a ClusterRole outside the operand names",
+        "kiln-operator-rbac",
+        || roles.create(&dry, &other_role),
+    )
+    .await?;
+
+    // RuntimeClasses: only the names the policy renders.
+    let rc = |name: &str| -> anyhow::Result<RuntimeClass> {
+        Ok(serde_json::from_value(
+            json!({"metadata": {"name": name}, "handler": "runc"}),
+        )?)
+    };
+    let admin_rcs = Api::<RuntimeClass>::all(admin.clone());
+    admin_rcs
+        .create(&PostParams::default(), &rc("kiln-test-foreign")?)
+        .await?;
+    let rcs = Api::<RuntimeClass>::all(sa.clone());
+    let foreign = rc("kiln-test-other")?;
+    refused_by(
+        cluster,
+        "create a RuntimeClass of another name",
+        "kiln-operator-runtimeclasses",
+        || rcs.create(&dry, &foreign),
+    )
+    .await?;
+    let dry_delete = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    refused_by(
+        cluster,
+        "delete a RuntimeClass it does not render",
+        "kiln-operator-runtimeclasses",
+        || rcs.delete("kiln-test-foreign", &dry_delete),
+    )
+    .await?;
+    admin_rcs
+        .delete("kiln-test-foreign", &DeleteParams::default())
+        .await?;
+    assert_eq!(
+        code("", rcs.create(&dry, &rc("nvidia-cdi")?).await)?,
+        200,
+        "RuntimeClass nvidia-cdi"
+    );
+
+    // Pods: deleted only in the operator's namespace; evicted only as the driver upgrade does.
+    let ns = kiln_testcluster::namespace(admin, "policy").await?;
+    let gpu_limits = json!({"nvidia.com/gpu": "1"});
+    bound_pod(admin, &ns, "other-node", gpu_node2, gpu_limits.clone()).await?;
+    bound_pod(admin, &ns, "gpu", gpu_node, gpu_limits).await?;
+    bound_pod(admin, &ns, "cpu", gpu_node, json!({"cpu": "100m"})).await?;
+    bound_pod(
+        admin,
+        NS,
+        "kiln-test-driver",
+        gpu_node,
+        json!({"cpu": "100m"}),
+    )
+    .await?;
+    let pods = Api::<Pod>::namespaced(sa.clone(), &ns);
+    refused_by(
+        cluster,
+        "delete a pod outside its namespace",
+        "kiln-operator-pod-removal",
+        || pods.delete("cpu", &dry_delete),
+    )
+    .await?;
+    assert_eq!(
+        code(
+            "delete a pod in its namespace",
+            Api::<Pod>::namespaced(sa.clone(), NS)
+                .delete("kiln-test-driver", &dry_delete)
+                .await
+        )?,
+        200,
+        "delete a pod in its namespace"
+    );
+    let plain = kube::api::EvictParams {
+        post_options: dry.clone(),
+        ..kube::api::EvictParams::default()
+    };
+    refused_by(
+        cluster,
+        "evict without naming node and reason",
+        "kiln-operator-pod-removal",
+        || pods.evict("gpu", &plain),
+    )
+    .await?;
+    refused_by(
+        cluster,
+        "evict a GPU pod of a node not in pod deletion",
+        "kiln-operator-eviction-node",
+        || dry_evict(sa, &ns, "gpu", gpu_node, Reason::GpuPod),
+    )
+    .await?;
+
+    let mark = |node: &str, value: Option<&str>| cluster.label_node(node, &[(state, value)]);
+    mark(gpu_node, Some("pod-deletion-required"))?;
+    mark(gpu_node2, Some("pod-deletion-required"))?;
+    let outcome = async {
+        refused_by(
+            cluster,
+            "evict a pod without a GPU as a GPU pod",
+            "kiln-operator-eviction-pod",
+            || dry_evict(sa, &ns, "cpu", gpu_node, Reason::GpuPod),
+        )
+        .await?;
+        refused_by(
+            cluster,
+            "evict a pod naming another node",
+            "kiln-operator-eviction-pod",
+            || dry_evict(sa, &ns, "other-node", gpu_node, Reason::GpuPod),
+        )
+        .await?;
+        refused_by(
+            cluster,
+            "drain a node in pod deletion",
+            "kiln-operator-eviction-node",
+            || dry_evict(sa, &ns, "cpu", gpu_node, Reason::Drain),
+        )
+        .await?;
+        // What the driver upgrade does, for real: a GPU pod of a node in pod deletion evicted,
+        // then, the node being drained, any pod of it.
+        let evicted = |pod: &'static str, reason: Reason| {
+            let ns = ns.clone();
+            cluster.wait_for(format!("{pod} evicted ({reason:?})"), TIMEOUT, move || {
+                let ns = ns.clone();
+                async move {
+                    Ok(
+                        match kiln_operator::eviction::evict(sa, &ns, pod, gpu_node, reason).await {
+                            Ok(()) => Ok(()),
+                            Err(e) => Err(format!("{e}")),
+                        },
+                    )
+                }
+            })
+        };
+        evicted("gpu", Reason::GpuPod).await?;
+        mark(gpu_node, Some("drain-required"))?;
+        evicted("cpu", Reason::Drain).await
+    }
+    .await;
+    mark(gpu_node, None)?;
+    mark(gpu_node2, None)?;
+    Api::<Pod>::namespaced(admin.clone(), NS)
+        .delete("kiln-test-driver", &DeleteParams::default())
+        .await?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await?;
+    outcome
 }

@@ -373,6 +373,26 @@ fn the_chart_renders_its_hooks() -> anyhow::Result<()> {
         rules(&defaults, "kiln-cleanup"),
         Some(json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]))
     );
+    // The cleanup's node patch policy (the release's own is gone when post-delete hooks run),
+    // for the hook's ServiceAccount, bound, and off with operator.nodePatchPolicy.enabled=false.
+    let policy = find(&defaults, "ValidatingAdmissionPolicy", "kiln-cleanup")
+        .context("no cleanup node policy")?;
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!("request.userInfo.username == \"system:serviceaccount:{NS}:kiln-cleanup\"")
+    );
+    assert_eq!(
+        find(
+            &defaults,
+            "ValidatingAdmissionPolicyBinding",
+            "kiln-cleanup"
+        )
+        .context("no binding")?["spec"]["policyName"],
+        "kiln-cleanup"
+    );
+    let off = rendered_hooks(&["operator.nodePatchPolicy.enabled=false"])?;
+    assert!(find(&off, "ValidatingAdmissionPolicy", "kiln-cleanup").is_none());
+    assert!(find(&off, "Job", "kiln-cleanup").is_some());
     // Every hook object is a hook of its Job's event, created before the Job.
     for o in &defaults {
         let a = &o["metadata"]["annotations"];
@@ -402,9 +422,9 @@ fn the_chart_renders_its_hooks() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies the hook `sa`'s ServiceAccount and RBAC objects from `hooks` (without the hook
-/// annotations; Helm deletes its own copies once the hook succeeded) and returns a client with
-/// that ServiceAccount's token.
+/// Applies the hook `sa`'s ServiceAccount, RBAC and admission policy objects from `hooks`
+/// (without the hook annotations; Helm deletes its own copies once the hook succeeded) and
+/// returns a client with that ServiceAccount's token.
 async fn hook_client(
     cluster: &TestCluster,
     admin: &Client,
@@ -434,6 +454,8 @@ async fn hook_client(
             "ClusterRoleBinding" => "clusterrolebindings",
             "Role" => "roles",
             "RoleBinding" => "rolebindings",
+            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
             other => anyhow::bail!("unexpected hook kind {other}"),
         };
         let ar = kube::api::ApiResource {
@@ -786,6 +808,8 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     .await?;
     assert_eq!(report.nodes_relabelled, 5);
     assert_eq!(report.crds_deleted, [CRD_NAME, NVIDIA_DRIVER_CRD_NAME]);
+    // The hook's node patch policy: its token may only remove the operator's labels.
+    check_cleanup_policy(cluster, &cleaner).await?;
     for node in Api::<Node>::all(admin.clone())
         .list(&ListParams::default())
         .await?
@@ -805,5 +829,58 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
 
     kubelet_task.abort();
     kubelet.stop_all().await;
+    Ok(())
+}
+
+/// The cleanup hook's node patch policy (`kiln-cleanup`, rendered by hooks.yaml) against the
+/// hook's own token: adding back a label it removes, a dangling ownerReference, a finalizer and
+/// a cordon are refused (dry runs, 403 from that policy, waiting until it is in effect);
+/// removing a label it owns (the hook's work, done above) is allowed.
+async fn check_cleanup_policy(cluster: &TestCluster, cleaner: &Client) -> anyhow::Result<()> {
+    let nodes = Api::<Node>::all(cleaner.clone());
+    let node = nodes
+        .list(
+            &ListParams::default().labels(&format!("{}=true", kiln_testcluster::NFD_NVIDIA_LABEL)),
+        )
+        .await?
+        .items
+        .into_iter()
+        .find_map(|n| n.metadata.name)
+        .context("no GPU node")?;
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let needle = "ValidatingAdmissionPolicy 'kiln-cleanup'";
+    for (what, body) in [
+        (
+            "add a label",
+            json!({"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}),
+        ),
+        (
+            "a dangling ownerReference",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": "kiln-test-gone", "uid": "00000000-0000-0000-0000-000000000001"}]}}),
+        ),
+        (
+            "a finalizer",
+            json!({"metadata": {"finalizers": ["example.com/kiln-test"]}}),
+        ),
+        ("cordon", json!({"spec": {"unschedulable": true}})),
+    ] {
+        cluster
+            .wait_for(format!("cleanup hook: {what} refused"), TIMEOUT, || async {
+                Ok(
+                    match nodes.patch(&node, &dry, &Patch::Merge(body.clone())).await {
+                        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(needle) => {
+                            Ok(())
+                        }
+                        Err(e) => Err(format!("{e}")),
+                        Ok(_) => Err("allowed".into()),
+                    },
+                )
+            })
+            .await?;
+    }
     Ok(())
 }
