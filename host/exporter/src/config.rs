@@ -232,8 +232,12 @@ pub async fn run(
 /// polls once, starts the pod-resources refresher (with `--kubernetes`) and answers HTTP.
 /// Needs a multi-threaded tokio runtime (the first poll runs in `block_in_place`).
 ///
+/// HTTP is served by [`kiln_httpd::serve`] with [`kiln_httpd::Limits::DEFAULT`]: 431 for a
+/// request head over 16 KiB, header-read, request and idle timeouts, and a connection cap that
+/// sheds the least recently active idle connection, so `/health` and `/metrics` stay reachable.
+///
 /// # Errors
-/// [`ExporterError::Gpu`] (e.g. no NVML), [`ExporterError::Collectors`], or serving failures.
+/// [`ExporterError::Gpu`] (e.g. no NVML), [`ExporterError::Collectors`], or start-up failures.
 pub async fn serve(
     cfg: Config,
     listener: tokio::net::TcpListener,
@@ -274,15 +278,17 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics");
     }
-    let served = axum::serve(listener, router(shared))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    // Header cap, timeouts and a connection cap that keeps /health answered (kiln_httpd).
+    kiln_httpd::serve(
+        listener,
+        router(shared),
+        kiln_httpd::Limits::DEFAULT,
+        shutdown,
+    )
+    .await;
     if let Some(r) = refresher {
         r.abort();
     }
     drop(poller);
-    served.map_err(|source| ExporterError::Io {
-        what: "serving HTTP".into(),
-        source,
-    })
+    Ok(())
 }

@@ -15,7 +15,8 @@ use axum::{
 
 use crate::{exposition::Format, state::Shared};
 
-/// The router over `shared`; serve it with `axum::serve` or call it with tower's `oneshot`.
+/// The router over `shared`; serve it with [`kiln_httpd::serve`] (as [`crate::serve`] does) or
+/// call it with tower's `oneshot`.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))

@@ -6,7 +6,13 @@
 //! API server authenticates (TokenReview) and authorizes for `get` on the non-resource URL
 //! `/metrics` (SubjectAccessReview) — the check controller-runtime's
 //! `filters.WithAuthenticationAndAuthorization` makes; the chart's ClusterRole
-//! `kiln-metrics-reader` grants it. Decisions are cached per token for [`AUTH_CACHE_TTL`].
+//! `kiln-metrics-reader` grants it. Decisions are cached by the token's SHA-256 (never the
+//! token) for [`AUTH_CACHE_TTL`], in two bounded maps ([`AUTH_CACHE_MAX`] each): tokens the API
+//! server authenticated, and tokens it did not, so random tokens cannot push a scraper's
+//! decision out. At most [`MAX_CONCURRENT_REVIEWS`] reviews run at once and
+//! [`MAX_WAITING_REVIEWS`] more callers wait for one; others are answered 503 with
+//! `Retry-After`. The server in front ([`kiln_httpd`]) answers a request head over 16 KiB with
+//! 431 before this check runs.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -42,7 +48,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -67,6 +73,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
 use crate::node::Sym;
 
@@ -568,8 +576,14 @@ impl std::str::FromStr for MetricsAuth {
 /// How long a decision about one token (allowed, forbidden, unauthenticated) is reused, so a
 /// scraper every 15 s costs two API requests a minute, not eight.
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(60);
-/// Most tokens remembered at once (the oldest decisions are dropped beyond it).
-const AUTH_CACHE_MAX: usize = 256;
+/// Most decisions remembered for tokens the API server authenticated (allowed or forbidden),
+/// and as many again for tokens it did not: beyond it, expired decisions are dropped, then the
+/// oldest. 32 bytes of hash, an instant and a status each.
+pub const AUTH_CACHE_MAX: usize = 256;
+/// Most reviews of unseen tokens (a TokenReview, then a SubjectAccessReview) in flight at once.
+pub const MAX_CONCURRENT_REVIEWS: usize = 4;
+/// Most callers waiting for a review slot; a caller beyond them is answered 503 at once.
+pub const MAX_WAITING_REVIEWS: usize = 16;
 
 /// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive, as
 /// RFC 6750 §2.1 and the API server's own authenticator read it); `None` for anything else.
@@ -597,11 +611,72 @@ pub fn metrics_access_review(user: &UserInfo) -> SubjectAccessReview {
     }
 }
 
+/// The SHA-256 of a bearer token: what the decision cache keeps instead of the token.
+type TokenHash = [u8; 32];
+
+/// Decisions by token hash, at most [`AUTH_CACHE_MAX`], each for [`AUTH_CACHE_TTL`].
+#[derive(Default)]
+struct Decisions(HashMap<TokenHash, (Instant, StatusCode)>);
+
+impl Decisions {
+    fn get(&self, key: &TokenHash, now: Instant) -> Option<StatusCode> {
+        self.0
+            .get(key)
+            .filter(|(at, _)| now.duration_since(*at) < AUTH_CACHE_TTL)
+            .map(|(_, code)| *code)
+    }
+
+    fn insert(&mut self, key: TokenHash, now: Instant, code: StatusCode) {
+        if self.0.len() >= AUTH_CACHE_MAX && !self.0.contains_key(&key) {
+            self.0
+                .retain(|_, (at, _)| now.duration_since(*at) < AUTH_CACHE_TTL);
+            if self.0.len() >= AUTH_CACHE_MAX
+                && let Some(oldest) = self
+                    .0
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| *k)
+            {
+                self.0.remove(&oldest);
+            }
+        }
+        self.0.insert(key, (now, code));
+    }
+}
+
+/// Decisions about authenticated tokens (200, 403) apart from unauthenticated ones (401).
+#[derive(Default)]
+struct AuthCache {
+    authenticated: Decisions,
+    unauthenticated: Decisions,
+}
+
+impl AuthCache {
+    fn get(&self, key: &TokenHash, now: Instant) -> Option<StatusCode> {
+        self.authenticated
+            .get(key, now)
+            .or_else(|| self.unauthenticated.get(key, now))
+    }
+
+    fn insert(&mut self, key: TokenHash, now: Instant, code: StatusCode) {
+        if code == StatusCode::UNAUTHORIZED {
+            self.unauthenticated.insert(key, now, code);
+        } else {
+            self.authenticated.insert(key, now, code);
+        }
+    }
+}
+
 /// Checks callers of `/metrics` against the API server ([`MetricsAuth::Kubernetes`]).
 #[derive(Clone)]
 pub struct MetricsAuthorizer {
     client: kube::Client,
-    cache: Arc<Mutex<HashMap<String, (Instant, StatusCode)>>>,
+    cache: Arc<Mutex<AuthCache>>,
+    /// [`MAX_CONCURRENT_REVIEWS`] permits: one per review in flight.
+    reviews: Arc<Semaphore>,
+    /// [`MAX_CONCURRENT_REVIEWS`] + [`MAX_WAITING_REVIEWS`] permits: one per caller reviewing
+    /// or waiting to.
+    admitted: Arc<Semaphore>,
 }
 
 impl MetricsAuthorizer {
@@ -610,21 +685,40 @@ impl MetricsAuthorizer {
         MetricsAuthorizer {
             client,
             cache: Arc::default(),
+            reviews: Arc::new(Semaphore::new(MAX_CONCURRENT_REVIEWS)),
+            admitted: Arc::new(Semaphore::new(MAX_CONCURRENT_REVIEWS + MAX_WAITING_REVIEWS)),
         }
+    }
+
+    fn cached(&self, key: &TokenHash) -> Option<StatusCode> {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key, Instant::now())
     }
 
     /// The answer for a request with this `Authorization` header: 200 (allowed), 401 (no
     /// bearer token, or one the API server does not authenticate), 403 (authenticated but not
-    /// allowed `get` on `/metrics`) or 500 (a review request failed; not cached).
+    /// allowed `get` on `/metrics`), 503 (an unseen token while [`MAX_CONCURRENT_REVIEWS`]
+    /// reviews run and [`MAX_WAITING_REVIEWS`] callers wait; not cached) or 500 (a review
+    /// request failed; not cached).
     pub async fn check(&self, authorization: Option<&str>) -> StatusCode {
         let Some(token) = bearer_token(authorization) else {
             return StatusCode::UNAUTHORIZED;
         };
-        let now = Instant::now();
-        if let Some((at, code)) = self.cache.lock().expect("auth cache lock").get(token)
-            && now.duration_since(*at) < AUTH_CACHE_TTL
-        {
-            return *code;
+        let key: TokenHash = Sha256::digest(token.as_bytes()).into();
+        if let Some(code) = self.cached(&key) {
+            return code;
+        }
+        let Ok(_admitted) = self.admitted.try_acquire() else {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        };
+        let Ok(_slot) = self.reviews.acquire().await else {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        };
+        // Reviewed by another caller while this one waited.
+        if let Some(code) = self.cached(&key) {
+            return code;
         }
         let code = match self.review(token).await {
             Ok(code) => code,
@@ -633,14 +727,10 @@ impl MetricsAuthorizer {
                 return StatusCode::INTERNAL_SERVER_ERROR;
             }
         };
-        let mut cache = self.cache.lock().expect("auth cache lock");
-        if cache.len() >= AUTH_CACHE_MAX {
-            cache.retain(|_, (at, _)| now.duration_since(*at) < AUTH_CACHE_TTL);
-            if cache.len() >= AUTH_CACHE_MAX {
-                cache.clear();
-            }
-        }
-        cache.insert(token.to_string(), (now, code));
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, Instant::now(), code);
         code
     }
 
@@ -694,6 +784,12 @@ async fn require_metrics_access(
             "Unauthorized",
         )
             .into_response(),
+        StatusCode::SERVICE_UNAVAILABLE => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, HeaderValue::from_static("1"))],
+            "Too many callers to review",
+        )
+            .into_response(),
         code => (code, code.canonical_reason().unwrap_or_default()).into_response(),
     }
 }
@@ -701,7 +797,8 @@ async fn require_metrics_access(
 /// The router serving `/metrics`, `/healthz` (always 200) and `/readyz` (200 once the
 /// replica serves — leader or standby alike, so `helm install --wait` of 2 replicas finishes —
 /// else 503; who leads is the `kiln_leader` gauge). With `auth`, `/metrics` answers only callers it allows
-/// ([`MetricsAuthorizer::check`]: else 401, 403 or 500); the health endpoints stay open.
+/// ([`MetricsAuthorizer::check`]: else 401, 403, 503 or 500); the health endpoints stay open.
+/// Serve it with [`kiln_httpd::serve`] (header cap, timeouts, connection cap).
 pub fn router(metrics: Arc<Metrics>, auth: Option<MetricsAuthorizer>) -> Router {
     let mut scrape = Router::new().route(
         "/metrics",
@@ -893,13 +990,34 @@ mod tests {
     /// `get /metrics`), `other` is user `nobody` (not allowed), anything else unauthenticated.
     /// Counts the review requests it answers.
     fn fake_api() -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
+        let (client, api) = fake_api_gated(None);
+        (client, api.calls.clone())
+    }
+
+    /// What [`fake_api_gated`] saw: review requests, and how many were in flight (now, most).
+    #[derive(Default)]
+    struct FakeApi {
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+        in_flight: std::sync::atomic::AtomicUsize,
+        most_in_flight: std::sync::atomic::AtomicUsize,
+    }
+
+    /// [`fake_api`] whose answers each wait for a permit of `gate`, when given.
+    fn fake_api_gated(gate: Option<Arc<Semaphore>>) -> (kube::Client, Arc<FakeApi>) {
         use http_body_util::Full;
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = calls.clone();
+        let api = Arc::new(FakeApi::default());
+        let counted = api.clone();
         let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
             let counted = counted.clone();
+            let gate = gate.clone();
             async move {
-                counted.fetch_add(1, Ordering::SeqCst);
+                counted.calls.fetch_add(1, Ordering::SeqCst);
+                let now = counted.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                counted.most_in_flight.fetch_max(now, Ordering::SeqCst);
+                if let Some(gate) = gate {
+                    gate.acquire().await.unwrap().forget();
+                }
+                counted.in_flight.fetch_sub(1, Ordering::SeqCst);
                 let path = req.uri().path().to_string();
                 let body: serde_json::Value =
                     serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
@@ -936,7 +1054,7 @@ mod tests {
                 )
             }
         });
-        (kube::Client::new(service, "default"), calls)
+        (kube::Client::new(service, "default"), api)
     }
 
     async fn get_with(router: Router, path: &str, auth: Option<&str>) -> StatusCode {
@@ -992,6 +1110,124 @@ mod tests {
             StatusCode::FORBIDDEN
         );
         assert_eq!(calls.load(Ordering::SeqCst), 5, "decisions are cached");
+    }
+
+    #[tokio::test]
+    async fn reviews_run_four_at_a_time_and_callers_beyond_the_queue_get_503() {
+        let gate = Arc::new(Semaphore::new(0));
+        let (client, api) = fake_api_gated(Some(gate.clone()));
+        let r = router(
+            Arc::new(Metrics::new()),
+            Some(MetricsAuthorizer::new(client)),
+        );
+        let callers = 100;
+        let mut answers = tokio::task::JoinSet::new();
+        for i in 0..callers {
+            let r = r.clone();
+            answers.spawn(async move {
+                get_with(r, "/metrics", Some(&format!("Bearer random-{i}"))).await
+            });
+        }
+        // Reviews are held at the gate, so the first answers are the callers turned away.
+        let turned_away = callers - MAX_CONCURRENT_REVIEWS - MAX_WAITING_REVIEWS;
+        for _ in 0..turned_away {
+            assert_eq!(
+                answers.join_next().await.unwrap().unwrap(),
+                StatusCode::SERVICE_UNAVAILABLE
+            );
+        }
+        while api.in_flight.load(Ordering::SeqCst) < MAX_CONCURRENT_REVIEWS {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(callers);
+        let mut reviewed = 0;
+        while let Some(answer) = answers.join_next().await {
+            assert_eq!(answer.unwrap(), StatusCode::UNAUTHORIZED);
+            reviewed += 1;
+        }
+        assert_eq!(reviewed, MAX_CONCURRENT_REVIEWS + MAX_WAITING_REVIEWS);
+        assert_eq!(
+            api.calls.load(Ordering::SeqCst),
+            reviewed,
+            "one TokenReview each"
+        );
+        assert_eq!(
+            api.most_in_flight.load(Ordering::SeqCst),
+            MAX_CONCURRENT_REVIEWS
+        );
+    }
+
+    #[tokio::test]
+    async fn random_tokens_keep_the_cache_bounded_and_do_not_evict_a_scraper() {
+        let (client, calls) = fake_api();
+        let auth = MetricsAuthorizer::new(client);
+        assert_eq!(auth.check(Some("Bearer good")).await, StatusCode::OK);
+        assert_eq!(
+            auth.check(Some("Bearer other")).await,
+            StatusCode::FORBIDDEN
+        );
+        let random = 3 * AUTH_CACHE_MAX;
+        for i in 0..random {
+            let header = format!("Bearer random-{i}");
+            assert_eq!(auth.check(Some(&header)).await, StatusCode::UNAUTHORIZED);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4 + random);
+        {
+            let cache = auth.cache.lock().unwrap();
+            assert_eq!(cache.authenticated.0.len(), 2);
+            assert_eq!(cache.unauthenticated.0.len(), AUTH_CACHE_MAX);
+            // Keyed by hash: the newest random token is kept as its SHA-256, the oldest is gone.
+            let newest: TokenHash = Sha256::digest(format!("random-{}", random - 1)).into();
+            let oldest: TokenHash = Sha256::digest("random-0").into();
+            assert!(cache.unauthenticated.0.contains_key(&newest));
+            assert!(!cache.unauthenticated.0.contains_key(&oldest));
+        }
+        assert_eq!(auth.check(Some("Bearer good")).await, StatusCode::OK);
+        assert_eq!(
+            auth.check(Some("Bearer other")).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 4 + random, "still cached");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_token_is_answered_431_before_any_review() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, calls) = fake_api();
+        let r = router(
+            Arc::new(Metrics::new()),
+            Some(MetricsAuthorizer::new(client)),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(kiln_httpd::serve(
+            listener,
+            r,
+            kiln_httpd::Limits::DEFAULT,
+            std::future::pending(),
+        ));
+        let ask = |token: String| async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let request = format!(
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 Connection: close\r\n\r\n"
+            );
+            // The server may close before taking the whole request.
+            let _ = s.write_all(request.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        };
+        for size in [17 * 1024, 300 * 1024] {
+            let answer = ask("t".repeat(size)).await;
+            assert!(answer.starts_with("HTTP/1.1 431 "), "{size}: {answer}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "no TokenReview");
+        let answer = ask("t".repeat(15 * 1024)).await;
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]

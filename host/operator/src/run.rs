@@ -133,11 +133,13 @@ pub async fn run_until(
         MetricsAuth::None => None,
     };
     let app = router(metrics.clone(), auth);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server stopped");
-        }
-    });
+    // Header cap, timeouts and a connection cap that keeps the probes answered (kiln_httpd).
+    tokio::spawn(kiln_httpd::serve(
+        listener,
+        app,
+        kiln_httpd::Limits::DEFAULT,
+        future::pending(),
+    ));
 
     // Serving: a standby is Ready too (a Deployment of 2 replicas becomes Available).
     metrics.set_ready();

@@ -1,6 +1,7 @@
 //! The monitoring contract against a live operator (in-process, on `kiln-testcluster`), after a
 //! reconcile of the sample policy with `psa.enabled`:
-//! - `/metrics` says it writes OpenMetrics and does (`# EOF`);
+//! - `/metrics` says it writes OpenMetrics and does (`# EOF`); a request head over 16 KiB is
+//!   answered 431 (the operator serves with `kiln_httpd`);
 //! - every series named by every expression of every shipped PrometheusRule (the operator's
 //!   OpenShift rule in `assets/state-operator-metrics`, the chart's `kiln-operator`) and of the
 //!   operator's Grafana dashboard exists in the scrape (selectors read with `promql-parser`);
@@ -338,6 +339,20 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let (ctype, text) = scrape(&addr).await?;
     assert_eq!(ctype, kiln_operator::metrics::OPENMETRICS_CONTENT_TYPE);
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    // The operator serves with kiln_httpd's limits: a head over 16 KiB is answered 431.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        let head = format!(
+            "GET /healthz HTTP/1.1\r\nHost: kiln\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+            "p".repeat(17 * 1024)
+        );
+        let _ = s.write_all(head.as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    }
     let names = sample_names(&text);
 
     // Every series a shipped rule or the dashboard names exists.

@@ -26,6 +26,21 @@ async fn get(port: u16, path: &str, accept: &str) -> String {
     out
 }
 
+/// Sends `request` and reads until the server closes (or resets) the connection.
+async fn exchange(port: u16, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    // The server may answer and close before it has read the whole request.
+    let _ = s.write_all(request.as_bytes()).await;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = s.read(&mut buf).await {
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_answers_metrics_and_health_over_tcp_with_flags_from_env_and_args() {
     let dir = tempfile::tempdir().unwrap();
@@ -59,6 +74,13 @@ async fn serve_answers_metrics_and_health_over_tcp_with_flags_from_env_and_args(
         health.starts_with("HTTP/1.1 200") && health.ends_with("OK"),
         "{health}"
     );
+    // kiln_httpd's head cap: over 16 KiB is answered 431, before any handler.
+    let oversized = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+        "p".repeat(17 * 1024)
+    );
+    let refused = exchange(port, &oversized).await;
+    assert!(refused.starts_with("HTTP/1.1 431 "), "{refused}");
     let mut text = String::new();
     for _ in 0..100 {
         text = get(port, "/metrics", "text/plain").await;
