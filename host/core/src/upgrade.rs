@@ -24,8 +24,9 @@
 //! | `upgrade-required` | same `DRIVER_CONFIG_DIGEST` as the DaemonSet (restart only) | cordon, `pod-restart-required` |
 //! | `upgrade-required` | otherwise | `cordon-required` |
 //! | `cordon-required` | – | cordon, `wait-for-jobs-required` |
-//! | `wait-for-jobs-required` | no selector, no matching pod running, or the timeout passed | `pod-deletion-required` |
-//! | `pod-deletion-required` | no GPU pod left | `pod-restart-required` |
+//! | `wait-for-jobs-required` | matching pods Pending or Running (timeout not passed) | stays |
+//! | `wait-for-jobs-required` | no selector, no matching pod Pending or Running, or the timeout passed | `pod-deletion-required` |
+//! | `pod-deletion-required` | no Pending or Running GPU pod left (DaemonSet and mirror pods aside) | `pod-restart-required` |
 //! | `pod-deletion-required` | a GPU pod cannot be deleted, or deletion timed out | `drain-required` (drain on) / `upgrade-failed` |
 //! | `drain-required` | drain off, or drained | `pod-restart-required` |
 //! | `drain-required` | a pod cannot be drained, or the drain timed out | `upgrade-failed` |
@@ -198,13 +199,23 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// From `status.phase`.
+    /// From `status.phase`. The API server sets `Pending` on create, so a missing phase is
+    /// `Pending`; so is `Unknown` (the kubelet lost, the pod may still run: kiln keeps waiting
+    /// where upstream's `IsPodRunningOrPending` would not).
     pub fn parse(phase: Option<&str>) -> Phase {
         match phase {
             Some("Running") => Phase::Running,
             Some("Succeeded" | "Failed") => Phase::Finished,
             _ => Phase::Pending,
         }
+    }
+
+    /// Pending or Running: the pod holds (or is about to hold) its node and its GPUs, so
+    /// `waitForCompletion` waits for it and pod deletion and drain count it (upstream
+    /// k8s-operator-libs `IsPodRunningOrPending`, and gpu-operator's GPU pod filter, which
+    /// keeps Running and Pending pods).
+    pub fn holds_node(self) -> bool {
+        self != Phase::Finished
     }
 }
 
@@ -266,7 +277,7 @@ impl PodFacts {
 
     /// Not finished and not already going away.
     fn live(&self) -> bool {
-        self.phase != Phase::Finished && !self.terminating
+        self.phase.holds_node() && !self.terminating
     }
 }
 
@@ -924,16 +935,24 @@ impl Step<'_> {
                 return;
             }
         };
-        let running: Vec<&PodFacts> = n
+        let (running, finished): (Vec<&PodFacts>, Vec<&PodFacts>) = n
             .pods
             .iter()
-            .filter(|p| p.phase == Phase::Running && selector.matches(&p.labels))
-            .collect();
+            .filter(|p| selector.matches(&p.labels))
+            .partition(|p| p.phase.holds_node());
         if running.is_empty() {
             self.clear(WAIT_FOR_COMPLETION_START, n.wait_start.is_some());
+            let ended = if finished.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} finished: {})", finished.len(), keys(&finished))
+            };
             self.to(
                 next,
-                &format!("no pod matching {} running", wait.pod_selector),
+                &format!(
+                    "no pod matching {} pending or running{ended}",
+                    wait.pod_selector
+                ),
             );
             return;
         }
@@ -983,7 +1002,7 @@ impl Step<'_> {
         let gpu: Vec<&PodFacts> = n
             .pods
             .iter()
-            .filter(|p| p.uses_gpu && !p.mirror && !p.daemonset && p.phase != Phase::Finished)
+            .filter(|p| p.uses_gpu && !p.mirror && !p.daemonset && p.phase.holds_node())
             .collect();
         let drain_on = self.inputs.policy.drain.as_ref().is_some_and(|d| d.enable);
         let fallback = if drain_on {
@@ -1059,7 +1078,7 @@ impl Step<'_> {
         let targets: Vec<&PodFacts> = n
             .pods
             .iter()
-            .filter(|p| !p.mirror && !p.daemonset && p.phase != Phase::Finished)
+            .filter(|p| !p.mirror && !p.daemonset && p.phase.holds_node())
             .filter(|p| selector.matches(&p.labels))
             .collect();
         if targets.is_empty() {

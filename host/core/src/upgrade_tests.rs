@@ -411,6 +411,84 @@ fn wait_for_jobs_waits_for_matching_running_pods_forever_with_timeout_zero() {
 }
 
 #[test]
+fn wait_for_jobs_waits_for_a_matching_pending_pod_as_for_a_running_one() {
+    // A job pod created just before the upgrade: scheduled, image still pulling.
+    let pol = waiting("app=trainer", 0);
+    let mut n = node("a", S::WaitForJobsRequired);
+    let mut t1 = gpu_pod("t1");
+    t1.phase = Phase::Pending;
+    n.pods = vec![t1, pod("web", &[("app", "web")])];
+    let p = run(&pol, std::slice::from_ref(&n));
+    assert_eq!(
+        step(&pol, &n),
+        (
+            S::WaitForJobsRequired,
+            vec![Action::Annotate(
+                WAIT_FOR_COMPLETION_START,
+                Some(NOW.to_string())
+            )]
+        )
+    );
+    assert_eq!(
+        notes(&p, "a"),
+        ["waiting for 1 pod(s) matching app=trainer to complete (no timeout)"]
+    );
+    // Pending, then Running, then Pending (an unknown phase) again: it keeps waiting.
+    n.wait_start = Some(NOW - 5);
+    for phase in [
+        Phase::Pending,
+        Phase::Running,
+        Phase::parse(Some("Unknown")),
+    ] {
+        n.pods[0].phase = phase;
+        assert_eq!(
+            step(&pol, &n),
+            (S::WaitForJobsRequired, vec![]),
+            "{phase:?}"
+        );
+    }
+    // A matching pod that terminates still runs until it is gone.
+    n.pods[0].terminating = true;
+    assert_eq!(step(&pol, &n).0, S::WaitForJobsRequired);
+    // It ends: on to pod deletion, the Event naming what finished.
+    n.pods[0].phase = Phase::Finished;
+    let p = run(&pol, std::slice::from_ref(&n));
+    assert_eq!(
+        step(&pol, &n),
+        (
+            S::PodDeletionRequired,
+            vec![Action::Annotate(WAIT_FOR_COMPLETION_START, None)]
+        )
+    );
+    assert_eq!(
+        notes(&p, "a"),
+        [
+            "wait-for-jobs-required -> pod-deletion-required: no pod matching app=trainer \
+             pending or running (1 finished: jobs/t1)"
+        ]
+    );
+    // With a timeout, a Pending pod is waited for until it passes.
+    let pol = waiting("app=trainer", 60);
+    n.pods[0].phase = Phase::Pending;
+    n.pods[0].terminating = false;
+    n.wait_start = Some(NOW - 59);
+    assert_eq!(step(&pol, &n).0, S::WaitForJobsRequired);
+    n.wait_start = Some(NOW - 60);
+    assert_eq!(step(&pol, &n).0, S::PodDeletionRequired);
+}
+
+#[test]
+fn pod_phases_pending_and_running_hold_the_node() {
+    assert_eq!(Phase::parse(Some("Pending")), Phase::Pending);
+    assert_eq!(Phase::parse(None), Phase::Pending);
+    assert_eq!(Phase::parse(Some("Running")), Phase::Running);
+    assert_eq!(Phase::parse(Some("Succeeded")), Phase::Finished);
+    assert_eq!(Phase::parse(Some("Failed")), Phase::Finished);
+    assert!(Phase::Pending.holds_node() && Phase::Running.holds_node());
+    assert!(!Phase::Finished.holds_node());
+}
+
+#[test]
 fn wait_for_jobs_timeout_moves_on() {
     let pol = waiting("app=trainer", 600);
     let mut n = node("a", S::WaitForJobsRequired);
@@ -478,6 +556,36 @@ fn pod_deletion_deletes_only_gpu_pods() {
             vec![Action::Annotate(POD_DELETION_START, None)]
         )
     );
+}
+
+#[test]
+fn pod_deletion_counts_pending_gpu_pods_and_not_finished_ones() {
+    let pol = deleting(false, 300, false, false);
+    let mut n = node("a", S::PodDeletionRequired);
+    let mut pending = gpu_pod("pending");
+    pending.phase = Phase::Pending;
+    let mut done = gpu_pod("done");
+    done.phase = Phase::Finished;
+    n.pods = vec![pending, done];
+    assert_eq!(
+        step(&pol, &n),
+        (
+            S::PodDeletionRequired,
+            vec![
+                Action::Annotate(POD_DELETION_START, Some(NOW.to_string())),
+                Action::DeletePods {
+                    pods: vec!["jobs/pending".into()],
+                    drain: false
+                }
+            ]
+        )
+    );
+    // A Pending bare GPU pod blocks as a Running one does (no force, no drain: failed).
+    n.pods[0].controlled = false;
+    assert_eq!(step(&pol, &n).0, S::Failed);
+    // Only the finished one left: nothing holds a GPU.
+    n.pods.remove(0);
+    assert_eq!(step(&pol, &n), (S::PodRestartRequired, vec![]));
 }
 
 #[test]

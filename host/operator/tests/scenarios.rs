@@ -726,3 +726,243 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
         "GFD's labels are not kept"
     );
 }
+
+/// Driver upgrade (issue 33), the sequence an operator reported: a job's pod (`app=trainer`,
+/// one GPU, owned by a Job) is created on `gpu-node-1` seconds before the driver version
+/// changes, so it is still `Pending` (its image pulling) when the node reaches
+/// `wait-for-jobs-required`; it then runs, its status is written a few times (conditions,
+/// restarts), and at last it succeeds. `waitForCompletion.podSelector: app=trainer`, no
+/// timeout. Passes of the real [`kiln_operator::upgrade::Upgrader`] over the in-memory API
+/// (node store fed from the server's nodes after each pass, as the node watch would):
+/// the node stays in `wait-for-jobs-required` while the pod is Pending or Running, nothing
+/// evicts it, and the driver pod is deleted only after the pod has succeeded. The node's
+/// Events, in order, are the record the test prints and asserts.
+#[tokio::test]
+async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
+    use kiln_core::upgrade::{STATE_LABEL as UPGRADE_STATE, UpgradeState};
+    use kiln_operator::upgrade::{Sources, UpgradeConfig, UpgradeScope, Upgrader};
+
+    const NODE: &str = "gpu-node-1";
+    const TRAINER: &str = "/api/v1/namespaces/jobs/pods/trainer-7kq2x";
+    const DRIVER: &str = "/api/v1/namespaces/gpu-operator/pods/nvidia-driver-daemonset-a";
+    let server = Arc::new(Mutex::new(Server::default()));
+    let driver_env = |digest: &str| json!([{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]);
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "nvidia-driver-daemonset", "namespace": NS, "uid": "ds1",
+            "generation": 2},
+        "spec": {"selector": {"matchLabels": {"app": "nvidia-driver-daemonset"}},
+            "template": {"metadata": {"labels": {"app": "nvidia-driver-daemonset"}},
+                "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
+                    "containers": [{"name": "nvidia-driver-ctr", "env": driver_env("new")}]}}},
+        "status": {"observedGeneration": 2, "currentNumberScheduled": 1,
+            "desiredNumberScheduled": 1, "numberMisscheduled": 0, "numberReady": 1}
+    }))
+    .unwrap();
+    {
+        let mut s = server.lock().unwrap();
+        s.objects.insert(
+            format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE, "resourceVersion": "1",
+                    "labels": {"nvidia.com/gpu.deploy.driver": "true",
+                        UPGRADE_STATE: "upgrade-done"}},
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+        for (rev, hash) in [(1, "old"), (2, "new")] {
+            s.objects.insert(
+                format!("/apis/apps/v1/namespaces/{NS}/controllerrevisions/nvidia-driver-daemonset-{hash}"),
+                json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+                    "metadata": {"name": format!("nvidia-driver-daemonset-{hash}"), "namespace": NS,
+                        "resourceVersion": "1",
+                        "labels": {"app": "nvidia-driver-daemonset", "controller-revision-hash": hash},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                            "name": "nvidia-driver-daemonset", "uid": "ds1", "controller": true}]},
+                    "revision": rev}),
+            );
+        }
+        s.objects.insert(
+            DRIVER.into(),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "nvidia-driver-daemonset-a", "namespace": NS,
+                    "resourceVersion": "1",
+                    "labels": {"app": "nvidia-driver-daemonset", "controller-revision-hash": "old"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                        "name": "nvidia-driver-daemonset", "uid": "ds1", "controller": true}]},
+                "spec": {"nodeName": NODE,
+                    "containers": [{"name": "nvidia-driver-ctr", "env": driver_env("old")}]},
+                "status": {"phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{"name": "nvidia-driver-ctr", "ready": true,
+                        "restartCount": 0, "image": "driver:old", "imageID": ""}]}}),
+        );
+        // Created seconds before the version change: scheduled, not started yet.
+        s.objects.insert(
+            TRAINER.into(),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "trainer-7kq2x", "namespace": "jobs", "resourceVersion": "1",
+                    "labels": {"app": "trainer", "batch.kubernetes.io/job-name": "trainer"},
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                        "name": "trainer", "uid": "job1", "controller": true}]},
+                "spec": {"nodeName": NODE, "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "train", "image": "registry.example/train:1",
+                        "resources": {"requests": {"nvidia.com/gpu": "1"},
+                            "limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}]}}),
+        );
+    }
+    let nodes = NamedWriter::listed(server_objects::<kiln_operator::node::SlimNode>(
+        &server,
+        "/api/v1/nodes/",
+    ));
+    let (wake, _wakes) = kiln_operator::live::Wake::channel();
+    let mock = client(server.clone());
+    let upgrader = Upgrader::start(
+        mock.clone(),
+        UpgradeConfig::default(),
+        Sources {
+            nodes: nodes.as_reader(),
+            pods: Arc::new(kiln_operator::readiness::PodWatches::new(
+                mock,
+                wake.clone(),
+            )),
+            changed: wake.upgrade_notify(),
+        },
+    );
+    let scope = UpgradeScope {
+        namespace: NS.into(),
+        daemonset: "nvidia-driver-daemonset".into(),
+        policy: Some(
+            serde_json::from_value(json!({"autoUpgrade": true, "maxParallelUpgrades": 2,
+                "waitForCompletion": {"podSelector": "app=trainer", "timeoutSeconds": 0},
+                "podDeletion": {"force": false, "timeoutSeconds": 300}}))
+            .unwrap(),
+        ),
+        owner: Default::default(),
+        validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.into(),
+    };
+    let mut nodes = nodes;
+    // One pass, then the node watch's view of the server's node; returns the node's state.
+    let pass = async |nodes: &mut NamedWriter<kiln_operator::node::SlimNode>| {
+        upgrader.pass(&scope, &ds).await.unwrap();
+        for n in server_objects::<kiln_operator::node::SlimNode>(&server, "/api/v1/nodes/") {
+            nodes.apply(&watcher::Event::Apply(Arc::new(n)));
+        }
+        let s = server.lock().unwrap();
+        let label = s.objects[&format!("/api/v1/nodes/{NODE}")]["metadata"]["labels"]
+            [UPGRADE_STATE]
+            .as_str()
+            .map(str::to_string);
+        UpgradeState::from_label(label.as_deref())
+    };
+    let set_trainer = |status: Value| {
+        let mut s = server.lock().unwrap();
+        s.objects.get_mut(TRAINER).unwrap()["status"] = status;
+    };
+    // The node's Events so far (the seconds of a progress note as `N`).
+    let notes = || -> Vec<String> {
+        calls(&server, &Method::POST)
+            .into_iter()
+            .filter(|c| c.body["regarding"]["kind"] == "Node")
+            .filter_map(|c| c.body["note"].as_str().map(str::to_string))
+            .map(|n| match n.strip_suffix("s so far") {
+                Some(head) => format!(
+                    "{}Ns so far",
+                    head.trim_end_matches(|c: char| c.is_ascii_digit())
+                ),
+                None => n,
+            })
+            .collect()
+    };
+    // Evictions of the trainer and deletions of the driver pod, so far.
+    let touched = || {
+        let s = server.lock().unwrap();
+        let evicted = s.calls.iter().any(|c| c.path.starts_with(TRAINER));
+        let restarted = s
+            .calls
+            .iter()
+            .any(|c| c.method == Method::DELETE && c.path == DRIVER);
+        (evicted, restarted)
+    };
+    // The version changed: upgrade-done -> upgrade-required -> cordon-required ->
+    // wait-for-jobs-required, the trainer still Pending.
+    let mut states = Vec::new();
+    for _ in 0..3 {
+        states.push(pass(&mut nodes).await);
+    }
+    assert_eq!(
+        states,
+        [
+            UpgradeState::UpgradeRequired,
+            UpgradeState::CordonRequired,
+            UpgradeState::WaitForJobsRequired
+        ]
+    );
+    // Pending, then Running with its status written a few times: the node waits.
+    let running = |ready: &str, restarts: i32| {
+        json!({"phase": "Running", "podIP": "10.0.0.7",
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": ready}],
+            "containerStatuses": [{"name": "train", "ready": ready == "True",
+                "restartCount": restarts, "image": "registry.example/train:1", "imageID": ""}]})
+    };
+    let statuses = [
+        None,
+        None,
+        Some(running("False", 0)),
+        Some(running("True", 0)),
+        Some(running("False", 1)),
+        Some(running("True", 1)),
+    ];
+    for (i, status) in statuses.into_iter().enumerate() {
+        if let Some(status) = status {
+            set_trainer(status);
+        }
+        let state = pass(&mut nodes).await;
+        assert_eq!(
+            state,
+            UpgradeState::WaitForJobsRequired,
+            "pass {i}: the node left wait-for-jobs-required while its job pod is live; \
+             Events:\n  {}",
+            notes().join("\n  ")
+        );
+        assert_eq!(touched(), (false, false), "pass {i}: {:?}", notes());
+    }
+    // The job succeeds: nothing left to wait for or delete, then the driver pod restarts.
+    set_trainer(json!({"phase": "Succeeded",
+        "conditions": [{"type": "Ready", "status": "False"}]}));
+    let mut states = Vec::new();
+    for _ in 0..3 {
+        states.push(pass(&mut nodes).await);
+    }
+    assert_eq!(
+        states,
+        [
+            UpgradeState::PodDeletionRequired,
+            UpgradeState::PodRestartRequired,
+            UpgradeState::PodRestartRequired
+        ]
+    );
+    assert_eq!(
+        touched(),
+        (false, true),
+        "the driver pod restarts, the job pod stays"
+    );
+    let notes = notes();
+    eprintln!("{NODE} Events:\n  {}", notes.join("\n  "));
+    assert_eq!(
+        notes,
+        [
+            "upgrade-done -> upgrade-required: driver pod runs an old template",
+            "upgrade-required -> cordon-required",
+            "cordon-required -> wait-for-jobs-required: cordoned",
+            "waiting for 1 pod(s) matching app=trainer to complete (no timeout)",
+            "waiting for 1 pod(s) matching app=trainer, Ns so far",
+            "wait-for-jobs-required -> pod-deletion-required: no pod matching app=trainer \
+             pending or running (1 finished: jobs/trainer-7kq2x)",
+            "pod-deletion-required -> pod-restart-required: no GPU pods on the node",
+            "restarting driver pod nvidia-driver-daemonset-a",
+        ]
+    );
+}

@@ -5,9 +5,16 @@
 //! 1. `maxParallelUpgrades: 2`, `maxUnavailable: 25%`, `waitForCompletion` on `app=trainer`
 //!    with timeout 0: at no moment are more than 2 nodes cordoned by the upgrade; the nodes
 //!    running a trainer wait (the others go on) until the test ends the trainers, which are
-//!    never deleted; a GPU pod that does not match is deleted, a CPU pod beside it stays; every
-//!    node ends `upgrade-done` on the new driver revision, uncordoned, the policy `ready` with
-//!    `status.driverUpgrade` counting 8 done.
+//!    never deleted. One trainer is created just before the version change and is still
+//!    `Pending` when its node starts waiting, then runs (issue 33: a Pending matching pod is
+//!    waited for as upstream's `IsPodRunningOrPending` does); no trainer node leaves
+//!    `wait-for-jobs-required` while its trainer is Pending or Running. A GPU pod that does not
+//!    match is deleted, a CPU pod beside it stays; every node ends `upgrade-done` on the new
+//!    driver revision, uncordoned, the policy `ready` with `status.driverUpgrade` counting 8
+//!    done.
+//!
+//! Throughout, no driver pod is restarted on a node while a non-DaemonSet GPU pod is Pending
+//! or Running there (not terminating): pod deletion or the drain removes them first.
 //! 2. A validator that never becomes ready on one node: that node is `upgrade-failed` with a
 //!    Warning Event saying why, the others finish; a node an admin cordoned before the upgrade
 //!    stays cordoned after it; a bare GPU pod that pod deletion may not
@@ -117,6 +124,9 @@ struct Seen {
     trainer_deleted: AtomicBool,
     /// Trainers the test has ended (no longer watched).
     trainers_ended: AtomicBool,
+    /// What broke the rules, as seen: a driver pod restarted under a live GPU pod, a trainer
+    /// node past `wait-for-jobs-required` while its trainer lived.
+    violations: Mutex<Vec<String>>,
 }
 
 impl Seen {
@@ -130,6 +140,20 @@ impl Seen {
             .collect()
     }
 
+    /// Record a violation (once).
+    fn violation(&self, what: String) {
+        let mut v = self.violations.lock().unwrap();
+        if !v.contains(&what) {
+            v.push(what);
+        }
+    }
+
+    /// The violations seen so far, as one message (`None`: none).
+    fn violated(&self) -> Option<String> {
+        let v = self.violations.lock().unwrap();
+        (!v.is_empty()).then(|| v.join("; "))
+    }
+
     fn mark(&self) -> BTreeMap<String, usize> {
         self.drivers
             .lock()
@@ -140,30 +164,83 @@ impl Seen {
     }
 }
 
-async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<String>) {
+/// A GPU pod (`nvidia.com/gpu*` limit or request) not of a DaemonSet, Pending or Running and
+/// not terminating: it holds its node's GPUs.
+fn live_gpu_pod(p: &Pod) -> bool {
+    let gpu = p.spec.as_ref().is_some_and(kiln_core::upgrade::uses_gpu);
+    let daemonset = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    gpu && !daemonset
+        && matches!(phase, Some("Pending" | "Running"))
+        && p.metadata.deletion_timestamp.is_none()
+}
+
+/// Polls every 200 ms: the cordoned count, the driver pod UIDs per node, trainer deletions;
+/// and the rules of issue 33 ([`Seen::violations`]): a driver pod of a node terminating, or a
+/// new one there, while a live GPU pod ([`live_gpu_pod`]) is on that node; a trainer's node
+/// past `wait-for-jobs-required` while the trainer is not ended. `trainers` are
+/// `(pod, node)`.
+async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<(String, String)>) {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let jobs: Api<Pod> = Api::namespaced(client.clone(), JOBS);
     let lp = ListParams::default().labels("app=nvidia-driver-daemonset");
+    let past_waiting = [
+        UpgradeState::PodDeletionRequired,
+        UpgradeState::DrainRequired,
+        UpgradeState::PodRestartRequired,
+        UpgradeState::ValidationRequired,
+        UpgradeState::UncordonRequired,
+        UpgradeState::Failed,
+    ];
+    // Trainers seen so far (one is created after the watch starts).
+    let mut created = BTreeSet::new();
     loop {
-        if let Ok(list) = nodes.list(&ListParams::default()).await {
-            let n = list
+        let node_states: BTreeMap<String, UpgradeState> =
+            match nodes.list(&ListParams::default()).await {
+                Ok(list) => {
+                    let n = list
+                        .items
+                        .iter()
+                        .filter(|n| {
+                            cordoned(n)
+                                && state_of(n).in_progress()
+                                && !n.annotations().contains_key(INITIAL_UNSCHEDULABLE)
+                        })
+                        .count();
+                    seen.max_cordoned.fetch_max(n, Ordering::SeqCst);
+                    list.items
+                        .iter()
+                        .map(|n| (n.name_any(), state_of(n)))
+                        .collect()
+                }
+                Err(_) => BTreeMap::new(),
+            };
+        if let (Ok(list), Ok(work)) = (
+            pods.list(&lp).await,
+            Api::<Pod>::all(client.clone())
+                .list(&ListParams::default())
+                .await,
+        ) {
+            let live: BTreeSet<String> = work
                 .items
                 .iter()
-                .filter(|n| {
-                    cordoned(n)
-                        && state_of(n).in_progress()
-                        && !n.annotations().contains_key(INITIAL_UNSCHEDULABLE)
-                })
-                .count();
-            seen.max_cordoned.fetch_max(n, Ordering::SeqCst);
-        }
-        if let Ok(list) = pods.list(&lp).await {
+                .filter(|p| live_gpu_pod(p))
+                .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+                .collect();
             let mut d = seen.drivers.lock().unwrap();
             for p in list.items {
                 let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
                 if let (Some(node), Some(uid)) = (node, p.metadata.uid.clone()) {
-                    let uids = d.entry(node).or_default();
+                    let uids = d.entry(node.clone()).or_default();
+                    let restarted = p.metadata.deletion_timestamp.is_some()
+                        || (!uids.is_empty() && !uids.contains(&uid));
+                    if restarted && live.contains(&node) {
+                        seen.violation(format!(
+                            "driver pod {} on {node} restarted under a live GPU pod",
+                            p.name_any()
+                        ));
+                    }
                     if !uids.contains(&uid) {
                         uids.push(uid);
                     }
@@ -171,10 +248,25 @@ async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<String>) {
             }
         }
         if !seen.trainers_ended.load(Ordering::SeqCst) {
-            for t in &trainers {
+            for (t, node) in &trainers {
+                let state = node_states.get(node).copied();
+                if state.is_some_and(|s| past_waiting.contains(&s))
+                    && !seen.trainers_ended.load(Ordering::SeqCst)
+                {
+                    seen.violation(format!(
+                        "{node} left wait-for-jobs-required ({state:?}) while {t} lived"
+                    ));
+                }
+            }
+        }
+        if !seen.trainers_ended.load(Ordering::SeqCst) {
+            for (t, _) in &trainers {
                 match jobs.get_opt(t).await {
-                    Ok(Some(p)) if p.metadata.deletion_timestamp.is_none() => {}
-                    Ok(_) if !seen.trainers_ended.load(Ordering::SeqCst) => {
+                    Ok(Some(p)) if p.metadata.deletion_timestamp.is_none() => {
+                        created.insert(t.clone());
+                    }
+                    // Gone (or going) after it was seen: deleted.
+                    Ok(_) if created.contains(t) && !seen.trainers_ended.load(Ordering::SeqCst) => {
                         seen.trainer_deleted.store(true, Ordering::SeqCst);
                     }
                     _ => {}
@@ -226,6 +318,30 @@ async fn wait_nodes(
             })
         })
         .await
+}
+
+/// [`wait_nodes`], failing at once on a violation the watcher saw ([`Seen::violated`]).
+async fn wait_nodes_ruled(
+    cluster: &TestCluster,
+    nodes: &Api<Node>,
+    seen: &Seen,
+    what: &str,
+    pred: impl Fn(&BTreeMap<String, (UpgradeState, bool)>) -> bool,
+) -> anyhow::Result<()> {
+    let verdict = cluster
+        .wait_for(what.to_string(), TIMEOUT, || async {
+            if let Some(v) = seen.violated() {
+                return Ok(Ok(Err(v)));
+            }
+            let s = states(nodes).await?;
+            Ok(if pred(&s) {
+                Ok(Ok(()))
+            } else {
+                Err(format!("{s:?}"))
+            })
+        })
+        .await?;
+    verdict.map_err(|v| anyhow::anyhow!("{what}: {v}"))
 }
 
 /// `status.state`, and the conditions' messages after it.
@@ -462,17 +578,17 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         t0.elapsed()
     );
 
-    // Workloads: trainers (GPU, app=trainer) on gpu-node-1 and gpu-node-5; a GPU inference pod
-    // of a ReplicaSet and a CPU pod on gpu-node-3.
+    // Workloads: trainers (GPU, app=trainer) on gpu-node-1 and gpu-node-5 (trainer-1 only
+    // just before the version change, below); a GPU inference pod of a ReplicaSet and a CPU
+    // pod on gpu-node-3.
     let jobs: Api<Pod> = Api::namespaced(client.clone(), JOBS);
     let trainers = ["trainer-1", "trainer-5"];
-    for (name, node) in trainers.iter().zip(["gpu-node-1", "gpu-node-5"]) {
-        jobs.create(
-            &PostParams::default(),
-            &bare_pod(name, node, json!({"app": "trainer"}), true)?,
-        )
-        .await?;
-    }
+    let trainer_nodes = ["gpu-node-1", "gpu-node-5"];
+    jobs.create(
+        &PostParams::default(),
+        &bare_pod("trainer-5", "gpu-node-5", json!({"app": "trainer"}), true)?,
+    )
+    .await?;
     jobs.create(
         &PostParams::default(),
         &bare_pod("cpu-keep", "gpu-node-3", json!({"app": "web"}), false)?,
@@ -505,10 +621,42 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let watcher = tokio::spawn(watch(
         client.clone(),
         seen.clone(),
-        trainers.iter().map(|s| s.to_string()).collect(),
+        trainers
+            .iter()
+            .zip(trainer_nodes)
+            .map(|(t, n)| (t.to_string(), n.to_string()))
+            .collect(),
     ));
     // Let the watcher record the first driver pods.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // trainer-1, tolerating everything, created just before the version change: still Pending
+    // (its image pulling) when its node starts waiting. kwok starts every pod at once, so the
+    // test puts it back to Pending once kwok made it Ready (kwok's start stage takes only
+    // pods that are not Ready, so it stays Pending until the test runs it).
+    let mut trainer = bare_pod("trainer-1", "gpu-node-1", json!({"app": "trainer"}), true)?;
+    if let Some(spec) = trainer.spec.as_mut() {
+        spec.tolerations = Some(vec![serde_json::from_value(json!({"operator": "Exists"}))?]);
+    }
+    jobs.create(&PostParams::default(), &trainer).await?;
+    let phase = async |name: &str| -> anyhow::Result<Option<String>> {
+        Ok(jobs.get(name).await?.status.and_then(|s| s.phase))
+    };
+    cluster
+        .wait_for("trainer-1 started by kwok", TIMEOUT, || async {
+            let p = phase("trainer-1").await?;
+            Ok(if p.as_deref() == Some("Running") {
+                Ok(())
+            } else {
+                Err(format!("{p:?}"))
+            })
+        })
+        .await?;
+    jobs.patch_status(
+        "trainer-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending"}})),
+    )
+    .await?;
 
     // 1. Version change with parallel 2, 25% unavailable, waiting for trainers forever.
     let mark = seen.mark();
@@ -523,9 +671,10 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     .await?;
     let rev2 = driver_revision(cluster, &client, "570.20.02").await?;
     // gpu-node-1 waits for its trainer while the others go on, until gpu-node-5 waits too.
-    wait_nodes(
+    wait_nodes_ruled(
         cluster,
         &nodes,
+        &seen,
         "trainer nodes waiting, others upgraded",
         |s| {
             let st = |n: &str| s.get(n).map(|v| v.0);
@@ -539,6 +688,26 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     .await?;
     let waiting = events_about(&client, "gpu-node-1", "pod(s) matching app=trainer").await?;
     assert!(!waiting.is_empty(), "no waiting Event on gpu-node-1");
+    assert_eq!(phase("trainer-1").await?.as_deref(), Some("Pending"));
+    // trainer-1 starts, its status written a few times: gpu-node-1 keeps waiting.
+    for ready in ["False", "True", "False", "True"] {
+        jobs.patch_status(
+            "trainer-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [
+                {"type": "Initialized", "status": "True"},
+                {"type": "Ready", "status": ready},
+                {"type": "ContainersReady", "status": ready}]}})),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    wait_nodes_ruled(cluster, &nodes, &seen, "trainer nodes still waiting", |s| {
+        trainer_nodes
+            .iter()
+            .all(|n| s.get(*n).map(|v| v.0) == Some(UpgradeState::WaitForJobsRequired))
+    })
+    .await?;
     // Nothing else starts while both slots wait.
     let s = states(&nodes).await?;
     for n in ["gpu-node-6", "gpu-node-7", "gpu-node-8"] {
@@ -560,6 +729,9 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         "the CPU pod was deleted"
     );
     // End the trainers (as their job would).
+    if let Some(v) = seen.violated() {
+        anyhow::bail!("{v}");
+    }
     seen.trainers_ended.store(true, Ordering::SeqCst);
     assert!(
         !seen.trainer_deleted.load(Ordering::SeqCst),
@@ -601,6 +773,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         })
         .await?;
     rss.delete("infer", &DeleteParams::background()).await?;
+    assert_eq!(seen.violated(), None);
     eprintln!("upgrade test: scenario 1 done after {:?}", t0.elapsed());
 
     // 2. A validator never ready on gpu-node-8; a bare GPU pod and a bystander on gpu-node-6
@@ -681,6 +854,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     wait_all_done(cluster, &client, &rev3, &["gpu-node-4"]).await?;
     let once = seen.replaced(&mark);
     assert!(once.values().all(|&n| n == 1), "{once:?}");
+    assert_eq!(seen.violated(), None);
     eprintln!("upgrade test: scenario 2 done after {:?}", t0.elapsed());
 
     // 3. The operator stops mid-upgrade and a new one resumes.
@@ -714,6 +888,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     );
     // gpu-node-4 (cordoned by the admin) takes one of the 2 unavailable nodes 25% allows.
     assert_eq!(seen.max_cordoned.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.violated(), None);
     eprintln!("upgrade test: scenario 3 done after {:?}", t0.elapsed());
     watcher.abort();
     let _ = stop.send(());

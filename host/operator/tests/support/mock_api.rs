@@ -1,9 +1,12 @@
 //! An in-memory API server behind a real `kube::Client` (a `tower` service, in the style of
 //! controller-rs's mock API tests), shared by the reconciler scenarios and the NVIDIADriver
 //! controller tests. It serves discovery for the kinds the operator applies, GET (one object,
-//! or a list of a collection's direct children filtered by equality `labelSelector` terms),
-//! merge PATCH (creating the object when absent, as server-side apply does), DELETE and POST;
-//! everything else is 404. Every request is recorded for the tests to assert on.
+//! or a list of a collection's direct children filtered by equality `labelSelector` terms and a
+//! `spec.nodeName` `fieldSelector`; a namespaced kind's collection without a namespace lists
+//! every namespace's, as `/api/v1/pods` does), merge PATCH (creating the object when absent, as
+//! server-side apply does), DELETE and POST; a watch (`watch=true`) and everything else is 404,
+//! so a watcher keeps what its first list held. Every request is recorded for the tests to
+//! assert on.
 
 #![allow(dead_code)] // each test binary uses a part
 
@@ -114,6 +117,34 @@ fn selector(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The node a `fieldSelector=spec.nodeName=…` query parameter names (the only field selector
+/// the operator sends: the driver upgrade's pods of one node).
+fn node_field(query: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("fieldSelector="))
+        .find_map(|s| {
+            s.replace("%3D", "=")
+                .strip_prefix("spec.nodeName=")
+                .map(str::to_string)
+        })
+}
+
+/// Whether the stored object `key` is a direct child of the collection `path`, or, for a
+/// collection without a namespace (`/api/v1/pods`), of that collection in any namespace.
+fn in_collection(key: &str, path: &str) -> bool {
+    if let Some(name) = key.strip_prefix(&format!("{path}/")) {
+        return !name.contains('/');
+    }
+    let Some((base, resource)) = path.rsplit_once('/') else {
+        return false;
+    };
+    let Some(rest) = key.strip_prefix(&format!("{base}/namespaces/")) else {
+        return false;
+    };
+    matches!(rest.split('/').collect::<Vec<_>>().as_slice(), [_, r, _] if *r == resource)
+}
+
 impl Server {
     fn handle(
         &mut self,
@@ -147,22 +178,28 @@ impl Server {
             _ => path.to_string(),
         };
         match (method, name) {
+            (&Method::GET, None) if query.split('&').any(|kv| kv == "watch=true") => not_found(),
             (&Method::GET, None) => {
-                let prefix = format!("{path}/");
                 let want = selector(query);
+                let node = node_field(query);
                 let items: Vec<Value> = self
                     .objects
                     .iter()
-                    .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+                    .filter(|(k, _)| in_collection(k, path))
                     .filter(|(_, v)| {
                         want.iter()
                             .all(|(k, val)| v["metadata"]["labels"][k].as_str() == Some(val))
+                    })
+                    .filter(|(_, v)| {
+                        node.as_deref()
+                            .is_none_or(|n| v["spec"]["nodeName"].as_str() == Some(n))
                     })
                     .map(|(_, v)| v.clone())
                     .collect();
                 (
                     StatusCode::OK,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                    json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": "1"}, "items": items}),
                 )
             }
             (&Method::GET, Some(_)) => self
