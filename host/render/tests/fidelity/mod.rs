@@ -638,6 +638,32 @@ fn kiln_renders_what_nvidia_v26_7_0_applies_field_by_field() {
     );
 }
 
+/// kiln reads each variant's policy as NVIDIA's API server stored it: [`Policy::from_object`]
+/// of the policy as written gives the `defaultedPolicy` of the variant's `_index.json` (the
+/// CRD's structural defaults), with nothing pruned.
+#[test]
+fn every_variants_policy_is_read_with_nvidias_defaults() {
+    let variants = variants();
+    for (name, v) in &variants {
+        let text = std::fs::read_to_string(data().join(&v.policy)).unwrap();
+        let policy = Policy::from_object(&serde_yaml_ng::from_str(&text).unwrap()).unwrap();
+        let index: Value = serde_json::from_str(
+            &std::fs::read_to_string(data().join(name).join("_index.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            policy.spec_json, index["defaultedPolicy"]["spec"],
+            "{name}: defaulted spec"
+        );
+        assert!(
+            policy.pruned.is_empty(),
+            "{name}: pruned {:?}",
+            policy.pruned
+        );
+    }
+    assert_eq!(variants.len(), 15);
+}
+
 /// Differences [`on_nvidias_images_only_listed_facts_differ`] accepts: (variant, text every
 /// such line contains, why). An exemption that matches no line fails the test.
 const ON_NVIDIA_IMAGES_EXEMPT: &[(&str, &str, &str)] = &[(
