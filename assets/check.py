@@ -2,8 +2,8 @@
 """Sanity check of the state bundles: run `python3 assets/check.py` from the repo root.
 
 Every file holds one object with apiVersion, kind and metadata.name; namespaced objects leave
-the namespace to the operator; DaemonSet selectors match their pod labels; RBAC uses no
-wildcards; only OpenShift-only kinds live in files named *openshift*.
+the namespace to the operator; DaemonSet selectors name the DaemonSet and match their pod
+labels; RBAC uses no wildcards; only OpenShift-only kinds live in files named *openshift*.
 """
 import pathlib
 import sys
@@ -44,8 +44,9 @@ def check(path, errors):
     if kind == "DaemonSet":
         sel = obj["spec"]["selector"]["matchLabels"]
         tmpl = obj["spec"]["template"]["metadata"]["labels"]
-        if sel.get("app") != meta["name"]:
-            err("selector app label must equal the DaemonSet name")
+        # NVIDIA's DaemonSets select their pods by `app`, the VFIO manager's by `name`.
+        if meta["name"] not in (sel.get("app"), sel.get("name")):
+            err("selector app (or name) label must equal the DaemonSet name")
         if any(tmpl.get(k) != v for k, v in sel.items()):
             err("selector does not match the pod template labels")
         pod = obj["spec"]["template"]["spec"]

@@ -133,6 +133,7 @@ impl Renderer {
     ) -> Result<RenderedState, RenderError> {
         let mut ctx = base.clone();
         ctx.state = state.name().to_string();
+        ctx.default_workload = default_workload(&policy.spec).to_string();
         let input = self.input(state, policy, &ctx)?;
         let chain = policy.plugins.chain(state);
         let out = self
@@ -188,5 +189,17 @@ impl Renderer {
         });
         results.sort_by_key(|(i, _, _)| *i);
         results.into_iter().map(|(_, s, r)| (s, r)).collect()
+    }
+}
+
+/// The default GPU workload the sandbox validators are told (`DEFAULT_GPU_WORKLOAD_CONFIG`):
+/// `sandboxWorkloads.defaultWorkload` when sandbox workloads are enabled, else `container`
+/// (upstream `ClusterPolicyController.init`).
+pub fn default_workload(spec: &kiln_core::spec::ClusterPolicySpec) -> &'static str {
+    use kiln_core::spec::Workload;
+    match spec.sandbox_workloads.default_workload {
+        Some(Workload::VmPassthrough) if spec.sandbox_enabled() => "vm-passthrough",
+        Some(Workload::VmVgpu) if spec.sandbox_enabled() => "vm-vgpu",
+        _ => "container",
     }
 }

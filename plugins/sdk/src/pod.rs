@@ -295,15 +295,38 @@ fn wait_target(ctr: &Container) -> Option<String> {
         .flatten()
 }
 
-/// NVIDIA's wait loop for a status file (its assets' text, so pod templates match).
+/// NVIDIA's wait loop for a status file (its assets' text, so pod templates match):
+/// - `vgpu-manager-ready`: also satisfied by `host-vgpu-manager-ready`, which NVIDIADriver's
+///   vGPU host manager writes (upstream vgpu-device-manager);
+/// - `vfio-pci-ready` / `vgpu-devices-ready`: first waits for the validator's `workload-type`
+///   file and passes at once on a node whose workload is not `vm-passthrough` / `vm-vgpu`
+///   (upstream sandbox-device-plugin);
+/// - any other file: waits for it.
 fn shell_wait(file: &str) -> String {
-    let what = match file {
-        "toolkit-ready" => "nvidia container stack to be setup",
-        other => other,
+    const DIR: &str = "/run/nvidia/validations";
+    let for_workload = |workload: &str, what: &str, waiting: &str| {
+        format!(
+            "until [ -f {DIR}/workload-type ]; do echo waiting for workload type status file; \
+             sleep 5; done; if [ \"$(cat {DIR}/workload-type)\" != \"{workload}\" ]; then echo \
+             {what} not needed, skipping validation; exit 0; fi; until [ -f {DIR}/{file} ]; do \
+             echo waiting for {waiting}; sleep 5; done;"
+        )
     };
-    format!(
-        "until [ -f /run/nvidia/validations/{file} ]; do echo waiting for {what}; sleep 5; done"
-    )
+    match file {
+        "vgpu-manager-ready" => format!(
+            "until [ -f {DIR}/{file} ] || [ -f {DIR}/host-{file} ]; do echo waiting for NVIDIA \
+             vGPU Manager to be setup; sleep 5; done"
+        ),
+        "vfio-pci-ready" => for_workload("vm-passthrough", "vfio-pci", "vfio-pci driver ..."),
+        "vgpu-devices-ready" => for_workload("vm-vgpu", "vgpu-devices", "vGPU devices..."),
+        other => {
+            let what = match other {
+                "toolkit-ready" => "nvidia container stack to be setup",
+                other => other,
+            };
+            format!("until [ -f {DIR}/{other} ]; do echo waiting for {what}; sleep 5; done")
+        }
+    }
 }
 
 /// Upstream `handleDevicePluginConfig` (device plugin, MPS, GFD). With no
