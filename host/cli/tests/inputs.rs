@@ -291,6 +291,34 @@ fn policy_files_refuse_duplicates_deep_nesting_bad_identity_and_bad_names() {
     assert_fails(&o, 1, &["/dev/urandom: not a regular file"]);
 }
 
+#[test]
+fn policy_files_are_as_strict_as_the_api_server() {
+    let f = Files::new();
+    // A list where an object is due is refused, not read positionally (`gfd: [false]` once
+    // disabled GFD); a leading byte order mark is skipped, not "more than one document".
+    let gfd = SAMPLE.replace("  gfd:\n    enabled: true\n", "  gfd: [false]\n");
+    assert_ne!(gfd, SAMPLE);
+    let err = render_error(&f, "gfd.yaml", &format!("\u{feff}{gfd}"));
+    assert!(
+        err.contains("spec.gfd: must be of type object, got array"),
+        "{err}"
+    );
+    let max = SAMPLE.replace(
+        "      maxParallelUpgrades: 1\n",
+        "      maxParallelUpgrades: 1\n      maxUnavailable: 150%\n",
+    );
+    assert_ne!(max, SAMPLE);
+    let err = render_error(&f, "max.yaml", &max);
+    assert!(
+        err.contains(
+            "spec.driver.upgradePolicy.maxUnavailable: must be a non-negative integer or a \
+             percentage from 0% to 100% (e.g. 25%), got \"150%\""
+        ),
+        "{err}"
+    );
+    assert!(err.len() < 400, "{err}");
+}
+
 // ---- property test: mutated sample policies through the render library path ----
 
 /// One renderer (plugins compiled once) for every case.

@@ -10,6 +10,7 @@
 
 pub mod context;
 pub mod driver_digest;
+pub mod intstr;
 pub mod labels;
 pub mod plan;
 pub mod readiness;

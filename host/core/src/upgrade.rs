@@ -56,6 +56,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::intstr::IntOrPercent;
 use crate::spec::{DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec};
 
 /// Node label holding the upgrade state (upstream `nvidia.com/%s-driver-upgrade-state`, driver `gpu`).
@@ -561,18 +562,11 @@ fn values(vs: &str) -> Option<Vec<String>> {
 }
 
 /// `5` or `25%` of `total`, percentages rounded up (Kubernetes' `GetScaledValueFromIntOrPercent`
-/// with round-up); an unparsable string counts as `total` (no limit).
+/// with round-up), by the one int-or-percent rule ([`IntOrPercent`]). A value that rule refuses
+/// (`"many"`, `"150%"`, `""`) gives 0: no node is taken down. A policy carrying one is refused
+/// before any upgrade runs ([`crate::spec::ClusterPolicySpec::validate`] names the field).
 pub fn scaled(value: &IntOrString, total: usize) -> usize {
-    match value {
-        IntOrString::Int(n) => usize::try_from(*n).unwrap_or(0),
-        IntOrString::String(s) => match s.trim().strip_suffix('%') {
-            Some(p) => p
-                .trim()
-                .parse::<usize>()
-                .map_or(total, |p| (p * total).div_ceil(100)),
-            None => s.trim().parse::<usize>().unwrap_or(total),
-        },
-    }
+    IntOrPercent::parse(value).map_or(0, |v| v.scaled(total))
 }
 
 /// Upgrade slots free now (upstream `GetUpgradesAvailable`): `maxParallelUpgrades` minus the

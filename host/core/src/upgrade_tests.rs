@@ -319,8 +319,11 @@ fn slots_formula() {
     assert_eq!(slots(&pol, &nodes), 0);
     assert_eq!(scaled(&IntOrString::String("25%".into()), 100), 25);
     assert_eq!(scaled(&IntOrString::String("1%".into()), 101), 2);
-    assert_eq!(scaled(&IntOrString::String("7".into()), 100), 7);
-    assert_eq!(scaled(&IntOrString::String("lots".into()), 9), 9);
+    assert_eq!(scaled(&IntOrString::Int(7), 100), 7);
+    // Values the int-or-percent rule refuses take no node down (they were "all nodes").
+    for bad in ["7", "lots", "150%", "", "-1"] {
+        assert_eq!(scaled(&IntOrString::String(bad.into()), 9), 0, "{bad:?}");
+    }
 }
 
 #[test]

@@ -478,12 +478,5 @@ impl Plugin {
 
 /// `e: cause: cause…` on one line.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    kiln_gpu::error_chain(e)
 }

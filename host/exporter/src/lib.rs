@@ -29,14 +29,7 @@ pub use config::{Config, ExporterError, run, serve};
 /// `err: cause: cause…`, for log lines (error types here keep causes in `source()`).
 #[must_use]
 pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
+    kiln_gpu::error_chain(err)
 }
 
 #[cfg(test)]

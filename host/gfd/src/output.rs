@@ -26,6 +26,9 @@ pub fn render_lines(labels: &Labels) -> String {
 }
 
 /// Writes the features.d file atomically (temp file in the same dir + rename), mode 0644.
+/// Only a regular file (or nothing) at `path` is replaced: a device node, directory, socket,
+/// FIFO or symlink there is refused (`--output-file /dev/full` once replaced the device node
+/// with a regular file).
 ///
 /// # Errors
 /// [`GfdError::OutputFile`] naming the file.
@@ -34,6 +37,20 @@ pub fn write_features_file(path: &Path, labels: &Labels) -> Result<(), GfdError>
         path: path.to_owned(),
         source,
     };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "not a regular file ({}); refusing to replace it",
+                    kiln_input::file_kind(&m.file_type())
+                ),
+            )));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = dir.join(format!(

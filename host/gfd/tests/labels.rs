@@ -295,4 +295,28 @@ fn features_file_is_sorted_key_value_lines() {
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o644
     );
+    // A regular file is replaced; anything else at the path is refused and left alone
+    // (`--output-file /dev/full` once became a regular file).
+    kiln_gfd::write_features_file(&path, &labels).unwrap();
+    let socket = dir.path().join("gfd.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    for (target, kind) in [
+        (socket, "socket"),
+        (dir.path().join("features.d"), "directory"),
+    ] {
+        let e = kiln_gfd::write_features_file(&target, &labels).unwrap_err();
+        let text = kiln_gpu::error_chain(&e);
+        assert!(
+            text.contains(&format!(
+                "not a regular file ({kind}); refusing to replace it"
+            )),
+            "{text}"
+        );
+        assert!(
+            !std::fs::symlink_metadata(&target)
+                .unwrap()
+                .file_type()
+                .is_file()
+        );
+    }
 }

@@ -57,3 +57,49 @@ pub enum GpuError {
     #[error("unknown GPU backend {0:?}: expected `nvml` or `fake:<fixture path>`")]
     BadBackendSpec(String),
 }
+
+/// `e` and its causes joined with `: `, each cause once: a cause whose text the layer above
+/// already ends with is skipped. nvml-wrapper's `a libloading error occurred: libnvidia-ml.so.1:
+/// cannot open …` both embeds its source in its message and returns it as `source()`, which
+/// printed the same `cannot open` text twice. The one chain formatter of the agents and the
+/// CLI.
+#[must_use]
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut above = e.to_string();
+    let mut out = above.clone();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !above.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        above = text;
+        cur = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("nvml init failed")]
+    struct Top(#[source] Mid);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("a libloading error occurred: {0}")]
+    struct Mid(#[source] std::io::Error);
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = Top(Mid(std::io::Error::other(
+            "libnvidia-ml.so.1: cannot open shared object file",
+        )));
+        assert_eq!(
+            super::error_chain(&e),
+            "nvml init failed: a libloading error occurred: libnvidia-ml.so.1: cannot open shared object file"
+        );
+        let io = std::io::Error::other("in use");
+        assert_eq!(super::error_chain(&io), "in use");
+    }
+}

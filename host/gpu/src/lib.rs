@@ -18,7 +18,7 @@ mod nvml;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
-pub use error::GpuError;
+pub use error::{GpuError, error_chain};
 pub use fake::{FakeBackend, Fixture, FixtureGpu, MAX_FIXTURE_GPUS, MAX_MEMORY_MIB};
 pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, MigSample, SystemInfo, XidEvent};
 pub use nvml::NvmlBackend;
@@ -137,7 +137,13 @@ mod tests {
     fn opening_nvml_without_a_driver_is_a_typed_init_error() {
         // This machine has no NVIDIA driver; on a GPU machine the open succeeds instead.
         match open(&BackendSpec::Nvml) {
-            Err(GpuError::NvmlInit(_)) => {}
+            Err(e @ GpuError::NvmlInit(_)) => {
+                // nvml-wrapper's message embeds its cause, which is also its source: the
+                // chain prints the `cannot open` text once.
+                let chain = crate::error_chain(&e);
+                let tail = chain.rsplit(": ").next().unwrap_or_default();
+                assert_eq!(chain.matches(tail).count(), 1, "{chain}");
+            }
             Err(other) => panic!("expected NvmlInit, got {other}"),
             Ok(inv) => assert!(inv.devices().is_ok()),
         }

@@ -64,9 +64,20 @@ impl InputError {
     }
 }
 
+/// What a file type is, in words for messages: `directory`, `character device`, `block
+/// device`, `FIFO`, `socket`, `symlink` (for `symlink_metadata`), `regular file`.
+#[must_use]
+pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    kind_of(*ft)
+}
+
 fn kind_of(ft: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
+    if ft.is_file() {
+        "regular file"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_dir() {
         "directory"
     } else if ft.is_char_device() {
         "character device"

@@ -16,10 +16,11 @@
 pub mod duration;
 mod file;
 pub mod k8s;
+mod strict;
 pub mod yaml;
 
 pub use duration::{
     DurationError, MAX_DURATION, MAX_DURATION_MS, MAX_DURATION_SECS, parse_go_duration,
 };
-pub use file::{InputError, MAX_FILE_BYTES, load_file, read_bounded};
+pub use file::{InputError, MAX_FILE_BYTES, file_kind, load_file, read_bounded};
 pub use yaml::{MAX_DEPTH, YamlError};

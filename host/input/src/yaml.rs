@@ -16,7 +16,11 @@
 //! - values JSON cannot hold: tagged values (`!foo x`), NaN/infinite floats, integers outside
 //!   i64/u64, non-scalar keys. Scalar keys (`1: x`, `true: y`) become strings, as kubectl's
 //!   YAML-to-JSON conversion does;
-//! - more than one document.
+//! - more than one document;
+//! - a list where the target type wants a mapping (a struct): serde would read it positionally
+//!   (`startupProbe: [5, 7, 9]` setting three fields); see [`crate::strict`].
+//!
+//! A leading UTF-8 byte order mark is skipped, as kubectl and the API server skip it.
 
 use std::{cell::RefCell, fmt};
 
@@ -51,11 +55,12 @@ impl YamlError {
 }
 
 /// Parses `text` (YAML, or JSON which is YAML) into a JSON value under the rules of the module
-/// docs. Empty text is `null`.
+/// docs. Empty text is `null`; a leading byte order mark (U+FEFF) is skipped.
 ///
 /// # Errors
 /// [`YamlError`] with the field path.
 pub fn to_value(text: &str) -> Result<Value, YamlError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if text.len() > MAX_TEXT_BYTES {
         return Err(YamlError::document(format!(
             "document larger than {MAX_TEXT_BYTES} bytes"
@@ -85,12 +90,13 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, YamlError> {
     from_value(to_value(text)?)
 }
 
-/// Decodes an already-parsed value as `T`, with the field path in the error.
+/// Decodes an already-parsed value as `T`, with the field path in the error. A struct is never
+/// decoded from a sequence (`invalid type: sequence, expected a map`; see [`crate::strict`]).
 ///
 /// # Errors
 /// [`YamlError`].
 pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, YamlError> {
-    serde_path_to_error::deserialize(value).map_err(|e| YamlError {
+    serde_path_to_error::deserialize(crate::strict::Strict(value)).map_err(|e| YamlError {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),
     })
@@ -390,6 +396,9 @@ mod tests {
         );
         assert_eq!(err("a: .nan\n"), "a: NaN is not a number JSON can hold");
         assert!(err("a: 1\n---\nb: 2\n").contains("more than one document"));
+        // A byte order mark is not a second document (kubectl skips it too).
+        assert_eq!(to_value("\u{feff}a: 1\n").unwrap(), json!({"a": 1}));
+        assert_eq!(to_value("\u{feff}{\"a\": 1}").unwrap(), json!({"a": 1}));
         assert!(err("a: [1\n").contains("invalid YAML"));
         assert_eq!(err("[a, b]: 1\n"), ".: a mapping key must be a scalar");
     }

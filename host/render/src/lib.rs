@@ -7,10 +7,11 @@
 //!        ─► RenderedState { objects }
 //! ```
 //!
-//! A state that fails (a plugin fault, a bad field) yields its own error and does not stop the
-//! states after it.
+//! A state that fails (a plugin fault, a bad field, an object the API server would refuse:
+//! [`check`]) yields its own error and does not stop the states after it.
 
 pub mod assets;
+pub mod check;
 pub mod defaults;
 pub mod nvidiadriver;
 pub mod output;
@@ -43,6 +44,16 @@ pub enum RenderError {
         /// What the plugin did wrong.
         #[source]
         source: PluginError,
+    },
+    /// A rendered object carries a value the API server refuses (a label, an env name, a
+    /// `maxUnavailable`, …; see [`check`]); the error names the object and the field.
+    #[error("state {state}: {source}")]
+    Invalid {
+        /// The state.
+        state: State,
+        /// The object, field and rule.
+        #[source]
+        source: check::ObjectError,
     },
 }
 
@@ -140,6 +151,9 @@ impl Renderer {
             .host
             .run_chain(&chain, &input, &policy.spec_text, &ctx)
             .map_err(|source| RenderError::Plugin { state, source })?;
+        for object in &out.objects {
+            check::check_object(object).map_err(|source| RenderError::Invalid { state, source })?;
+        }
         tracing::debug!(%state, objects = out.objects.len(), omitted = out.omitted.len(), "rendered state");
         Ok(RenderedState {
             state,

@@ -70,6 +70,7 @@ impl NvidiaDriverDoc {
         };
         let pruned = kiln_core::spec::schema::default_nvidia_driver_spec(&mut spec_json);
         kiln_core::spec::schema::check_nvidia_driver_spec(&spec_json)?;
+        kiln_core::spec::check_values(&spec_json)?;
         let spec = serde_json::from_value(spec_json).map_err(|e| kiln_core::SpecError {
             path: "spec".into(),
             message: e.to_string(),

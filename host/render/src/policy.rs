@@ -91,6 +91,7 @@ impl Policy {
         let pruned = kiln_core::spec::schema::default_spec(&mut spec_json);
         check_object_names(&spec_json, "spec", None)?;
         let spec = ClusterPolicySpec::from_json(&spec_json)?;
+        kiln_core::spec::check_values(&spec_json)?;
         spec.validate()?;
         let meta = obj.get("metadata");
         let name = meta
@@ -362,7 +363,7 @@ mod tests {
         .unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("spec.mig.strategy: unknown variant `double`"),
+                .starts_with("spec.mig.strategy: unsupported value \"double\""),
             "{e}"
         );
     }

@@ -97,12 +97,5 @@ impl RetryPolicy {
 /// `e` and its causes joined with `: `.
 #[must_use]
 pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cur = c.source();
-    }
-    out
+    kiln_gpu::error_chain(e)
 }

@@ -60,20 +60,15 @@ pub fn apply_common_config(
     Ok(())
 }
 
-/// `"1"` → int 1, `"10%"` → string `"10%"`, anything else is an error naming the field.
+/// `"1"` → int 1, `"10%"` → string `"10%"`, by the one int-or-percent rule
+/// ([`kiln_core::intstr::IntOrPercent::parse_str`]); anything else (`"150%"`, `"-1"`) is an
+/// error naming the field.
 pub fn parse_max_unavailable(raw: &str) -> Result<IntOrString, TransformError> {
-    let bad = || {
-        TransformError::field(
-            "spec.daemonsets.rollingUpdate.maxUnavailable",
-            format!("{raw:?} is neither an integer nor a percentage"),
-        )
-    };
-    if let Some(num) = raw.strip_suffix('%') {
-        num.parse::<u32>().map_err(|_| bad())?;
-        Ok(IntOrString::String(raw.to_string()))
-    } else {
-        raw.parse::<i32>().map(IntOrString::Int).map_err(|_| bad())
-    }
+    kiln_core::intstr::IntOrPercent::parse_str(raw)
+        .map(kiln_core::intstr::IntOrPercent::to_int_or_string)
+        .map_err(|message| {
+            TransformError::field("spec.daemonsets.rollingUpdate.maxUnavailable", message)
+        })
 }
 
 /// Upstream host-path rewrites, run on every DaemonSet before its transform:

@@ -132,7 +132,7 @@ impl Cli {
         match result {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", kiln_gpu::error_chain(e.as_ref()));
                 ExitCode::FAILURE
             }
         }

@@ -87,8 +87,8 @@ pub struct ComponentSpec {
     #[serde(default)]
     pub repository: String,
     /// Image name, or a full reference when repository and version are empty (CRD pattern
-    /// `[a-zA-Z0-9\-]+`).
-    #[serde(default)]
+    /// `[a-zA-Z0-9\-]+`, which refuses `""`: an empty name is left out when serialized).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
     /// Tag, or a digest starting with `sha256:`.
@@ -130,7 +130,7 @@ pub struct DriverManagerSpec {
     #[serde(default)]
     pub repository: String,
     /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
     /// Tag or digest.

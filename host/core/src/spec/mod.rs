@@ -135,13 +135,15 @@ impl ClusterPolicySpec {
     /// Parse a spec from JSON, naming the offending field on error
     /// (e.g. `spec.mig.strategy: unknown variant "double", expected one of none, single, mixed`).
     ///
-    /// With the `kube` feature, values are also checked against the CRD's enums, minimums and
-    /// maximums ([`schema::check_spec`]), as the API server checks them.
+    /// With the `kube` feature, the value is first validated against the CRD's schema
+    /// ([`schema::check_spec`]: types, enums, patterns, required fields, minimums), as the API
+    /// server validates it, so a list never decodes positionally into a struct
+    /// (`gfd: [false]` is `spec.gfd: must be of type object, got array`). Pass the spec as
+    /// stored, after [`schema::default_spec`].
     pub fn from_json(value: &serde_json::Value) -> Result<Self, SpecError> {
-        let spec = Self::parse_json(value)?;
         #[cfg(feature = "kube")]
         schema::check_spec(value)?;
-        Ok(spec)
+        Self::parse_json(value)
     }
 
     fn parse_json(value: &serde_json::Value) -> Result<Self, SpecError> {
@@ -192,9 +194,33 @@ impl ClusterPolicySpec {
         Ok(spec)
     }
 
-    /// Cross-field rules upstream enforces at start (fatal there, an `Error` condition here):
-    /// `cdi.nriPluginEnabled` requires `cdi.enabled` and `toolkit.enabled`.
+    /// Rules beyond the CRD schema, each an `Error` condition in the operator and a refusal in
+    /// `kiln render`:
+    /// - cross-field rules upstream enforces at start (fatal there): `cdi.nriPluginEnabled`
+    ///   requires `cdi.enabled` and `toolkit.enabled`;
+    /// - every int-or-percent (`driver.upgradePolicy.maxUnavailable`,
+    ///   `daemonsets.rollingUpdate.maxUnavailable`) parses by the one rule of
+    ///   [`crate::intstr::IntOrPercent`] (upstream's upgrade controller stops on such a value;
+    ///   the API server refuses it in the DaemonSet).
     pub fn validate(&self) -> Result<(), SpecError> {
+        use crate::intstr::IntOrPercent;
+        if let Some(up) = &self.driver.upgrade_policy
+            && let Err(message) = IntOrPercent::parse(&up.max_unavailable)
+        {
+            return Err(SpecError {
+                path: "spec.driver.upgradePolicy.maxUnavailable".into(),
+                message,
+            });
+        }
+        let rolling = &self.daemonsets.rolling_update.max_unavailable;
+        if !rolling.is_empty()
+            && let Err(message) = IntOrPercent::parse_str(rolling)
+        {
+            return Err(SpecError {
+                path: "spec.daemonsets.rollingUpdate.maxUnavailable".into(),
+                message,
+            });
+        }
         if self.cdi.nri_plugin_enabled() {
             if !self.cdi.enabled() {
                 return Err(SpecError {
@@ -224,6 +250,68 @@ impl ClusterPolicySpec {
             _ => "nvidia",
         }
     }
+}
+
+/// The image pull policies Kubernetes knows (`Always`, `Never`, `IfNotPresent`); an empty
+/// policy means the default.
+pub const PULL_POLICIES: [&str; 3] = ["Always", "Never", "IfNotPresent"];
+
+/// Values the CRD takes as plain strings but no operand can use, refused before anything is
+/// rendered (upstream passes them on, or silently replaces them), at any depth of a
+/// ClusterPolicy or NVIDIADriver `spec`:
+/// - an `imagePullPolicy` other than [`PULL_POLICIES`] or empty (`Sometimes` became
+///   `IfNotPresent` without a word);
+/// - a control character (NUL, newline, …) in a `hostPaths` value: no host path holds one.
+///
+/// # Errors
+/// The first offending field, e.g. `spec.driver.imagePullPolicy: unsupported value
+/// "Sometimes", expected one of Always, Never, IfNotPresent`.
+pub fn check_values(spec: &serde_json::Value) -> Result<(), SpecError> {
+    check_values_at(spec, "spec", None)
+}
+
+fn check_values_at(v: &serde_json::Value, path: &str, key: Option<&str>) -> Result<(), SpecError> {
+    use serde_json::Value;
+    let fail = |message: String| {
+        Err(SpecError {
+            path: path.to_string(),
+            message,
+        })
+    };
+    match v {
+        Value::String(s)
+            if key == Some("imagePullPolicy")
+                && !s.is_empty()
+                && !PULL_POLICIES.contains(&s.as_str()) =>
+        {
+            return fail(format!(
+                "unsupported value {s:?}, expected one of {}",
+                PULL_POLICIES.join(", ")
+            ));
+        }
+        Value::Object(map) if key == Some("hostPaths") => {
+            for (k, v) in map {
+                if let Some(s) = v.as_str().filter(|s| s.chars().any(char::is_control)) {
+                    return Err(SpecError {
+                        path: format!("{path}.{k}"),
+                        message: format!("{s:?} contains a control character"),
+                    });
+                }
+            }
+        }
+        Value::Object(map) => {
+            for (k, child) in map {
+                check_values_at(child, &format!("{path}.{k}"), Some(k))?;
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                check_values_at(child, &format!("{path}[{i}]"), None)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// serde's `flatten` (every component embeds [`ComponentSpec`] that way) hides where inside a

@@ -197,12 +197,12 @@ pub fn default_nvidia_driver_spec(spec: &mut Value) -> Vec<String> {
     pruned
 }
 
-/// [`check_spec`] for an NVIDIADriver `spec` (enums, minimums, maximums).
+/// [`check_spec`] for an NVIDIADriver `spec`, with its CRD's schema.
 ///
 /// # Errors
 /// The first offending field, e.g. `spec.driverType: unsupported value "cpu", …`.
 pub fn check_nvidia_driver_spec(spec: &Value) -> Result<(), SpecError> {
-    check(
+    validate(
         &nvidia_driver_openapi_schema()["properties"]["spec"],
         spec,
         "spec",
@@ -233,76 +233,219 @@ pub fn spec_schema() -> &'static Value {
 /// - a field the schema does not know is removed (unless its node preserves unknown fields);
 /// - a `null` is removed, or replaced by the field's default when it has one;
 /// - a missing field with a default gets it, in every object that is present (defaults do not
-///   create parent objects: `driver.kernelModuleType` is set only when `driver` exists).
+///   create parent objects: `driver.kernelModuleType` is set only when `driver` exists);
+/// - an integral number written with a fraction (`5.0`) where an integer is due becomes `5`.
 ///
 /// Returns the removed unknown fields as paths below `spec` (`operator.foo`, `driver.env[0].x`),
 /// in document order, so a caller can warn about likely typos. Values of the wrong type are
-/// left alone: the typed parse ([`super::ClusterPolicySpec::from_json`]) rejects them.
+/// left alone: [`check_spec`] refuses them.
 pub fn default_spec(spec: &mut Value) -> Vec<String> {
     let mut pruned = Vec::new();
     apply(spec_schema(), spec, "", &mut pruned);
     pruned
 }
 
-/// Check `spec` against the schema's `enum`, `minimum` and `maximum` keywords, which the API
-/// server enforces on create/update (`driver.startupProbe.periodSeconds: 0`,
-/// `ccManager.defaultMode: maybe` are refused). Type errors are left to the typed parse
-/// ([`super::ClusterPolicySpec::from_json`], which calls this); `pattern`s are not checked.
+/// Validate `spec` (as stored: after [`default_spec`]) against the CRD's schema, as the API
+/// server validates a ClusterPolicy on create and update: so `kiln render` and the operator
+/// refuse exactly what `kubectl apply` would. See [`validate`] for the keywords.
 ///
 /// # Errors
-/// The first offending field, e.g. `spec.driver.startupProbe.periodSeconds: 0 is less than
-/// the minimum 1`.
+/// The first offending field, e.g. `spec.gfd: must be of type object, got array` or
+/// `spec.driver.startupProbe.periodSeconds: 0 is less than the minimum 1`.
 pub fn check_spec(spec: &Value) -> Result<(), SpecError> {
-    check(spec_schema(), spec, "spec")
+    validate(spec_schema(), spec, "spec")
 }
 
-fn check(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
-    let fail = |message: String| SpecError {
-        path: path.to_string(),
-        message,
+/// Validate `value` against a structural schema node, as the API server's OpenAPI validation
+/// (kube-openapi) does, depth first, stopping at the first error, which names the field
+/// (`path`, then `.key` and `[i]` below it):
+/// - `type`: `object`, `array`, `string`, `boolean`, `number`, `integer` (a number with no
+///   fraction: `5.0` is an integer, as JSON decoding in the API server makes it); `null` is
+///   no value of any type (the API server prunes `null` object fields before, as
+///   [`default_spec`] does, so a `null` field is taken as absent here; a `null` list item is
+///   refused);
+/// - `x-kubernetes-int-or-string`: an integer or a string; `anyOf`: at least one branch;
+/// - `enum`; `pattern` (strings only; Go's unanchored `MatchString`, with the `regex` crate,
+///   whose syntax covers RE2's); `minimum`/`maximum`; `minLength`/`maxLength` (in
+///   characters), `minItems`/`maxItems`; `required` (a key that is missing);
+/// - `format`: `int32`/`int64` only restate the type (the API server checks no range);
+///   `date-time` (status only) is not checked here;
+/// - `properties`, `additionalProperties` and `items` recursively; fields the schema does not
+///   know are left to pruning ([`default_spec`]), not refused.
+///
+/// # Errors
+/// [`SpecError`] with the field's path.
+pub fn validate(schema: &Value, value: &Value, path: &str) -> Result<(), SpecError> {
+    let fail = |message: String| {
+        Err(SpecError {
+            path: path.to_string(),
+            message,
+        })
     };
+    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    if int_or_string {
+        if !(is_integer(value) || value.is_string()) {
+            return fail(format!(
+                "must be an integer or a string, got {}",
+                type_name(value)
+            ));
+        }
+    } else if let Some(ty) = schema.get("type").and_then(Value::as_str) {
+        let ok = match ty {
+            "object" => value.is_object(),
+            "array" => value.is_array(),
+            "string" => value.is_string(),
+            "boolean" => value.is_boolean(),
+            "number" => value.is_number(),
+            "integer" => is_integer(value),
+            _ => true,
+        };
+        if !ok {
+            return fail(format!("must be of type {ty}, got {}", type_name(value)));
+        }
+    } else if let Some(branches) = schema.get("anyOf").and_then(Value::as_array)
+        && !branches.iter().any(|b| validate(b, value, path).is_ok())
+    {
+        return fail(format!(
+            "{} matches none of the allowed forms",
+            type_name(value)
+        ));
+    }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
-        && !value.is_null()
         && !allowed.contains(value)
     {
         let names: Vec<String> = allowed.iter().map(Value::to_string).collect();
-        return Err(fail(format!(
-            "unsupported value {value}, expected one of {}",
+        return fail(format!(
+            "unsupported value {}, expected one of {}",
+            shown(value),
             names.join(", ")
-        )));
-    }
-    if let Some(n) = value.as_f64() {
-        if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
-            && n < min
-        {
-            return Err(fail(format!("{value} is less than the minimum {min}")));
-        }
-        if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
-            && n > max
-        {
-            return Err(fail(format!("{value} is more than the maximum {max}")));
-        }
+        ));
     }
     match value {
+        Value::String(s) => {
+            if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+                && !pattern_matches(pattern, s)
+            {
+                return fail(format!(
+                    "{} does not match the pattern {pattern}",
+                    shown(value)
+                ));
+            }
+            let chars = s.chars().count() as u64;
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+                && chars < min
+            {
+                return fail(format!("must be at least {min} characters long"));
+            }
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+                && chars > max
+            {
+                return fail(format!("must be at most {max} characters long"));
+            }
+        }
+        Value::Number(_) => {
+            let n = value.as_f64().unwrap_or_default();
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+                && n < min
+            {
+                return fail(format!("{value} is less than the minimum {min}"));
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+                && n > max
+            {
+                return fail(format!("{value} is more than the maximum {max}"));
+            }
+        }
         Value::Object(map) => {
+            if let Some(required) = schema.get("required").and_then(Value::as_array) {
+                for key in required.iter().filter_map(Value::as_str) {
+                    if map.get(key).is_none_or(Value::is_null) {
+                        return Err(SpecError {
+                            path: format!("{path}.{key}"),
+                            message: "required value is missing".into(),
+                        });
+                    }
+                }
+            }
             let props = schema.get("properties").and_then(Value::as_object);
             let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            for (key, v) in map {
+            for (key, v) in map.iter().filter(|(_, v)| !v.is_null()) {
                 if let Some(child) = props.and_then(|p| p.get(key)).or(additional) {
-                    check(child, v, &format!("{path}.{key}"))?;
+                    validate(child, v, &format!("{path}.{key}"))?;
                 }
             }
         }
         Value::Array(items) => {
+            let n = items.len() as u64;
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+                && n < min
+            {
+                return fail(format!("must have at least {min} items"));
+            }
+            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+                && n > max
+            {
+                return fail(format!("must have at most {max} items"));
+            }
             if let Some(item) = schema.get("items") {
                 for (i, v) in items.iter().enumerate() {
-                    check(item, v, &format!("{path}[{i}]"))?;
+                    validate(item, v, &format!("{path}[{i}]"))?;
                 }
             }
         }
-        _ => {}
+        Value::Null | Value::Bool(_) => {}
     }
     Ok(())
+}
+
+/// A JSON integer, or a number with no fraction (`5.0`), as the API server's type check takes it.
+fn is_integer(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
+        _ => false,
+    }
+}
+
+/// The JSON type of `v`, for messages.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// `v` for a message: JSON, control characters escaped, cut to 80 characters.
+fn shown(v: &Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() > 80 {
+        format!("{}…", text.chars().take(80).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// Whether `text` matches the schema `pattern` (unanchored, as Go's `MatchString`). Patterns
+/// are compiled once each; one Rust's `regex` cannot compile (none in kiln's CRDs, see the
+/// tests) matches nothing, so the value is refused rather than let through unchecked.
+fn pattern_matches(pattern: &str, text: &str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<Arc<regex::Regex>>>>> = OnceLock::new();
+    let re = CACHE
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(pattern.to_string())
+        .or_insert_with(|| regex::Regex::new(pattern).ok().map(Arc::new))
+        .clone();
+    re.is_some_and(|re| re.is_match(text))
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -315,6 +458,17 @@ fn join(path: &str, key: &str) -> String {
 
 fn apply(schema: &Value, value: &mut Value, path: &str, pruned: &mut Vec<String>) {
     match value {
+        Value::Number(n)
+            if n.is_f64()
+                && (schema.get("type").and_then(Value::as_str) == Some("integer")
+                    || schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true))) =>
+        {
+            // `5.0` where an integer is due is stored as `5` (the API server decodes JSON
+            // numbers and writes integral ones back as integers).
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *value = Value::from(f as i64);
+            }
+        }
         Value::Object(map) => object(schema, map, path, pruned),
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
@@ -470,6 +624,93 @@ mod tests {
             "migManager": {"config": {"default": ""}}}))
             .is_ok()
         );
+    }
+
+    #[test]
+    fn types_patterns_and_required_fields_are_checked_as_the_api_server_does() {
+        let err = |v: Value| check_spec(&v).unwrap_err().to_string();
+        assert_eq!(
+            err(json!({"gfd": [false]})),
+            "spec.gfd: must be of type object, got array"
+        );
+        assert_eq!(
+            err(json!({"driver": {"startupProbe": {"periodSeconds": 1.5}}})),
+            "spec.driver.startupProbe.periodSeconds: must be of type integer, got number"
+        );
+        assert!(
+            err(json!({"dcgmExporter": {"serviceMonitor": {"interval": "15 seconds"}}}))
+                .starts_with(
+                    "spec.dcgmExporter.serviceMonitor.interval: \"15 seconds\" does not match the pattern ^(0|"
+                )
+        );
+        assert!(
+            err(json!({"driver": {"resources": {"limits": {"memory": "lots"}}}}))
+                .starts_with("spec.driver.resources.limits.memory: \"lots\" does not match")
+        );
+        assert_eq!(
+            err(json!({"daemonsets": {"podSecurityContext": {"seccompProfile": {}}}})),
+            "spec.daemonsets.podSecurityContext.seccompProfile.type: required value is missing"
+        );
+        assert_eq!(
+            err(json!({"driver": {"env": [{"value": "x"}]}})),
+            "spec.driver.env[0].name: required value is missing"
+        );
+        assert_eq!(
+            err(json!({"driver": {"env": [null]}})),
+            "spec.driver.env[0]: must be of type object, got null"
+        );
+        assert_eq!(
+            err(json!({"driver": {"upgradePolicy": {"maxUnavailable": 1.5}}})),
+            "spec.driver.upgradePolicy.maxUnavailable: must be an integer or a string, got number"
+        );
+        assert_eq!(
+            err(json!({"driver": {"image": "!!!"}})),
+            "spec.driver.image: \"!!!\" does not match the pattern [a-zA-Z0-9\\-]+"
+        );
+        assert_eq!(err(json!([1])), "spec: must be of type object, got array");
+        // Accepted: integral floats, quantities, durations, int-or-string values of either kind,
+        // null fields (pruned), unknown fields (pruned, not refused).
+        check_spec(&json!({
+            "driver": {"startupProbe": {"periodSeconds": 5.0}, "image": "my/driver",
+                       "resources": {"limits": {"memory": "1Gi", "cpu": 2}},
+                       "upgradePolicy": {"maxUnavailable": "many"}},
+            "dcgmExporter": {"serviceMonitor": {"interval": "1m30s"}},
+            "gfd": null, "migg": [1]
+        }))
+        .unwrap();
+    }
+
+    #[test]
+    fn integral_floats_are_stored_as_integers() {
+        let mut spec = json!({"driver": {"startupProbe": {"periodSeconds": 5.0},
+                                         "upgradePolicy": {"maxUnavailable": 2.0}}});
+        default_spec(&mut spec);
+        assert_eq!(spec["driver"]["startupProbe"]["periodSeconds"], json!(5));
+        assert!(spec["driver"]["startupProbe"]["periodSeconds"].is_i64());
+        assert!(spec["driver"]["upgradePolicy"]["maxUnavailable"].is_i64());
+    }
+
+    #[test]
+    fn every_schema_pattern_compiles() {
+        fn walk(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    if let Some(Value::String(p)) = m.get("pattern") {
+                        out.push(p.clone());
+                    }
+                    m.values().for_each(|c| walk(c, out));
+                }
+                Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+                _ => {}
+            }
+        }
+        let mut patterns = Vec::new();
+        walk(openapi_schema(), &mut patterns);
+        walk(nvidia_driver_openapi_schema(), &mut patterns);
+        assert!(patterns.len() > 10, "{patterns:?}");
+        for p in patterns {
+            assert!(regex::Regex::new(&p).is_ok(), "{p}");
+        }
     }
 
     #[test]

@@ -20,7 +20,8 @@ fn unknown_enum_value_names_the_field() {
     let err = ClusterPolicySpec::from_json(&json!({"mig": {"strategy": "double"}})).unwrap_err();
     assert_eq!(err.path, "spec.mig.strategy");
     assert!(
-        err.message.contains("unknown variant `double`"),
+        err.message
+            .starts_with("unsupported value \"double\", expected one of \"none\""),
         "{}",
         err.message
     );
@@ -35,11 +36,7 @@ fn a_bad_common_component_field_is_named_to_the_leaf() {
     let err =
         ClusterPolicySpec::from_json(&json!({"driver": {"enabled": "yes-please"}})).unwrap_err();
     assert_eq!(err.path, "spec.driver.enabled");
-    assert!(
-        err.message.contains("expected a boolean"),
-        "{}",
-        err.message
-    );
+    assert_eq!(err.message, "must be of type boolean, got string");
     let err =
         ClusterPolicySpec::from_json(&json!({"dcgmExporter": {"env": [{"name": 5}]}})).unwrap_err();
     assert_eq!(err.path, "spec.dcgmExporter.env[0].name");
@@ -48,10 +45,7 @@ fn a_bad_common_component_field_is_named_to_the_leaf() {
     assert_eq!(err.path, "spec.driver");
     let err = ClusterPolicySpec::from_json(&json!({"mig": "single"})).unwrap_err();
     assert_eq!(err.path, "spec.mig");
-    assert_eq!(
-        err.message,
-        "invalid type: string \"single\", expected a map"
-    );
+    assert_eq!(err.message, "must be of type object, got string");
     let err = ClusterPolicySpec::from_json_str(r#"{"mig": "single"}"#).unwrap_err();
     assert_eq!(
         (err.path.as_str(), err.message.as_str()),
@@ -118,4 +112,86 @@ fn from_json_str_agrees_with_from_json_and_names_the_field() {
     let e = ClusterPolicySpec::from_json_str("{not json").unwrap_err();
     assert_eq!(e.path, "spec");
     assert!(e.message.starts_with("not JSON: "), "{e}");
+}
+
+#[test]
+fn lists_never_decode_positionally_into_structs() {
+    // Once read positionally: `gfd: [false]` disabled GFD, `startupProbe: [5, 7, 9]` set
+    // three fields. The CRD's types refuse both, as the API server does.
+    for (spec, path) in [
+        (json!({"gfd": [false]}), "spec.gfd"),
+        (
+            json!({"driver": {"startupProbe": [5, 7, 9]}}),
+            "spec.driver.startupProbe",
+        ),
+        (
+            json!({"devicePlugin": {"config": ["cfg", "default"]}}),
+            "spec.devicePlugin.config",
+        ),
+        (
+            json!({"driver": {"env": [["A", "1"]]}}),
+            "spec.driver.env[0]",
+        ),
+    ] {
+        let e = ClusterPolicySpec::from_json(&spec).unwrap_err();
+        assert_eq!(e.path, path, "{spec}");
+        assert_eq!(e.message, "must be of type object, got array", "{spec}");
+    }
+}
+
+#[test]
+fn every_int_or_percent_parses_or_names_its_field() {
+    let validate =
+        |spec: serde_json::Value| ClusterPolicySpec::from_json(&spec).unwrap().validate();
+    for bad in [
+        json!("many"),
+        json!("150%"),
+        json!(""),
+        json!("-1"),
+        json!(-1),
+        json!("7"),
+    ] {
+        let e =
+            validate(json!({"driver": {"upgradePolicy": {"maxUnavailable": bad}}})).unwrap_err();
+        assert_eq!(e.path, "spec.driver.upgradePolicy.maxUnavailable", "{bad}");
+        assert!(
+            e.message
+                .starts_with("must be a non-negative integer or a percentage"),
+            "{e}"
+        );
+    }
+    for good in [json!("25%"), json!(0), json!(3), json!("100%")] {
+        validate(json!({"driver": {"upgradePolicy": {"maxUnavailable": good}}})).unwrap();
+    }
+    for bad in ["150%", "-1", "x", "1.5"] {
+        let e = validate(json!({"daemonsets": {"rollingUpdate": {"maxUnavailable": bad}}}))
+            .unwrap_err();
+        assert_eq!(
+            e.path, "spec.daemonsets.rollingUpdate.maxUnavailable",
+            "{bad}"
+        );
+    }
+    for good in ["", "1", "10%"] {
+        validate(json!({"daemonsets": {"rollingUpdate": {"maxUnavailable": good}}})).unwrap();
+    }
+}
+
+#[test]
+fn pull_policies_and_host_paths_are_refused_when_unusable() {
+    let e = check_values(&json!({"driver": {"imagePullPolicy": "Sometimes"}})).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "spec.driver.imagePullPolicy: unsupported value \"Sometimes\", expected one of Always, Never, IfNotPresent"
+    );
+    let e =
+        check_values(&json!({"validator": {"plugin": {"imagePullPolicy": "always"}}})).unwrap_err();
+    assert_eq!(e.path, "spec.validator.plugin.imagePullPolicy");
+    let e = check_values(&json!({"hostPaths": {"rootFS": "/host\u{0}root"}})).unwrap_err();
+    assert_eq!(e.path, "spec.hostPaths.rootFS");
+    assert!(e.message.contains("control character"), "{e}");
+    check_values(
+        &json!({"driver": {"imagePullPolicy": "Always"}, "toolkit": {"imagePullPolicy": ""},
+                         "hostPaths": {"rootFS": "/host"}}),
+    )
+    .unwrap();
 }

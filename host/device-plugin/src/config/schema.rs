@@ -287,6 +287,14 @@ fn list_strategies<'de, D: Deserializer<'de>>(
             )));
         }
     };
+    if names.is_empty() {
+        // Refused here, where the error gets the file and the field path, not later in the
+        // settings (which named neither).
+        return Err(D::Error::custom(
+            "invalid deviceListStrategy: an empty list (give at least one strategy, or leave \
+             the field out for the default envvar)",
+        ));
+    }
     let mut out = names
         .iter()
         .map(|n| n.parse().map_err(D::Error::custom))

@@ -363,3 +363,44 @@ fn anyhow_like(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[test]
+fn lists_never_stand_for_objects_and_empty_strategy_lists_name_the_field() {
+    // A list where an object is due was once read positionally (`timeSlicing: [true, true,
+    // [...]]` served 16 shared devices).
+    for (text, path) in [
+        (
+            "sharing: {timeSlicing: [true, true, [{name: gpu, replicas: 16}]]}",
+            "sharing.timeSlicing",
+        ),
+        ("sharing: [[true, true, []]]", "sharing"),
+        ("flags: [none]", "flags"),
+        (
+            "sharing: {timeSlicing: {resources: [[gpu, 16]]}}",
+            "sharing.timeSlicing.resources[0]",
+        ),
+    ] {
+        let e = err(text);
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{path}: invalid type: sequence, expected a map")),
+            "{text}: {e}"
+        );
+    }
+    let e = err("flags: {plugin: {deviceListStrategy: []}}");
+    assert!(
+        e.to_string().starts_with(
+            "flags.plugin.deviceListStrategy: invalid deviceListStrategy: an empty list"
+        ),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, "flags: {plugin: {deviceListStrategy: []}}\n").unwrap();
+    let e = Config::from_file(&path).unwrap_err();
+    let chain = format!("{:#}", anyhow::Error::from(e));
+    assert!(
+        chain.contains("config.yaml") && chain.contains("flags.plugin.deviceListStrategy"),
+        "{chain}"
+    );
+}
