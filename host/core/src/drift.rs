@@ -65,12 +65,15 @@ fn member(node: Option<&Map<String, Value>>) -> bool {
     node.is_some_and(|m| m.is_empty() || m.contains_key("."))
 }
 
-/// The members of the `fieldsV1` set `a` that are not members of `b`.
+/// The members of the `fieldsV1` set `a` that are not members of `b`, where a node `b` owns
+/// anything under counts as `b`'s too: a map or list item whose fields kiln sets exists
+/// because kiln renders it, even when a manager that wrote the whole object (a create, an
+/// Update) owns the node itself and kiln owns only what it holds.
 fn minus(a: &Map<String, Value>, b: Option<&Map<String, Value>>) -> Map<String, Value> {
     let mut out = Map::new();
     for (k, ca) in a {
         if k == "." {
-            if !member(b) {
+            if b.is_none() {
                 out.insert(".".into(), json!({}));
             }
             continue;
@@ -84,7 +87,7 @@ fn minus(a: &Map<String, Value>, b: Option<&Map<String, Value>>) -> Map<String, 
                 }
             }
             _ => {
-                if !member(cb) {
+                if cb.is_none() {
                     out.insert(k.clone(), json!({}));
                 }
             }

@@ -283,3 +283,26 @@ fn a_field_two_managers_added_is_removed_once_and_ids_follow_the_value() {
         id(&r2, "spec.template.spec.containers[name=sidecar]")
     );
 }
+
+#[test]
+fn a_node_kiln_owns_fields_under_is_not_drift_even_when_a_creator_owns_it_whole() {
+    // NVIDIA's operator created the object (an Update owns every node it sent, maps and list
+    // items included); kiln's apply owns the labels and containers it renders.
+    let creator = entry(
+        "gpu-operator",
+        "Update",
+        None,
+        json!({
+            "f:metadata": {"f:labels": {".": {}, "f:app": {}, "f:team": {}},
+                "f:annotations": {".": {}, "f:nvidia.com/last-applied-hash": {}}},
+            "f:spec": {"f:template": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}}}
+        }),
+    );
+    let f = foreign(&[kiln(), creator], "kiln");
+    assert_eq!(
+        f[0].fields_v1.as_ref().unwrap().0,
+        // The annotations map stays (it holds the server's template-generation annotation).
+        json!({"f:metadata": {"f:labels": {"f:team": {}},
+            "f:annotations": {"f:nvidia.com/last-applied-hash": {}}}})
+    );
+}

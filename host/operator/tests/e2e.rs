@@ -764,7 +764,11 @@ async fn additive_drift(
                     if spec(&now) == spec(&before) && !labels.contains_key("team") && named {
                         Ok(())
                     } else {
-                        Err(format!("labels {labels:?}, events: {notes}"))
+                        Err(format!(
+                            "labels {labels:?}, same spec {}, managed {}, events: {notes}",
+                            spec(&now) == spec(&before),
+                            serde_json::to_string(&now.metadata.managed_fields)?
+                        ))
                     },
                 )
             },
