@@ -302,9 +302,9 @@ impl Applier {
     /// with one JSON patch (field manager `kiln`), and remember what the server's answer still
     /// holds (defaulted again, or put back by admission) as settled. Returns what is gone, or
     /// `None` when the object changed since `resource_version` (409, or the patch's `test`
-    /// failing: 422), or is gone: the watch event of that change brings a fresh copy; also
-    /// `None` when validation refuses the removal (422 `Invalid`): then `removals` count as
-    /// settled too.
+    /// failing: a 422 naming `/metadata/resourceVersion`), or is gone: the watch event of that
+    /// change brings a fresh copy; also `None` when validation refuses the removal (any other
+    /// 422): then `removals` count as settled too.
     ///
     /// # Errors
     /// [`Error::Kube`] naming the object when the request fails otherwise.
@@ -333,8 +333,17 @@ impl Applier {
             .await
         {
             Ok(p) => p,
+            // Changed since `resource_version`: the `test` failed (a 422 `Invalid` like a
+            // validation error, naming the path it tested), a conflict, or gone.
+            Err(kube::Error::Api(s))
+                if matches!(s.code, 404 | 409)
+                    || (s.code == 422 && s.message.contains("/metadata/resourceVersion")) =>
+            {
+                tracing::info!(object = %key, reason = %s.message, "drift not removed: the object changed");
+                return Ok(None);
+            }
             // Refused by validation (or admission): not tried again while the values stay.
-            Err(kube::Error::Api(s)) if s.code == 422 && s.reason == "Invalid" => {
+            Err(kube::Error::Api(s)) if s.code == 422 => {
                 tracing::warn!(object = %key, error = %s.message, "drift not removed: refused");
                 self.settled
                     .lock()
@@ -342,11 +351,6 @@ impl Applier {
                     .entry(key.clone())
                     .or_default()
                     .extend(removals.iter().map(Removal::id));
-                return Ok(None);
-            }
-            // Gone, or changed since `resource_version` (the `test` failed: 422 with no reason).
-            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
-                tracing::info!(object = %key, reason = %s.message, "drift not removed: the object changed");
                 return Ok(None);
             }
             Err(e) => return Err(Error::kube(format!("remove drift from {key}"), e)),

@@ -188,7 +188,7 @@ impl Server {
                     Err(e) => (
                         StatusCode::UNPROCESSABLE_ENTITY,
                         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                            "reason": "", "code": 422, "message": e.to_string()}),
+                            "reason": "Invalid", "code": 422, "message": e.to_string()}),
                     ),
                 }
             }
