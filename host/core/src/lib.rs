@@ -9,6 +9,7 @@
 //! ```
 
 pub mod context;
+pub mod drift;
 pub mod driver_digest;
 pub mod intstr;
 pub mod labels;

@@ -6,11 +6,23 @@
 //! not applied again, so a reconcile at steady state sends no PATCH. What to delete is decided
 //! from the cluster ([`crate::live`], [`kiln_core::plan::plan`]); [`Applier::delete`] only sends
 //! the request.
+//!
+//! Server-side apply never removes a field another manager added (a sidecar, an env var, a
+//! label): [`Applier::due`] reads that additive drift off the live object's managed fields
+//! ([`kiln_core::drift`]: what other managers own and kiln does not) and
+//! [`Applier::correct`] removes it with one JSON patch guarded by the `resourceVersion` it was
+//! computed from. The live object is one the operator holds already, never read for this: the
+//! answer of the apply that just ran, or the DaemonSet cache's copy (whose managed fields are
+//! reduced to the drift, [`crate::live`]) when nothing needed applying. What a correction
+//! could not remove (fields the server defaults again, or an admission webhook puts back) is
+//! remembered per object and value, so the operator does not fight over it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kiln_core::drift::{self, Removal};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -70,6 +82,8 @@ pub struct Applier {
     client: Client,
     kinds: Mutex<HashMap<(String, String), Resolved>>,
     seen: Mutex<HashMap<ObjKey, Seen>>,
+    /// Per object, the [`Removal::id`]s of the drift its last correction left in place.
+    settled: Mutex<HashMap<ObjKey, HashSet<String>>>,
 }
 
 fn marker(obj: &DynamicObject) -> String {
@@ -111,6 +125,7 @@ impl Applier {
             client,
             kinds: Mutex::default(),
             seen: Mutex::default(),
+            settled: Mutex::default(),
         }
     }
 
@@ -247,6 +262,7 @@ impl Applier {
     /// [`Error::Kube`] naming the object when the request fails (NotFound is not an error).
     pub async fn delete(&self, key: &ObjKey) -> Result<bool> {
         self.seen.lock().expect("seen lock").remove(key);
+        self.settled.lock().expect("settled lock").remove(key);
         let Some(api) = self.api(key).await? else {
             return Ok(false);
         };
@@ -258,6 +274,119 @@ impl Applier {
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(Error::kube(format!("delete {key}"), e)),
         }
+    }
+
+    /// The additive drift of the live object `key` that is due for removal: the removals
+    /// ([`drift::removals`]) of what managers other than [`FIELD_MANAGER`] own in `managed`
+    /// (its `metadata.managedFields`, or a reduction of them by [`drift::foreign`]) and kiln
+    /// does not, resolved against `object` (the live object as JSON), less what the last
+    /// correction of `key` left in place with the same value. Empty at rest; pure (no request).
+    pub fn due(
+        &self,
+        key: &ObjKey,
+        managed: &[ManagedFieldsEntry],
+        object: &Value,
+    ) -> Vec<Removal> {
+        let foreign = drift::foreign(managed, FIELD_MANAGER);
+        if foreign.is_empty() {
+            return Vec::new();
+        }
+        let mut removals = drift::removals(object, &foreign);
+        if let Some(settled) = self.settled.lock().expect("settled lock").get(key) {
+            removals.retain(|r| !settled.contains(&r.id()));
+        }
+        removals
+    }
+
+    /// Remove `removals` (from [`Applier::due`]) from the object `key` at `resource_version`
+    /// with one JSON patch (field manager `kiln`), and remember what the server's answer still
+    /// holds (defaulted again, or put back by admission) as settled. Returns what is gone, or
+    /// `None` when the object changed since `resource_version` (409, or the patch's `test`
+    /// failing: a 422 naming `/metadata/resourceVersion`), or is gone: the watch event of that
+    /// change brings a fresh copy; also `None` when validation refuses the removal (any other
+    /// 422): then `removals` count as settled too.
+    ///
+    /// # Errors
+    /// [`Error::Kube`] naming the object when the request fails otherwise.
+    pub async fn correct(
+        &self,
+        key: &ObjKey,
+        resource_version: &str,
+        removals: &[Removal],
+    ) -> Result<Option<Vec<Removal>>> {
+        let Some(api) = self.api(key).await? else {
+            return Ok(None);
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(drift::json_patch(resource_version, removals)).map_err(|e| {
+                Error::Json {
+                    action: format!("JSON patch for {key}"),
+                    source: e,
+                }
+            })?;
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let patched = match api
+            .patch(&key.name, &params, &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(p) => p,
+            // Changed since `resource_version`: the `test` failed (a 422 `Invalid` like a
+            // validation error, naming the path it tested), a conflict, or gone.
+            Err(kube::Error::Api(s))
+                if matches!(s.code, 404 | 409)
+                    || (s.code == 422 && s.message.contains("/metadata/resourceVersion")) =>
+            {
+                tracing::info!(object = %key, reason = %s.message, "drift not removed: the object changed");
+                return Ok(None);
+            }
+            // Refused by validation (or admission): not tried again while the values stay.
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                tracing::warn!(object = %key, error = %s.message, "drift not removed: refused");
+                self.settled
+                    .lock()
+                    .expect("settled lock")
+                    .entry(key.clone())
+                    .or_default()
+                    .extend(removals.iter().map(Removal::id));
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::kube(format!("remove drift from {key}"), e)),
+        };
+        let live = serde_json::to_value(&patched).map_err(|e| Error::Json {
+            action: format!("serialize {key}"),
+            source: e,
+        })?;
+        let left: HashSet<String> = drift::removals(
+            &live,
+            &drift::foreign(
+                patched
+                    .metadata
+                    .managed_fields
+                    .as_deref()
+                    .unwrap_or_default(),
+                FIELD_MANAGER,
+            ),
+        )
+        .iter()
+        .map(Removal::id)
+        .collect();
+        let removed: Vec<Removal> = removals
+            .iter()
+            .filter(|r| !left.contains(&r.id()))
+            .cloned()
+            .collect();
+        tracing::info!(object = %key, removed = removed.len(), left = left.len(), "drift removed");
+        if let Some(seen) = self.seen.lock().expect("seen lock").get_mut(key) {
+            seen.marker = marker(&patched);
+        }
+        self.settled
+            .lock()
+            .expect("settled lock")
+            .insert(key.clone(), left);
+        Ok(Some(removed))
     }
 }
 

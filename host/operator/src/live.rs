@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! metadata watch ?labelSelector=kiln.dev/state ─► Store (per kind) ─► LiveCache::objects
-//! DaemonSets: one watch of the namespace (full objects: readiness reads their status), shared
+//! DaemonSets: one watch of the namespace (full objects: readiness reads their status; managed
+//!   fields reduced to other managers' additions, the drift a reconcile removes), shared
 //!   with the NVIDIADriver controller, labelled ones ─► LiveCache::daemonset
 //! ConfigMaps: the ConfigMap cache's metadata watch of the namespace (all of them), labelled ones
 //! a labelled object's event ─► Wake::reconcile (one deleted or losing the label is also gone:
@@ -25,6 +26,7 @@ use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kiln_core::State;
 use kiln_core::plan::{LiveObject, ObjectKey, STATE_LABEL};
 use kube::Client;
@@ -32,6 +34,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::Value;
 
 use crate::Result;
 use crate::apply::Applier;
@@ -232,6 +235,22 @@ impl LiveCache {
             .filter(|d| labelled(&d.metadata))
     }
 
+    /// The labelled DaemonSet `key` when its managed fields name fields another manager added
+    /// (the store keeps only that drift, [`trim_daemonset`]): those entries and the DaemonSet
+    /// as JSON, for [`crate::apply::Applier::due`]. `None` for other kinds, or with no drift.
+    pub fn foreign_daemonset(&self, key: &ObjectKey) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
+        if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
+            return None;
+        }
+        let d = self.daemonset(key.namespace.as_deref().unwrap_or_default(), &key.name)?;
+        let managed = d
+            .metadata
+            .managed_fields
+            .clone()
+            .filter(|m| !m.is_empty())?;
+        Some((managed, serde_json::to_value(&*d).ok()?))
+    }
+
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
     /// does not serve, say ServiceMonitor without its CRD, is not watched). The reflectors run
     /// as tasks on the current runtime, retrying with kube-runtime's default backoff. With
@@ -427,14 +446,21 @@ pub fn start_daemonsets(
     store
 }
 
-/// A DaemonSet as the shared store keeps it: managed fields dropped (most of a DaemonSet's
-/// size, and nothing kiln reads); one that is neither the policy's ([`labelled`]) nor an
-/// NVIDIADriver CR's ([`crate::nvidiadriver::owner_of`]) also loses its
+/// A DaemonSet as the shared store keeps it: managed fields (most of a DaemonSet's size)
+/// dropped, except, on the policy's ([`labelled`]) DaemonSets, the fields other managers added
+/// and kiln does not own ([`kiln_core::drift::foreign`]: nothing at rest), which the next
+/// reconcile removes; one that is neither the policy's nor an NVIDIADriver CR's
+/// ([`crate::nvidiadriver::owner_of`]) also loses its
 /// annotations, spec and status, since every reader of the store filters on those two labels
 /// and [`LabelledEvents`] reads only labels. When such a DaemonSet gains a label (kiln applies
 /// over NVIDIA's), the watch event that shows it carries the whole object again.
 fn trim_daemonset(d: &mut DaemonSet) {
-    d.metadata.managed_fields = None;
+    let managed = d.metadata.managed_fields.take();
+    if labelled(&d.metadata) {
+        let foreign =
+            kiln_core::drift::foreign(&managed.unwrap_or_default(), crate::apply::FIELD_MANAGER);
+        d.metadata.managed_fields = (!foreign.is_empty()).then_some(foreign);
+    }
     if !labelled(&d.metadata) && crate::nvidiadriver::owner_of(d).is_none() {
         d.metadata.annotations = None;
         d.spec = None;
@@ -701,6 +727,47 @@ mod tests {
         assert!(nvidia.metadata.annotations.is_none());
         assert!(nvidia.metadata.managed_fields.is_none());
         assert!(nvidia.spec.is_none() && nvidia.status.is_none());
+        // The policy's keeps, of its managed fields, only what other managers added and kiln
+        // does not own (the drift a reconcile removes): nothing when nobody else wrote.
+        let entry = |manager: &str, sub: Option<&str>, set: serde_json::Value| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Apply".into()),
+            subresource: sub.map(str::to_string),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                set,
+            )),
+            ..ManagedFieldsEntry::default()
+        };
+        let kiln = entry(
+            crate::apply::FIELD_MANAGER,
+            None,
+            serde_json::json!({"f:metadata": {"f:labels": {"f:kiln.dev/state": {}}}}),
+        );
+        let status = entry(
+            "kube-controller-manager",
+            Some("status"),
+            serde_json::json!({"f:status": {}}),
+        );
+        let mut clean = full(&[(STATE_LABEL, "x")]);
+        clean.metadata.managed_fields = Some(vec![kiln.clone(), status.clone()]);
+        trim_daemonset(&mut clean);
+        assert!(clean.metadata.managed_fields.is_none());
+        let mut drifted = full(&[(STATE_LABEL, "x"), ("team", "ml")]);
+        let team =
+            serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}, "f:kiln.dev/state": {}}}});
+        drifted.metadata.managed_fields = Some(vec![kiln, status, entry("intruder", None, team)]);
+        trim_daemonset(&mut drifted);
+        let kept = drifted
+            .metadata
+            .managed_fields
+            .as_deref()
+            .unwrap_or_default();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0].manager.as_deref(), Some("intruder"));
+        assert_eq!(
+            kept[0].fields_v1.as_ref().unwrap().0,
+            serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}}}})
+        );
         // Either controller's keeps what readiness, markers and the upgrade read.
         for label in [
             STATE_LABEL,

@@ -21,7 +21,7 @@
 //! | `kiln_reconcile_errors_total` | counter | `state` (or `reconcile` for whole-pass failures); each starts at 0 |
 //! | `kiln_state_duration_seconds` | histogram | `state` |
 //! | `kiln_plugin_call_duration_seconds` | histogram | `state` (time of the state's plugin chain) |
-//! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `label`, `status`) |
+//! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `drift`, `label`, `status`) |
 //! | `kiln_leader` | gauge | – (1 while this replica leads; always 1 without leader election) |
 //! | `kiln_node_ready_seconds` | histogram | `stage` ([`crate::timeline::Stage`]): seconds from a GPU node's `creationTimestamp` to the stage |
 //! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::timeline::expected_gpus`] |
@@ -425,7 +425,8 @@ impl Metrics {
             .observe(plugins.as_secs_f64());
     }
 
-    /// Count `n` writes of `kind` (`apply`, `delete`, `label`, `status`).
+    /// Count `n` writes of `kind` (`apply`, `delete`, `drift` (a drift removal), `label`,
+    /// `status`).
     pub fn writes(&self, kind: &str, n: u64) {
         if n > 0 {
             self.writes.get_or_create(&label("kind", kind)).inc_by(n);

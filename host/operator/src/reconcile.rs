@@ -6,20 +6,23 @@
 //!    nothing else happens.
 //! 2. When nothing a render depends on changed since the last full reconcile of this policy
 //!    (same uid, generation, labels and annotations, same [`NodeFacts`], no applied object deleted or changed by
-//!    someone else, no failed state due for a retry, no [`crate::live::Wake::full`] request),
+//!    someone else or carrying fields another manager added, no failed state due for a retry, no [`crate::live::Wake::full`] request),
 //!    only readiness and status are judged again from the caches: a DaemonSet status event or a
 //!    relabelled node costs no request but a status write when the status changes.
 //! 3. Otherwise, a full reconcile: parse the policy ([`Policy::from_object`]; an invalid one gets
 //!    `Error`/`ReconcileFailed` naming the field and nothing is deleted or applied); label the
 //!    nodes ([`crate::nodes`]); render every enabled state through its plugin chain; plan
 //!    ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
-//!    ([`crate::live`]); for each state in order apply (skipping what the cache shows unchanged)
-//!    and delete. A failing chain keeps its last applied objects and marks only that state.
+//!    ([`crate::live`]); for each state in order apply (skipping what the cache shows unchanged),
+//!    remove what other field managers added to an applied object (additive drift,
+//!    [`crate::apply::Applier::due`]; an Event on the object names what went) and delete. A
+//!    failing chain keeps its last applied objects and marks only that state.
 //! 4. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::labels::LabelPolicy;
@@ -29,6 +32,7 @@ use kiln_core::status::{Observation, StateResult, Verdict, judge, requeue_after}
 use kiln_render::{Policy, RenderedState};
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
@@ -153,7 +157,9 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
 }
 
 /// Whether an object kiln applied was deleted, or changed by someone else, since: the cache
-/// shows it gone (a recorded delete) or with a later marker than kiln's apply returned.
+/// shows it gone (a recorded delete) or with a later marker than kiln's apply returned, or (a
+/// DaemonSet, whose marker is its generation: a label added moves only its resourceVersion)
+/// with drift due for removal.
 async fn drifted(ctx: &Context) -> Result<bool> {
     let applied = ctx.applier.applied();
     if ctx.caches.wake.any_gone(applied.iter().map(|(k, _)| k)) {
@@ -163,6 +169,9 @@ async fn drifted(ctx: &Context) -> Result<bool> {
     Ok(applied.iter().any(|(key, marker)| {
         live.marker(key)
             .is_some_and(|m| crate::apply::marker_later(&m, marker))
+            || live
+                .foreign_daemonset(key)
+                .is_some_and(|(managed, obj)| !ctx.applier.due(key, &managed, &obj).is_empty())
     }))
 }
 
@@ -459,13 +468,24 @@ async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
         let current = cache
             .marker(&key)
             .is_some_and(|m| ctx.applier.is_current(obj, &m));
-        if !current {
-            let (outcome, _) = ctx.applier.apply(obj).await?;
+        // The live object as kiln holds it with no read: the apply's answer, or the cached
+        // DaemonSet when another manager added fields to it.
+        let live = if current {
+            cache.foreign_daemonset(&key)
+        } else {
+            let (outcome, applied) = ctx.applier.apply(obj).await?;
             ctx.metrics
                 .writes("apply", u64::from(outcome == Outcome::Applied));
             if outcome == Outcome::KindNotServed {
                 continue;
             }
+            applied.and_then(|a| {
+                let managed = a.metadata.managed_fields.clone().unwrap_or_default();
+                Some((managed, serde_json::to_value(a).ok()?))
+            })
+        };
+        if let Some((managed, live)) = live {
+            remove_drift(ctx, &key, &managed, &live).await?;
         }
         if key.kind == "DaemonSet" {
             daemonsets.push((key.name.clone(), ctx.applier.generation(&key)));
@@ -474,6 +494,58 @@ async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
     delete(ctx, &sp.delete).await?;
     Ok(Kept::Applied(daemonsets))
 }
+
+/// Remove the drift due on `live` (the object `key` as JSON, with its managed fields
+/// `managed`; [`crate::apply::Applier::due`]) and publish a `DriftRemoved` Warning on the
+/// object naming each field removed and the manager that set it. Nothing due: no request.
+async fn remove_drift(
+    ctx: &Context,
+    key: &ObjKey,
+    managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+    live: &serde_json::Value,
+) -> Result<()> {
+    let due = ctx.applier.due(key, managed, live);
+    if due.is_empty() {
+        return Ok(());
+    }
+    let meta = &live["metadata"];
+    let rv = meta["resourceVersion"].as_str().unwrap_or_default();
+    let Some(removed) = ctx.applier.correct(key, rv, &due).await? else {
+        return Ok(());
+    };
+    ctx.metrics.writes("drift", 1);
+    if removed.is_empty() {
+        return Ok(());
+    }
+    let note = format!(
+        "removed what kiln does not render, {}",
+        kiln_core::drift::describe(&removed)
+    );
+    tracing::warn!(object = %key, "{note}");
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "DriftRemoved".into(),
+        note: Some(kiln_plugin_host::text::bounded(&note, DRIFT_NOTE_LIMIT).into_owned()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = ObjectReference {
+        api_version: Some(key.api_version.clone()),
+        kind: Some(key.kind.clone()),
+        name: Some(key.name.clone()),
+        namespace: key.namespace.clone(),
+        uid: meta["uid"].as_str().map(str::to_string),
+        ..ObjectReference::default()
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+        tracing::warn!(object = %key, error = %e, "could not publish event");
+    }
+    Ok(())
+}
+
+/// The longest note of a `DriftRemoved` Event, in bytes (the API server refuses notes over
+/// 1 KiB).
+const DRIFT_NOTE_LIMIT: usize = 1000;
 
 /// Delete `keys` (live, labelled, owned objects the plan chose).
 async fn delete(ctx: &Context, keys: &[ObjKey]) -> Result<()> {

@@ -3,7 +3,8 @@
 //! sample policy → labels on the GPU nodes only, validator init-container order, `ready`;
 //! disabling dcgmExporter deletes its objects and returns to `ready`; a second policy is
 //! `ignored`, naming the active one, and takes over once the active one is deleted; a referenced ConfigMap is read from the cluster and its keys
-//! mounted.
+//! mounted; what another field manager adds to an operand DaemonSet is removed within one
+//! reconcile, with an Event, and a clean full reconcile leaves the DaemonSets untouched.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -389,6 +390,8 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         "a steady-state reconcile wrote: {changed:?}"
     );
 
+    additive_drift(cluster, &client, &name).await?;
+
     // Per-node opt-outs: operands=false empties gpu-node-5; dcgm-exporter=false on gpu-node-4
     // removes only that operand there.
     cluster.label_node(
@@ -680,5 +683,134 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         .await?;
 
     operator.abort();
+    Ok(())
+}
+
+/// Additive drift (issue 40): another field manager adds a privileged sidecar and a label to
+/// the exporter's DaemonSet (server-side apply, manager `intruder`) and an env var to its
+/// container (a strategic-merge patch, manager `intruder-edit`). kiln removes all three within
+/// a reconcile, names them in `DriftRemoved` Events on the DaemonSet, and its spec is kiln's
+/// again (the server's defaults included); a full reconcile with nothing to remove (the
+/// policy's labels changed) then changes no DaemonSet generation.
+async fn additive_drift(
+    cluster: &TestCluster,
+    client: &Client,
+    policy: &str,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    const DS: &str = "nvidia-dcgm-exporter";
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let before = dss.get(DS).await?;
+    let spec = |d: &DaemonSet| serde_json::to_value(&d.spec).unwrap_or_default();
+    let main = before
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers[0].name.clone())
+        .unwrap_or_default();
+    dss.patch(
+        DS,
+        &PatchParams::apply("intruder"),
+        &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": DS, "namespace": NS, "labels": {"team": "ml"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "sidecar", "image": "busybox",
+                    "securityContext": {"privileged": true}}]}}}})),
+    )
+    .await?;
+    dss.patch(
+        DS,
+        &PatchParams {
+            field_manager: Some("intruder-edit".into()),
+            ..PatchParams::default()
+        },
+        &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": main, "env": [{"name": "INJECTED", "value": "1"}]}]}}}})),
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let notes = || async {
+        let list = events.list(&ListParams::default()).await?;
+        anyhow::Ok(
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("DriftRemoved")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(DS)
+                })
+                .filter_map(|e| e.note)
+                .collect::<Vec<String>>()
+                .join("\n"),
+        )
+    };
+    cluster
+        .wait_for(
+            "the intruders' fields removed",
+            Duration::from_secs(30),
+            || async {
+                let now = dss.get(DS).await?;
+                let labels = now.metadata.labels.clone().unwrap_or_default();
+                let notes = notes().await?;
+                let named = [
+                    "set by intruder: ",
+                    "spec.template.spec.containers[name=sidecar]",
+                    "metadata.labels.team",
+                    "set by intruder-edit: ",
+                    &format!("spec.template.spec.containers[name={main}].env[name=INJECTED]"),
+                ]
+                .iter()
+                .all(|n| notes.contains(n));
+                Ok(
+                    if spec(&now) == spec(&before) && !labels.contains_key("team") && named {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "labels {labels:?}, same spec {}, managed {}, events: {notes}",
+                            spec(&now) == spec(&before),
+                            serde_json::to_string(&now.metadata.managed_fields)?
+                        ))
+                    },
+                )
+            },
+        )
+        .await?;
+    // A clean full reconcile (the policy's labels are part of what it renders from): nothing
+    // to remove, no DaemonSet's generation moves.
+    let generations = || async {
+        let list = dss.list(&ListParams::default()).await?;
+        anyhow::Ok(
+            list.items
+                .into_iter()
+                .map(|d| (d.metadata.name.unwrap_or_default(), d.metadata.generation))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let settled = generations().await?;
+    Api::<ClusterPolicy>::all(client.clone())
+        .patch(
+            policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kiln.dev/poke": "drift"}}})),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        generations().await?,
+        settled,
+        "a clean reconcile rolled a DaemonSet"
+    );
+    let managers: Vec<String> = dss
+        .get(DS)
+        .await?
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m.starts_with("intruder")),
+        "{managers:?}"
+    );
     Ok(())
 }

@@ -14,7 +14,10 @@
 //!   only that state;
 //! - with the caches wired (policies, nodes, DaemonSets), a DaemonSet status change costs no
 //!   request but the status write and its Event, and none at all when the verdict is unchanged;
-//! - GFD's per-minute label churn on nodes wakes nothing; a new GPU node is labelled alone.
+//! - GFD's per-minute label churn on nodes wakes nothing; a new GPU node is labelled alone;
+//! - what another field manager added to a DaemonSet (a privileged sidecar, an env var) or to
+//!   another applied object (a label) is removed by one JSON patch each, guarded by the
+//!   resourceVersion, with an Event naming it; a clean reconcile after sends nothing.
 
 use std::sync::{Arc, Mutex};
 
@@ -965,4 +968,166 @@ async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
             "restarting driver pod nvidia-driver-daemonset-a",
         ]
     );
+}
+
+/// The managed-fields entry of `intruder`'s apply that owns `fields_v1`.
+fn intruder(fields_v1: Value) -> Value {
+    json!([{"manager": "intruder", "operation": "Apply", "apiVersion": "v1",
+        "fieldsType": "FieldsV1", "fieldsV1": fields_v1}])
+}
+
+/// Additive drift (issue 40): fields another manager added and kiln does not render are
+/// removed within one reconcile, read off the objects' managed fields with no GET: from the
+/// DaemonSet cache (whose generation did not move, so nothing is applied) and from the answer
+/// of an apply (a ServiceAccount's label); each `DriftRemoved` Event names what went and who
+/// set it. A reconcile after changes nothing.
+#[tokio::test]
+async fn fields_another_manager_added_are_removed_in_one_reconcile_with_an_event() {
+    let mut spec = sample_spec();
+    // No OnDelete DaemonSet (the driver's): its pods would be listed without pod watches.
+    spec["driver"]["enabled"] = json!(false);
+    let p = policy("cluster-policy", "2026-01-01T00:00:00Z", spec);
+    let server = server_with(std::slice::from_ref(&p), 2);
+    let (ctx, mut caches) = cached_context(&server);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    sync_caches(&server, &mut caches, 2);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    // A clean reconcile: nothing is sent for any DaemonSet.
+    server.lock().unwrap().calls.clear();
+    sync_caches(&server, &mut caches, 2);
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+    assert!(server.lock().unwrap().calls.is_empty());
+
+    let ds_path = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/nvidia-dcgm-exporter");
+    let sa_path = format!("/api/v1/namespaces/{NS}/serviceaccounts/nvidia-dcgm-exporter");
+    let rendered = {
+        let mut s = server.lock().unwrap();
+        let ds = s.objects.get_mut(&ds_path).unwrap();
+        let rendered = ds["spec"].clone();
+        ds["metadata"]["resourceVersion"] = json!("7");
+        let containers = ds["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap();
+        let main = containers[0]["name"].as_str().unwrap().to_string();
+        let env = containers[0]["env"]
+            .as_array_mut()
+            .expect("the exporter has env");
+        let n = env.len();
+        env.push(json!({"name": "INJECTED", "value": "1"}));
+        containers.push(json!({"name": "sidecar", "image": "busybox",
+            "securityContext": {"privileged": true}}));
+        // kiln's apply owns its container (the fake records no managed fields of its own).
+        let kiln = json!({"manager": "kiln", "operation": "Apply", "apiVersion": "apps/v1",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                "f:containers": {format!("k:{{\"name\":\"{main}\"}}"): {
+                    ".": {}, "f:name": {}}}}}}}});
+        ds["metadata"]["managedFields"] = intruder(json!({"f:spec": {"f:template": {"f:spec": {
+            "f:containers": {
+                format!("k:{{\"name\":\"{main}\"}}"): {".": {}, "f:name": {},
+                    "f:env": {"k:{\"name\":\"INJECTED\"}": {".": {}, "f:name": {}, "f:value": {}}}},
+                "k:{\"name\":\"sidecar\"}": {".": {}, "f:name": {}, "f:image": {},
+                    "f:securityContext": {"f:privileged": {}}}}}}}}));
+        ds["metadata"]["managedFields"]
+            .as_array_mut()
+            .unwrap()
+            .insert(0, kiln);
+        let sa = s.objects.get_mut(&sa_path).unwrap();
+        sa["metadata"]["labels"]["team"] = json!("ml");
+        sa["metadata"]["resourceVersion"] = json!("8");
+        sa["metadata"]["managedFields"] =
+            intruder(json!({"f:metadata": {"f:labels": {"f:team": {}}}}));
+        (rendered, n)
+    };
+    let (rendered, n) = rendered;
+    sync_caches(&server, &mut caches, 2);
+    server.lock().unwrap().calls.clear();
+    reconcile(typed(&p), ctx.clone()).await.unwrap();
+
+    assert!(calls(&server, &Method::GET).is_empty(), "no read");
+    let ds_patches: Vec<Call> = calls(&server, &Method::PATCH)
+        .into_iter()
+        .filter(|c| c.path == ds_path)
+        .collect();
+    assert_eq!(
+        ds_patches.iter().map(|c| &c.body).collect::<Vec<_>>(),
+        [&json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+            {"op": "remove", "path": "/spec/template/spec/containers/1"},
+            {"op": "remove", "path": format!("/spec/template/spec/containers/0/env/{n}")},
+        ])],
+        "one JSON patch, no apply: the DaemonSet's generation did not move"
+    );
+    let sa_patches: Vec<Value> = calls(&server, &Method::PATCH)
+        .into_iter()
+        .filter(|c| c.path == sa_path && c.body.is_array())
+        .map(|c| c.body)
+        .collect();
+    assert_eq!(
+        sa_patches,
+        [json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "8"},
+            {"op": "remove", "path": "/metadata/labels/team"},
+        ])]
+    );
+    {
+        let s = server.lock().unwrap();
+        assert_eq!(
+            s.objects[&ds_path]["spec"], rendered,
+            "exactly kiln's render"
+        );
+        assert!(
+            s.objects[&sa_path]["metadata"]["labels"]
+                .get("team")
+                .is_none()
+        );
+    }
+    let events: Vec<Value> = calls(&server, &Method::POST)
+        .into_iter()
+        .map(|c| c.body)
+        .filter(|b| b["reason"] == "DriftRemoved")
+        .collect();
+    let on = |name: &str, kind: &str| {
+        events
+            .iter()
+            .find(|e| e["regarding"]["name"] == name && e["regarding"]["kind"] == kind)
+            .map(|e| {
+                (
+                    e["type"].clone(),
+                    e["note"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+    };
+    let (type_, note) = on("nvidia-dcgm-exporter", "DaemonSet").expect("an Event on the DaemonSet");
+    assert_eq!(type_, "Warning");
+    assert_eq!(
+        note,
+        format!(
+            "removed what kiln does not render, set by intruder: \
+             spec.template.spec.containers[name=sidecar], \
+             spec.template.spec.containers[name={}].env[name=INJECTED]",
+            rendered["template"]["spec"]["containers"][0]["name"]
+                .as_str()
+                .unwrap()
+        )
+    );
+    let (_, note) = on("nvidia-dcgm-exporter", "ServiceAccount").expect("an Event on the SA");
+    assert!(
+        note.ends_with("set by intruder: metadata.labels.team"),
+        "{note}"
+    );
+    assert_eq!(events.len(), 2, "{events:?}");
+
+    // The next reconcile finds nothing to remove (the fake keeps the intruder's stale
+    // managed fields, which now name nothing the objects hold) and sends nothing.
+    sync_caches(&server, &mut caches, 2);
+    server.lock().unwrap().calls.clear();
+    reconcile(typed(&p), ctx).await.unwrap();
+    let sent: Vec<String> = server
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert!(sent.is_empty(), "{sent:?}");
 }

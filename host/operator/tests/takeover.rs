@@ -5,7 +5,8 @@
 //! controller's ControllerRevisions and the operand pods — then kiln's operator starts on
 //! that policy. kiln adopts every object (its state label, its field manager) and changes no
 //! DaemonSet: the same generations, pod templates, ControllerRevisions and pods, so no
-//! rollout and no driver pod deleted.
+//! rollout and no driver pod deleted. NVIDIA's hash annotation, which kiln does not render, is
+//! removed from every DaemonSet as drift, each removal named in an Event.
 //!
 //! The variant is `ix-nvidia-images`: NVIDIA's sample with kiln given NVIDIA's images for the
 //! operands it also implements (the operator's `Config::images`, `--image` on the command
@@ -75,6 +76,56 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let after = nvidia::snapshot(&client).await?;
     println!("ControllerRevisions after:\n{}", after.revision_lines());
     nvidia::assert_undisturbed(&before, &after);
+    let notes = |evs: &[k8s_openapi::api::events::v1::Event]| -> Vec<String> {
+        evs.iter()
+            .filter(|e| e.reason.as_deref() == Some("DriftRemoved"))
+            .map(|e| {
+                let r = e.regarding.clone().unwrap_or_default();
+                format!(
+                    "{} {}: {}",
+                    r.kind.unwrap_or_default(),
+                    r.name.unwrap_or_default(),
+                    e.note.clone().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    // What NVIDIA's operator wrote and kiln does not render is drift, removed with an Event
+    // naming it: its hash annotation on the DaemonSets' metadata (no template changed above).
+    let dss: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(client.clone(), nvidia::NS);
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(client.clone(), nvidia::NS);
+    cluster
+        .wait_for(
+            "NVIDIA's hash annotations removed",
+            std::time::Duration::from_secs(30),
+            || async {
+                let mut left = Vec::new();
+                for d in dss.list(&Default::default()).await?.items {
+                    let a = d.metadata.annotations.unwrap_or_default();
+                    if a.contains_key("nvidia.com/last-applied-hash") {
+                        left.push(d.metadata.name.unwrap_or_default());
+                    }
+                }
+                let all = notes(&events.list(&Default::default()).await?.items);
+                let named = all
+                    .iter()
+                    .filter(|n| n.contains("metadata.annotations.nvidia.com/last-applied-hash"))
+                    .count();
+                Ok(if left.is_empty() && named >= names.len() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "still annotated: {left:?}; {named} Events name it: {all:#?}"
+                    ))
+                })
+            },
+        )
+        .await?;
+    for n in notes(&events.list(&Default::default()).await?.items) {
+        println!("{n}");
+    }
     println!(
         "takeover: {} objects adopted, 0 templates changed, {} pods kept ({:.1} s)",
         objs.len(),

@@ -4,9 +4,9 @@
 //! or a list of a collection's direct children filtered by equality `labelSelector` terms and a
 //! `spec.nodeName` `fieldSelector`; a namespaced kind's collection without a namespace lists
 //! every namespace's, as `/api/v1/pods` does), merge PATCH (creating the object when absent, as
-//! server-side apply does), DELETE and POST; a watch (`watch=true`) and everything else is 404,
-//! so a watcher keeps what its first list held. Every request is recorded for the tests to
-//! assert on.
+//! server-side apply does), JSON PATCH (RFC 6902, `test` failures answered 422 as the API server
+//! does), DELETE and POST; a watch (`watch=true`) and everything else is 404, so a watcher keeps
+//! what its first list held. Every request is recorded for the tests to assert on.
 
 #![allow(dead_code)] // each test binary uses a part
 
@@ -206,6 +206,28 @@ impl Server {
                 .objects
                 .get(&key)
                 .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
+            // A JSON patch (RFC 6902: a list of operations), `test` operations included.
+            (&Method::PATCH, Some(_)) if body.is_array() => {
+                let Some(obj) = self.objects.get_mut(&key) else {
+                    return not_found();
+                };
+                let ops: json_patch::Patch = match serde_json::from_value(body.clone()) {
+                    Ok(p) => p,
+                    Err(e) => return (StatusCode::BAD_REQUEST, json!({"message": e.to_string()})),
+                };
+                let mut patched = obj.clone();
+                match json_patch::patch(&mut patched, &ops) {
+                    Ok(()) => {
+                        *obj = patched;
+                        (StatusCode::OK, obj.clone())
+                    }
+                    Err(e) => (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "Invalid", "code": 422, "message": e.to_string()}),
+                    ),
+                }
+            }
             (&Method::PATCH, Some(_)) => {
                 let obj = self.objects.entry(key).or_insert_with(
                     || json!({"metadata": {"uid": "uid", "generation": 1, "resourceVersion": "1"}}),
