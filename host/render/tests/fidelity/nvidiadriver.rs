@@ -311,7 +311,7 @@ fn golden_diffs_pair_objects_by_kind_and_name() {
         ]
     );
     assert_eq!(
-        golden_diffs("g", &[cm.clone()], &[]),
+        golden_diffs("g", std::slice::from_ref(&cm), &[]),
         vec!["g/ConfigMap/c: unexpected".to_string()]
     );
     assert!(golden_diffs("g", &[sa("a"), cm.clone()], &[cm, sa("a")]).is_empty());
