@@ -354,7 +354,7 @@ fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
             .any(|i| i.starts_with("nvcr.io/nvidia/driver:595.91.07")),
         "{images:?}"
     );
-    // What the operator refuses (ReconcileFailed, nothing applied) is refused here too.
+    // The vGPU host manager renders its own form of the pool's DaemonSet.
     let cr = std::fs::read_to_string(&sample_cr).unwrap();
     let host_manager = tmp.path().join("vgpu-host-manager.yaml");
     std::fs::write(
@@ -363,9 +363,30 @@ fn the_sample_nvidiadriver_renders_one_driver_daemonset_for_its_pool() {
     )
     .unwrap();
     let out = render_cr(&policy, &host_manager);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["kind"] == "DaemonSet"
+                && o["metadata"]["labels"]["app.kubernetes.io/component"]
+                    == "nvidia-vgpu-host-manager"),
+        "{list}"
+    );
+    // What the operator refuses (ReconcileFailed, nothing applied) is refused here too:
+    // GPUDirect Storage with precompiled drivers (as upstream refuses it).
+    let refused_cr = tmp.path().join("precompiled-gds.yaml");
+    std::fs::write(
+        &refused_cr,
+        format!("{cr}  usePrecompiled: true\n  gds:\n    enabled: true\n"),
+    )
+    .unwrap();
+    let out = render_cr(&policy, &refused_cr);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("driverType vgpu-host-manager is not supported"),
+        stderr(&out).contains("cannot be enabled with spec.usePrecompiled"),
         "{}",
         stderr(&out)
     );

@@ -77,6 +77,8 @@ pub fn crd() -> CustomResourceDefinition {
 /// immutability rules).
 pub fn nvidia_driver_crd() -> CustomResourceDefinition {
     let mut crd = kiln_core::spec::nvidiadriver::NVIDIADriver::crd();
+    // As NVIDIA's CRD names it (the derive leaves it to the API server's default).
+    crd.spec.names.list_kind = Some("NVIDIADriverList".into());
     for version in &mut crd.spec.versions {
         if let Some(schema) = version.schema.as_mut() {
             schema.open_api_v3_schema = Some(

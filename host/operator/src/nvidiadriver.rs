@@ -1,14 +1,17 @@
 //! The NVIDIADriver controller (`nvidia.com/v1alpha1`, upstream `NVIDIADriverReconciler`): one
 //! driver DaemonSet per NVIDIADriver and node pool, rendered through the `state-driver` assets
-//! and the `driver` plugin chain of the active ClusterPolicy.
+//! and the `driver` plugin chain of the active ClusterPolicy (with no ClusterPolicy, of
+//! [`kiln_render::nvidiadriver::standalone_policy`], as NVIDIA v26.7.0 reconciles CRs without
+//! one). Each CR's DaemonSets roll through the upgrade controller with the CR's own
+//! `upgradePolicy`.
 //!
 //! ```text
 //! NVIDIADriver ─┐
 //! ClusterPolicy ┼─► disabled? (driver.useNvidiaDriverCRD off) ─► status disabled
 //! every CR ─────┤   overlapping selectors? ─► Error naming the others, nothing applied
 //! nodes ────────┘   per pool: policy_spec ─► render state-driver ─► finish_daemonset
-//!                     ─► server-side apply (DaemonSet owned by the CR; service account, RBAC and
-//!                        ConfigMap as the policy's driver state) ─► readiness ─► status
+//!                     ─► server-side apply (DaemonSet, service account and RBAC owned by the
+//!                        CR; ConfigMap as the policy's driver state) ─► readiness ─► status
 //! ```
 //!
 //! A reconcile reads only caches (nodes, ClusterPolicies, CRs, the CRs' DaemonSets, the
@@ -82,8 +85,9 @@ pub struct DriverContext {
     pub kubernetes_version: String,
     /// Fallback image overrides, `ENV` → image.
     pub images: Vec<(String, String)>,
-    /// The upgrade controller: each CR's DaemonSets roll through it with the ClusterPolicy's
-    /// `driver.upgradePolicy` (`None`: driver pods are replaced only when deleted).
+    /// The upgrade controller: each CR's DaemonSets roll through it with the CR's own
+    /// `upgradePolicy` ([`NvidiaDriverSpec::upgrade_policy`]; `None` here: driver pods are
+    /// replaced only when deleted).
     pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
     /// What a reconcile reads instead of the API server.
     pub caches: DriverCaches,
@@ -440,35 +444,39 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
     // them again.
     let seen = ctx.changes_seen();
     let policies = crate::context::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
-    let Some(cp) = crate::context::active_of(&policies) else {
-        return Ok(still(DriverVerdict::new(
-            NvidiaDriverState::Disabled,
-            reasons::DISABLED,
-            "no ClusterPolicy exists",
-        )));
-    };
-    let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
-    let cp_name = cp.metadata.name.clone().unwrap_or_default();
-    let policy = match Policy::from_object(&cp_raw) {
-        Ok(p) => p,
-        Err(e) => {
-            return Ok(still(DriverVerdict::new(
-                NvidiaDriverState::NotReady,
-                reasons::FAILED,
-                format!("ClusterPolicy {cp_name}: {e}"),
-            )));
+    // No ClusterPolicy: the CR is reconciled with the CRD's policy defaults (NVIDIA v26.7.0
+    // does too), and its shared driver objects are its own.
+    let (policy, cp_owner) = match crate::context::active_of(&policies) {
+        None => (kiln_render::nvidiadriver::standalone_policy(), None),
+        Some(cp) => {
+            let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
+            let cp_name = cp.metadata.name.clone().unwrap_or_default();
+            let policy = match Policy::from_object(&cp_raw) {
+                Ok(p) => p,
+                Err(e) => {
+                    return Ok(still(DriverVerdict::new(
+                        NvidiaDriverState::NotReady,
+                        reasons::FAILED,
+                        format!("ClusterPolicy {cp_name}: {e}"),
+                    )));
+                }
+            };
+            if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
+                return Ok(still(DriverVerdict::new(
+                    NvidiaDriverState::Disabled,
+                    reasons::DISABLED,
+                    format!(
+                        "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own \
+                         driver DaemonSet runs the driver"
+                    ),
+                )));
+            }
+            let owner = cp
+                .controller_owner_ref(&crate::status::policy_resource())
+                .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
+            (policy, owner)
         }
     };
-    if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
-        return Ok(still(DriverVerdict::new(
-            NvidiaDriverState::Disabled,
-            reasons::DISABLED,
-            format!(
-                "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own driver \
-                 DaemonSet runs the driver"
-            ),
-        )));
-    }
     if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
         return Ok(still(DriverVerdict::new(
             NvidiaDriverState::NotReady,
@@ -491,9 +499,6 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             conflict_message(others),
         )));
     }
-    let cp_owner = cp
-        .controller_owner_ref(&crate::status::policy_resource())
-        .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
     let desired = match render(cr, &policy, cp_owner.as_ref(), ctx, &nodes, seen).await {
         Ok(d) => d,
         Err(e) => {
@@ -545,7 +550,7 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             let scope = crate::upgrade::UpgradeScope {
                 namespace: ctx.namespace.clone(),
                 daemonset: ds.name_any(),
-                policy: policy.spec.driver.upgrade_policy.clone(),
+                policy: Some(cr.spec.upgrade_policy()),
                 owner: cr.object_ref(&()),
                 validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
             };
@@ -575,12 +580,13 @@ fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
     (v, false)
 }
 
-/// The objects to apply for `cr`: per node pool its DaemonSet (owned by the CR, labelled
-/// [`NVIDIADRIVER_LABEL`]; [`kiln_render::nvidiadriver::render_pools`]), and once the state's
-/// other objects as the ClusterPolicy's driver state has them (labelled `kiln.dev/state=driver`,
-/// owned by the policy through `cp_owner`, its controller reference: shared by every CR's
-/// DaemonSets, and kept while the policy hands the driver off,
-/// [`kiln_core::plan::Render::HandedOff`]; left out when `None`). `nodes` are the labels of
+/// The objects to apply for `cr`: per node pool its DaemonSet and its own service account and
+/// RBAC (owned by the CR, labelled [`NVIDIADRIVER_LABEL`];
+/// [`kiln_render::nvidiadriver::render_pools`]), and once the state's shared objects (the
+/// startup-probe ConfigMap), labelled `kiln.dev/state=driver` and owned by the policy through
+/// `cp_owner`, its controller reference (shared by every CR's DaemonSets, and kept while the
+/// policy hands the driver off, [`kiln_core::plan::Render::HandedOff`]), or by the CR when
+/// there is no ClusterPolicy (`None`). `nodes` are the labels of
 /// every node. Reuses the CR's last render ([`DriverContext::renders`]) when every input
 /// (CR UID and spec, derived policy spec and driver chain, cluster facts and referenced
 /// objects, pools, policy owner) is unchanged: no plugin is called. While the CR's UID and
@@ -664,10 +670,15 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
             if obj["kind"] == "DaemonSet" {
                 obj["metadata"]["ownerReferences"] = json!([cr_owner]);
                 out.push(obj);
-            } else if i == 0
-                && let Some(owner) = cp_owner
-            {
-                out.push(desired_object(&obj, State::Driver, owner));
+            } else if obj["metadata"]["labels"][NVIDIADRIVER_LABEL].is_string() {
+                // The pool's own service account and RBAC.
+                out.push(desired_object(&obj, State::Driver, &cr_owner));
+            } else if i == 0 {
+                out.push(desired_object(
+                    &obj,
+                    State::Driver,
+                    cp_owner.unwrap_or(&cr_owner),
+                ));
             }
         }
     }

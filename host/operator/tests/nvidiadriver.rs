@@ -349,8 +349,8 @@ async fn from_caches_a_reconcile_reads_no_node_policy_or_driver() {
     // The shared objects are owned by the policy as the store holds it.
     let sa = calls(&server, &Method::PATCH)
         .into_iter()
-        .find(|c| c.path.ends_with("/serviceaccounts/nvidia-driver"))
-        .expect("service account applied");
+        .find(|c| c.path.ends_with("/configmaps/nvidia-driver-startup-probe"))
+        .expect("startup probe applied");
     assert_eq!(
         sa.body["metadata"]["ownerReferences"][0]["uid"],
         "uid-cluster-policy"
@@ -811,14 +811,33 @@ async fn two_pools_get_their_own_daemonset_and_version() {
         by_cr["pool-a"]["metadata"]["name"],
         by_cr["pool-b"]["metadata"]["name"]
     );
-    // The shared objects go in as the policy's driver state (kept while it hands off).
-    let sa = calls(&server, &Method::PATCH)
+    // Each pool runs as its own service account, named as upstream names it and owned by the
+    // CR; the shared startup-probe ConfigMap goes in as the policy's driver state (kept while
+    // it hands off).
+    for cr in ["pool-a", "pool-b"] {
+        let account = format!("nvidia-gpu-driver-{cr}-ubuntu22.04");
+        let sa = calls(&server, &Method::PATCH)
+            .into_iter()
+            .find(|c| c.path.ends_with(&format!("/serviceaccounts/{account}")))
+            .expect("service account applied");
+        assert_eq!(sa.body["metadata"]["labels"][STATE_LABEL], "driver");
+        assert_eq!(sa.body["metadata"]["labels"][NVIDIADRIVER_LABEL], cr);
+        assert_eq!(
+            sa.body["metadata"]["ownerReferences"][0]["kind"],
+            "NVIDIADriver"
+        );
+        assert_eq!(
+            by_cr[cr]["spec"]["template"]["spec"]["serviceAccountName"],
+            account.as_str()
+        );
+    }
+    let cm = calls(&server, &Method::PATCH)
         .into_iter()
-        .find(|c| c.path.ends_with("/serviceaccounts/nvidia-driver"))
-        .expect("service account applied");
-    assert_eq!(sa.body["metadata"]["labels"][STATE_LABEL], "driver");
+        .find(|c| c.path.ends_with("/configmaps/nvidia-driver-startup-probe"))
+        .expect("startup probe applied");
+    assert_eq!(cm.body["metadata"]["labels"][STATE_LABEL], "driver");
     assert_eq!(
-        sa.body["metadata"]["ownerReferences"][0]["kind"],
+        cm.body["metadata"]["ownerReferences"][0]["kind"],
         "ClusterPolicy"
     );
     // Without DaemonSet status yet, each is notReady waiting for its pods.
@@ -874,6 +893,151 @@ async fn without_use_nvidia_driver_crd_a_driver_is_disabled() {
             .as_str()
             .unwrap()
             .contains("useNvidiaDriverCRD")
+    );
+}
+
+/// NVIDIA v26.7.0 reconciles an NVIDIADriver when no ClusterPolicy exists (the GPUCluster
+/// path): kiln renders it with the ClusterPolicy CRD's defaults, and every object it applies
+/// for the CR, the shared startup-probe ConfigMap included, is the CR's.
+#[tokio::test]
+async fn with_no_cluster_policy_a_driver_is_reconciled() {
+    let a = driver(
+        "pool-a",
+        json!({"repository": "nvcr.io/nvidia", "image": "driver", "version": "570.172.08"}),
+    );
+    let server = server_with(&[a], &[("a", 2)]);
+    reconcile(typed_driver(&server, "pool-a"), driver_context(&server))
+        .await
+        .unwrap();
+    let applies = ds_applies(&server);
+    assert_eq!(applies.len(), 1, "{}", status_of(&server, "pool-a"));
+    assert_eq!(
+        applies[0].body["metadata"]["ownerReferences"][0]["name"],
+        "pool-a"
+    );
+    for path in [
+        "/serviceaccounts/nvidia-gpu-driver-pool-a-ubuntu22.04",
+        "/configmaps/nvidia-driver-startup-probe",
+    ] {
+        let obj = calls(&server, &Method::PATCH)
+            .into_iter()
+            .find(|c| c.path.ends_with(path))
+            .unwrap_or_else(|| panic!("{path} applied"));
+        assert_eq!(
+            obj.body["metadata"]["ownerReferences"][0]["kind"], "NVIDIADriver",
+            "{path}"
+        );
+    }
+    let st = status_of(&server, "pool-a");
+    assert_eq!(st["state"], "notReady", "{st}");
+    assert_eq!(condition(&st, "Error")["reason"], "DriverNotReady");
+}
+
+/// Precompiled drivers run one DaemonSet per kernel: when the pool's nodes move to another
+/// kernel, the next reconcile applies the new kernel's DaemonSet and deletes the stale one
+/// (upstream `cleanupStaleDriverDaemonsets`).
+#[tokio::test]
+async fn a_kernel_change_replaces_the_precompiled_daemonset() {
+    const KERNEL: &str = "feature.node.kubernetes.io/kernel-version.full";
+    let a = driver(
+        "pool-a",
+        json!({"repository": "nvcr.io/nvidia", "image": "driver", "version": "570", "usePrecompiled": true}),
+    );
+    let server = server_with(&[handed_off(), a], &[("a", 2)]);
+    let set_kernel = |k: &str| {
+        let mut s = server.lock().unwrap();
+        for i in 0..2 {
+            let node = s.objects.get_mut(&format!("/api/v1/nodes/a-{i}")).unwrap();
+            node["metadata"]["labels"][KERNEL] = json!(k);
+        }
+    };
+    set_kernel("6.8.0-40-generic");
+    let ctx = driver_context(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    let first = ds_applies_names(&ds_applies(&server));
+    assert_eq!(first.len(), 1, "{}", status_of(&server, "pool-a"));
+    let ds = &ds_applies(&server)[0].body;
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"][KERNEL],
+        "6.8.0-40-generic"
+    );
+    clear_calls(&server);
+    set_kernel("6.8.0-45-generic");
+    // What the operator's node watch does on a label change.
+    ctx.inputs_changed();
+    reconcile(typed_driver(&server, "pool-a"), ctx)
+        .await
+        .unwrap();
+    let second = ds_applies_names(&ds_applies(&server));
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first, "a new DaemonSet for the new kernel");
+    let deleted: Vec<String> = calls(&server, &Method::DELETE)
+        .into_iter()
+        .map(|c| c.path)
+        .collect();
+    assert_eq!(
+        deleted,
+        [format!(
+            "/apis/apps/v1/namespaces/{NS}/daemonsets/{}",
+            first[0]
+        )],
+        "the old kernel's DaemonSet is deleted"
+    );
+    assert!(!server.lock().unwrap().objects.contains_key(&format!(
+        "/apis/apps/v1/namespaces/{NS}/daemonsets/{}",
+        first[0]
+    )));
+}
+
+/// `driverType: vgpu-host-manager` renders NVIDIA's vGPU host manager DaemonSet for the pool
+/// (selecting `nvidia.com/gpu.deploy.vgpu-manager`, cgroup and VFIO mounts, no startup probe),
+/// run by `nvidia-vgpu-manager-<cr>-<os>`.
+#[tokio::test]
+async fn a_vgpu_host_manager_driver_renders_the_host_manager() {
+    let a = driver(
+        "hosts",
+        json!({"driverType": "vgpu-host-manager", "repository": "nvcr.io/nvidia",
+            "image": "vgpu-manager", "version": "580.65.06"}),
+    );
+    let server = server_with(&[handed_off(), a], &[("a", 1)]);
+    reconcile(typed_driver(&server, "hosts"), driver_context(&server))
+        .await
+        .unwrap();
+    let applies = ds_applies(&server);
+    assert_eq!(applies.len(), 1, "{:?}", status_of(&server, "hosts"));
+    let ds = &applies[0].body;
+    assert!(
+        ds["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("nvidia-vgpu-host-manager-driver-ubuntu22.04-")
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"]["nvidia.com/gpu.deploy.vgpu-manager"],
+        "true"
+    );
+    assert!(
+        pod["nodeSelector"]
+            .get("nvidia.com/gpu.deploy.driver")
+            .is_none()
+    );
+    assert_eq!(
+        pod["serviceAccountName"],
+        "nvidia-vgpu-manager-hosts-ubuntu22.04"
+    );
+    let ctr = &pod["containers"][0];
+    assert_eq!(
+        ctr["image"],
+        "nvcr.io/nvidia/vgpu-manager:580.65.06-ubuntu22.04"
+    );
+    assert!(ctr.get("startupProbe").is_none());
+    let mounts = ctr["volumeMounts"].to_string();
+    assert!(
+        mounts.contains("/dev/vfio") && mounts.contains("/sys/fs/cgroup"),
+        "{mounts}"
     );
 }
 

@@ -5,7 +5,10 @@
 
 use kiln_core::State;
 use kiln_core::context::TransformContext;
-use kiln_core::spec::nvidiadriver::{NodePool, NvidiaDriverSpec, daemonset_name, finish_daemonset};
+use kiln_core::spec::nvidiadriver::{
+    DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, daemonset_name, driver_name,
+    finish_daemonset, finish_vgpu_host_manager,
+};
 use serde_json::{Value, json};
 
 use crate::{Policy, PolicyError, Renderer};
@@ -131,24 +134,31 @@ pub fn derived_policy(
     Ok(derived)
 }
 
+/// The name [`standalone_policy`] carries (no ClusterPolicy of that name exists).
+pub const STANDALONE_POLICY: &str = "nvidiadriver-standalone";
+
+/// The ClusterPolicy an NVIDIADriver renders with when the cluster has none (NVIDIA v26.7.0
+/// reconciles NVIDIADrivers without a ClusterPolicy, e.g. next to a GPUCluster, with host root
+/// `/`): the CRD's defaults with `driver.useNvidiaDriverCRD: true`, and no site plugins.
+pub fn standalone_policy() -> Policy {
+    Policy::from_object(&json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": STANDALONE_POLICY},
+        "spec": {"driver": {"useNvidiaDriverCRD": true}},
+    }))
+    .expect("the standalone policy is valid")
+}
+
 /// Why kiln renders no driver for `spec`, naming the field; `None` when it can. One rule for
 /// the operator's NVIDIADriver controller (a `ReconcileFailed` status, nothing applied) and
 /// `kiln render --nvidia-driver` (exit 1), each checking it before [`render_pools`]:
-/// - `driverType: vgpu-host-manager`: not supported by kiln's NVIDIADriver controller (the
-///   ClusterPolicy's `vgpuManager` runs the vGPU host driver);
 /// - `gds` or `gdrcopy` enabled with `usePrecompiled` (upstream refuses it too: precompiled
 ///   images carry neither nvidia-fs nor gdrcopy).
 pub fn unsupported(spec: &NvidiaDriverSpec) -> Option<&'static str> {
-    use kiln_core::spec::nvidiadriver::DriverType;
     let on = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
         s.as_ref().is_some_and(|s| s.enabled == Some(true))
     };
-    if spec.driver_type == DriverType::VgpuHostManager {
-        return Some(
-            "driverType vgpu-host-manager is not supported by kiln's NVIDIADriver controller \
-             (use the ClusterPolicy's vgpuManager)",
-        );
-    }
     if spec.precompiled() && (on(&spec.gds) || on(&spec.gdrcopy)) {
         return Some("spec.gds and spec.gdrcopy cannot be enabled with spec.usePrecompiled");
     }
@@ -183,6 +193,7 @@ pub fn render_pools(
                 source: Box::new(source),
             })?;
         let ds_name = daemonset_name(spec.driver_type, pool, uid);
+        let own = driver_name(spec.driver_type, name, pool);
         let objects = rendered
             .objects
             .into_iter()
@@ -190,12 +201,163 @@ pub fn render_pools(
                 if o["kind"] == "DaemonSet" {
                     finish_daemonset(&mut o, &ds_name, name, pool, spec.node_affinity.as_ref());
                 }
+                name_pool_identity(&mut o, &own, name);
+                // The startup-probe ConfigMap names the pool's DaemonSet, as upstream's does.
+                if o["kind"] == "ConfigMap"
+                    && let Some(labels) = o
+                        .pointer_mut("/metadata/labels")
+                        .and_then(Value::as_object_mut)
+                    && labels.contains_key("app")
+                {
+                    labels.insert("app".into(), json!(ds_name));
+                }
+                if o["kind"] == "DaemonSet" {
+                    nvidiadriver_pod_order(&mut o, spec);
+                }
+                if spec.driver_type == DriverType::VgpuHostManager {
+                    finish_vgpu_host_manager(&mut o);
+                }
                 o
             })
             .collect();
         out.push((pool.clone(), objects));
     }
     Ok(out)
+}
+
+/// The order NVIDIA's NVIDIADriver manifests give what the ClusterPolicy's driver DaemonSet
+/// orders otherwise: the pod's `imagePullSecrets` as the driver's, the manager's, then GDS's and
+/// GDRCopy's; in `nvidia-driver-ctr` the firmware search path mount before
+/// `/sys/devices/system`.
+fn nvidiadriver_pod_order(ds: &mut Value, spec: &NvidiaDriverSpec) {
+    let Some(pod) = ds
+        .pointer_mut("/spec/template/spec")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let sidecar = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
+        s.as_ref()
+            .map(|s| s.image_pull_secrets.clone())
+            .unwrap_or_default()
+    };
+    let order: Vec<String> = spec
+        .image_pull_secrets
+        .iter()
+        .chain(&spec.manager.image_pull_secrets)
+        .cloned()
+        .chain(sidecar(&spec.gds))
+        .chain(sidecar(&spec.gdrcopy))
+        .collect();
+    if let Some(secrets) = pod
+        .get_mut("imagePullSecrets")
+        .and_then(Value::as_array_mut)
+    {
+        secrets.sort_by_key(|s| {
+            order
+                .iter()
+                .position(|n| s["name"] == n.as_str())
+                .unwrap_or(order.len())
+        });
+    }
+    for c in pod
+        .get_mut("containers")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == "nvidia-driver-ctr")
+    {
+        let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        let at = |path: &str| mounts.iter().position(|m| m["mountPath"] == path);
+        if let (Some(sys), Some(fw)) = (
+            at("/sys/devices/system"),
+            at("/sys/module/firmware_class/parameters/path"),
+        ) && fw > sys
+        {
+            let m = mounts.remove(fw);
+            mounts.insert(sys, m);
+        }
+    }
+}
+
+/// Kinds of the driver state that are per node pool under an NVIDIADriver: its identity (named
+/// by [`driver_name`], as upstream's NVIDIADriver manifests name them).
+const POOL_IDENTITY_KINDS: [&str; 6] = [
+    "ServiceAccount",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "SecurityContextConstraints",
+];
+
+/// Give the driver state's object `o` the pool's identity `own` ([`driver_name`]): the service
+/// account, RBAC objects and SCC are renamed to it (bindings' `roleRef` and service-account
+/// subjects, and the SCC's service-account user, follow) and labelled
+/// [`NVIDIADRIVER_LABEL`]`=<cr>`; the DaemonSet runs as it (`serviceAccountName`, the
+/// `openshift.io/scc` annotation). Other objects (the shared startup-probe ConfigMap) are left
+/// as rendered.
+fn name_pool_identity(o: &mut Value, own: &str, cr: &str) {
+    let kind = o["kind"].as_str().unwrap_or_default().to_string();
+    if kind == "DaemonSet" {
+        if let Some(pod) = o
+            .pointer_mut("/spec/template/spec")
+            .and_then(Value::as_object_mut)
+        {
+            pod.insert("serviceAccountName".into(), json!(own));
+        }
+        if let Some(a) = o
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut)
+            && a.contains_key("openshift.io/scc")
+        {
+            a.insert("openshift.io/scc".into(), json!(own));
+        }
+        return;
+    }
+    if !POOL_IDENTITY_KINDS.contains(&kind.as_str()) {
+        return;
+    }
+    let old = o["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    o["metadata"]["name"] = json!(own);
+    if !o["metadata"]["labels"].is_object() {
+        o["metadata"]["labels"] = json!({});
+    }
+    o["metadata"]["labels"][NVIDIADRIVER_LABEL] = json!(cr);
+    if let Some(role) = o.pointer_mut("/roleRef/name")
+        && *role == old.as_str()
+    {
+        *role = json!(own);
+    }
+    for s in o
+        .get_mut("subjects")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if s["kind"] == "ServiceAccount" && s["name"] == old.as_str() {
+            s["name"] = json!(own);
+        }
+    }
+    for u in o
+        .get_mut("users")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(text) = u.as_str()
+            && let Some(ns) = text
+                .strip_prefix("system:serviceaccount:")
+                .and_then(|r| r.strip_suffix(&format!(":{old}")))
+        {
+            *u = json!(format!("system:serviceaccount:{ns}:{own}"));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -229,5 +391,42 @@ mod tests {
             err(json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver"}))
                 .contains("needs a name")
         );
+    }
+
+    #[test]
+    fn pool_identity_renames_account_rbac_and_scc_and_points_the_daemonset_at_them() {
+        let mut sa = json!({"kind": "ServiceAccount", "metadata": {"name": "nvidia-driver"}});
+        let mut rb = json!({"kind": "RoleBinding", "metadata": {"name": "nvidia-driver"},
+            "roleRef": {"kind": "Role", "name": "nvidia-driver"},
+            "subjects": [{"kind": "ServiceAccount", "name": "nvidia-driver", "namespace": "ns"}]});
+        let mut scc = json!({"kind": "SecurityContextConstraints", "metadata": {"name": "nvidia-driver"},
+            "users": ["system:serviceaccount:ns:nvidia-driver", "someone"]});
+        let mut ds = json!({"kind": "DaemonSet",
+            "metadata": {"name": "d", "annotations": {"openshift.io/scc": "nvidia-driver"}},
+            "spec": {"template": {"spec": {"serviceAccountName": "nvidia-driver"}}}});
+        let mut cm =
+            json!({"kind": "ConfigMap", "metadata": {"name": "nvidia-driver-startup-probe"}});
+        let cm_before = cm.clone();
+        for o in [&mut sa, &mut rb, &mut scc, &mut ds, &mut cm] {
+            name_pool_identity(o, "own", "cr");
+        }
+        assert_eq!(sa["metadata"]["name"], "own");
+        assert_eq!(sa["metadata"]["labels"][NVIDIADRIVER_LABEL], "cr");
+        assert_eq!(rb["roleRef"]["name"], "own");
+        assert_eq!(rb["subjects"][0]["name"], "own");
+        assert_eq!(
+            scc["users"],
+            json!(["system:serviceaccount:ns:own", "someone"])
+        );
+        assert_eq!(ds["spec"]["template"]["spec"]["serviceAccountName"], "own");
+        assert_eq!(ds["metadata"]["annotations"]["openshift.io/scc"], "own");
+        assert_eq!(cm, cm_before, "shared objects keep their names");
+    }
+
+    #[test]
+    fn the_standalone_policy_hands_the_driver_to_nvidiadrivers() {
+        let p = standalone_policy();
+        assert_eq!(p.name, STANDALONE_POLICY);
+        assert_eq!(p.spec.driver.use_nvidia_driver_crd, Some(true));
     }
 }

@@ -20,13 +20,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeAffinity, PodSecurityContext, Toleration};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    ComponentSpec, DriverManagerSpec, DriverSpec, EnvVarSpec, KernelModuleType,
-    LicensingConfigSpec, NameSpec, ProbeSpec, RdmaSpec, RepoConfigSpec, ResourcesSpec,
-    VirtualTopologySpec,
+    ComponentSpec, DrainSpec, DriverManagerSpec, DriverSpec, DriverUpgradePolicySpec, EnvVarSpec,
+    KernelModuleType, LicensingConfigSpec, NameSpec, PodDeletionSpec, ProbeSpec, RdmaSpec,
+    RepoConfigSpec, ResourcesSpec, VirtualTopologySpec, WaitForCompletionSpec,
 };
 use crate::context::NodeOs;
 use crate::labels::{GPU_PRESENT, LabelLookup};
@@ -65,11 +66,19 @@ pub const APP_NAME_MAX: usize = 63;
         shortname = "nvdrivers",
         status = "NvidiaDriverStatus",
         printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
+        printcolumn = r#"{"name":"Default","type":"boolean","jsonPath":".spec.default"}"#,
         printcolumn = r#"{"name":"Age","type":"string","jsonPath":".metadata.creationTimestamp"}"#
     )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NvidiaDriverSpec {
+    /// Upstream's fallback driver, for the GPU nodes no other NVIDIADriver selects (default
+    /// false; such a CR may not set `nodeSelector`, a CRD rule). kiln keeps and shows it
+    /// (`kubectl get nvidiadrivers`, column `Default`) but does not yet narrow such a CR to
+    /// the remaining nodes: it selects what its `nodeSelector` selects.
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub default: bool,
     /// `gpu` | `vgpu` | `vgpu-host-manager` (default `gpu`); immutable.
     #[serde(default = "driver_type_gpu")]
     #[cfg_attr(
@@ -187,6 +196,81 @@ pub struct NvidiaDriverSpec {
     /// Pod security context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<PodSecurityContext>,
+    /// Run the driver pods in the host's network namespace (`hostNetwork: true`,
+    /// `dnsPolicy: ClusterFirstWithHostNet`); nil = false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
+    /// How this CR's driver pods are replaced when their template changes; nil takes
+    /// upstream's per-CR defaults ([`NvidiaDriverSpec::upgrade_policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<NvidiaDriverUpgradePolicySpec>,
+}
+
+/// `spec.upgradePolicy`: the fields and CRD defaults of the ClusterPolicy's
+/// `driver.upgradePolicy` ([`DriverUpgradePolicySpec`]), except that `autoUpgrade` defaults to
+/// true here (NVIDIA's NVIDIADriver CRD).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NvidiaDriverUpgradePolicySpec {
+    /// Upgrade this CR's nodes automatically when the driver pod template changes (default
+    /// true); when false the other fields are ignored.
+    #[serde(default = "yes")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub auto_upgrade: bool,
+    /// Nodes upgraded in parallel; 0 means no limit (default 1).
+    #[serde(default = "max_parallel_default")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub max_parallel_upgrades: u32,
+    /// Nodes that may be unavailable during the upgrade: a count or a percentage, rounded up
+    /// (default `25%`).
+    #[serde(default = "max_unavailable_default")]
+    #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
+    pub max_unavailable: IntOrString,
+    /// Wait for selected pods (jobs) to complete before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_completion: Option<WaitForCompletionSpec>,
+    /// Deletion of pods that use GPUs before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_deletion: Option<PodDeletionSpec>,
+    /// Node drain before upgrading a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn max_parallel_default() -> u32 {
+    DriverUpgradePolicySpec::default().max_parallel_upgrades
+}
+
+fn max_unavailable_default() -> IntOrString {
+    DriverUpgradePolicySpec::default().max_unavailable
+}
+
+impl NvidiaDriverUpgradePolicySpec {
+    /// The policy the upgrade controller runs (upstream `GetUpgradePolicyWithDefaults`): these
+    /// fields, with each unset step (`waitForCompletion`, `podDeletion`, `drain`) at its CRD
+    /// defaults rather than off.
+    pub fn effective(&self) -> DriverUpgradePolicySpec {
+        DriverUpgradePolicySpec {
+            auto_upgrade: self.auto_upgrade,
+            max_parallel_upgrades: self.max_parallel_upgrades,
+            max_unavailable: self.max_unavailable.clone(),
+            wait_for_completion: Some(self.wait_for_completion.clone().unwrap_or_default()),
+            pod_deletion: Some(self.pod_deletion.clone().unwrap_or_default()),
+            drain: Some(self.drain.clone().unwrap_or_default()),
+        }
+    }
+}
+
+impl Default for NvidiaDriverUpgradePolicySpec {
+    /// The CRD's defaults (what `upgradePolicy: {}` becomes).
+    fn default() -> Self {
+        serde_json::from_value(serde_json::json!({})).expect("an empty policy parses")
+    }
 }
 
 impl Default for NvidiaDriverSpec {
@@ -356,8 +440,15 @@ impl NvidiaDriverSpec {
         self.use_precompiled == Some(true)
     }
 
-    /// This CR's fields as a ClusterPolicy `driver` block; what the CR does not carry (the
-    /// upgrade policy, RDMA when nil) comes from the policy's `base`.
+    /// The upgrade policy of this CR's DaemonSets (upstream `GetUpgradePolicyWithDefaults`):
+    /// its `upgradePolicy` ([`NvidiaDriverUpgradePolicySpec::effective`]), or, when nil, the CRD
+    /// defaults with auto upgrade on. The ClusterPolicy's `driver.upgradePolicy` is not read.
+    pub fn upgrade_policy(&self) -> DriverUpgradePolicySpec {
+        self.upgrade_policy.clone().unwrap_or_default().effective()
+    }
+
+    /// This CR's fields as a ClusterPolicy `driver` block; what the CR does not carry (RDMA
+    /// when nil) comes from the policy's `base`.
     pub fn driver_spec(&self, base: &DriverSpec) -> DriverSpec {
         let name = |n: &Option<NameSpec>| n.clone().unwrap_or_default();
         let licensing = self.licensing_config.clone().unwrap_or_default();
@@ -372,7 +463,7 @@ impl NvidiaDriverSpec {
                 resources: self.resources.clone(),
                 args: self.args.clone(),
                 env: self.env.clone(),
-                host_network: base.common.host_network,
+                host_network: self.host_network,
             },
             use_nvidia_driver_crd: None,
             use_precompiled: self.use_precompiled,
@@ -386,7 +477,7 @@ impl NvidiaDriverSpec {
             liveness_probe: self.liveness_probe.clone(),
             readiness_probe: self.readiness_probe.clone(),
             rdma: self.rdma.clone().unwrap_or_else(|| base.rdma.clone()),
-            upgrade_policy: base.upgrade_policy.clone(),
+            upgrade_policy: Some(self.upgrade_policy()),
             manager: self.manager.clone(),
             repo_config: RepoConfigSpec {
                 config_map_name: name(&self.repo_config).name,
@@ -435,7 +526,16 @@ impl NvidiaDriverSpec {
         let ds = &mut out["daemonsets"];
         ds["labels"] = to(&sanitized_labels(&self.labels));
         ds["annotations"] = to(&self.annotations);
-        ds["tolerations"] = to(&self.tolerations);
+        // The asset's toleration stays when the CR adds its own (NVIDIA's NVIDIADriver
+        // manifests append them).
+        let tolerations: Vec<Toleration> = if self.tolerations.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once(gpu_toleration())
+                .chain(self.tolerations.iter().cloned())
+                .collect()
+        };
+        ds["tolerations"] = to(&tolerations);
         ds["priorityClassName"] = Value::String(self.priority_class_name.clone());
         match &self.pod_security_context {
             Some(psc) => ds["podSecurityContext"] = to(psc),
@@ -557,6 +657,21 @@ pub fn daemonset_name(driver_type: DriverType, pool: &NodePool, uid: &str) -> St
     format!("{prefix}-{hash}")
 }
 
+/// Most characters of an object name (a DNS-1123 subdomain) that [`driver_name`] keeps.
+pub const OBJECT_NAME_MAX: usize = 253;
+
+/// The name of a node pool's service account, RBAC objects and OpenShift SCC (upstream
+/// `getDriverName`): `nvidia-<driverType>-driver-<cr>-<pool>`, or
+/// `nvidia-vgpu-manager-<cr>-<pool>` for `vgpu-host-manager`, cut to [`OBJECT_NAME_MAX`].
+pub fn driver_name(driver_type: DriverType, cr: &str, pool: &NodePool) -> String {
+    let mut name = match driver_type {
+        DriverType::VgpuHostManager => format!("nvidia-vgpu-manager-{cr}-{}", pool.name),
+        t => format!("nvidia-{}-driver-{cr}-{}", t.as_str(), pool.name),
+    };
+    name.truncate(OBJECT_NAME_MAX);
+    name
+}
+
 fn fnv1a32(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
@@ -572,11 +687,45 @@ fn safe_encode(s: &str) -> String {
         .collect()
 }
 
+/// Label naming a driver DaemonSet's OS pool (`ubuntu22.04`), on the DaemonSet and its pods.
+pub const OS_VERSION_POOL_LABEL: &str = "nvidia.com/node.os-version";
+
+/// Label naming a precompiled driver DaemonSet's kernel ([`sanitized_kernel`]), on the
+/// DaemonSet and its pods.
+pub const PRECOMPILED_KERNEL_LABEL: &str = "nvidia.com/precompiled.kernel-version";
+
+/// A kernel version as a label value (upstream `getSanitizedKernelVersion`): architecture
+/// suffixes (`x86_64`, `aarch64`, each optionally `_64k`) removed, `_` turned into `.`, a
+/// trailing `.` dropped, lower case (`5.14.0-427.37.1.el9_4.x86_64` → `5.14.0-427.37.1.el9.4`).
+pub fn sanitized_kernel(kernel: &str) -> String {
+    let mut k = kernel.to_string();
+    for arch in ["x86_64_64k", "aarch64_64k", "x86_64", "aarch64"] {
+        k = k.replace(arch, "");
+    }
+    k.replace('_', ".").trim_end_matches('.').to_lowercase()
+}
+
+/// The toleration every NVIDIADriver's pods have (NVIDIA's NVIDIADriver manifests); a CR's
+/// `tolerations` are added after it.
+pub fn gpu_toleration() -> Toleration {
+    Toleration {
+        key: Some("nvidia.com/gpu".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }
+}
+
 /// Make the rendered driver DaemonSet `ds` the one of an NVIDIADriver's pool: named `name`
 /// (also its `app` label, pod selector and pod label, so pods of another driver DaemonSet —
 /// e.g. ones the ClusterPolicy's DaemonSet orphaned — are never adopted), labelled
 /// [`NVIDIADRIVER_LABEL`]`=<cr>`, the pool's `nodeSelector` added to the asset's, and the CR's
-/// node affinity set.
+/// node affinity set. Then what NVIDIA's NVIDIADriver manifests have and the ClusterPolicy's
+/// driver DaemonSet has not: the labels [`OS_VERSION_POOL_LABEL`] (and, for a precompiled pool,
+/// [`PRECOMPILED_KERNEL_LABEL`]) on the DaemonSet and its pods; the driver pods' anti-affinity
+/// also against `nvidia-vgpu-manager` pods; `NVIDIA_VISIBLE_DEVICES=void` first in the env of
+/// `nvidia-driver-ctr` and `nvidia-peermem-ctr` (they always run with runc's view of no GPU);
+/// and the CR's `args` after the driver container's `init` rather than instead of it.
 pub fn finish_daemonset(
     ds: &mut Value,
     name: &str,
@@ -605,6 +754,142 @@ pub fn finish_daemonset(
             "nodeAffinity".into(),
             serde_json::to_value(aff).expect("NodeAffinity serializes"),
         );
+    }
+    for ptr in ["/metadata/labels", "/spec/template/metadata/labels"] {
+        set(ds, ptr, OS_VERSION_POOL_LABEL, &pool.name);
+        if let Some(k) = &pool.kernel {
+            set(ds, ptr, PRECOMPILED_KERNEL_LABEL, &sanitized_kernel(k));
+        }
+    }
+    if let Some(terms) = ds
+        .pointer_mut("/spec/template/spec/affinity/podAntiAffinity/requiredDuringSchedulingIgnoredDuringExecution")
+        .and_then(Value::as_array_mut)
+    {
+        for expr in terms
+            .iter_mut()
+            .filter_map(|t| t.pointer_mut("/labelSelector/matchExpressions"))
+            .filter_map(Value::as_array_mut)
+            .flatten()
+            .filter(|e| e["key"] == "app.kubernetes.io/component")
+        {
+            if let Some(values) = expr.get_mut("values").and_then(Value::as_array_mut)
+                && !values.iter().any(|v| v == "nvidia-vgpu-manager")
+            {
+                values.push(Value::String("nvidia-vgpu-manager".into()));
+            }
+        }
+    }
+    for c in ds
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        let main = c["name"] == "nvidia-driver-ctr";
+        if !(main || c["name"] == "nvidia-peermem-ctr") {
+            continue;
+        }
+        let Some(m) = c.as_object_mut() else { continue };
+        let env = m.entry("env").or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(env) = env.as_array_mut()
+            && !env.iter().any(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES")
+        {
+            env.insert(
+                0,
+                serde_json::json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}),
+            );
+        }
+        let runs_init = m.get("command") == Some(&serde_json::json!(["nvidia-driver"]));
+        if main
+            && runs_init
+            && let Some(args) = m.get_mut("args").and_then(Value::as_array_mut)
+            && args.first().and_then(Value::as_str) != Some("init")
+        {
+            args.insert(0, Value::String("init".into()));
+        }
+    }
+}
+
+/// `app.kubernetes.io/component` of a `vgpu-host-manager` NVIDIADriver's objects.
+pub const VGPU_HOST_MANAGER_COMPONENT: &str = "nvidia-vgpu-host-manager";
+
+/// Node label the vGPU host manager's pods select (instead of `nvidia.com/gpu.deploy.driver`).
+pub const VGPU_MANAGER_DEPLOY_LABEL: &str = "nvidia.com/gpu.deploy.vgpu-manager";
+
+/// Make a driver state object `o` the `driverType: vgpu-host-manager` form of it, as NVIDIA's
+/// NVIDIADriver manifests render it: `app.kubernetes.io/component: nvidia-vgpu-host-manager`
+/// on the object (and its pods); for the DaemonSet also the pods select
+/// [`VGPU_MANAGER_DEPLOY_LABEL`] instead of `nvidia.com/gpu.deploy.driver`, get 120 s to
+/// terminate, the `nvidia-driver-ctr` container mounts the host's `/sys/fs/cgroup` and
+/// `/dev/vfio` (volumes `cgroup`, `vfio`, after `host-os-release`) and has no startup probe or
+/// preStop hook (the host manager writes no driver-ready marker).
+pub fn finish_vgpu_host_manager(o: &mut Value) {
+    let component = |v: &mut Value, ptr: &str| {
+        if let Some(m) = v.pointer_mut(ptr).and_then(Value::as_object_mut)
+            && m.contains_key("app.kubernetes.io/component")
+        {
+            m.insert(
+                "app.kubernetes.io/component".into(),
+                Value::String(VGPU_HOST_MANAGER_COMPONENT.into()),
+            );
+        }
+    };
+    component(o, "/metadata/labels");
+    if o["kind"] != "DaemonSet" {
+        return;
+    }
+    component(o, "/spec/template/metadata/labels");
+    let Some(pod) = o
+        .pointer_mut("/spec/template/spec")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    if let Some(sel) = pod.get_mut("nodeSelector").and_then(Value::as_object_mut)
+        && sel.remove("nvidia.com/gpu.deploy.driver").is_some()
+    {
+        sel.insert(
+            VGPU_MANAGER_DEPLOY_LABEL.into(),
+            Value::String("true".into()),
+        );
+    }
+    pod.insert("terminationGracePeriodSeconds".into(), Value::from(120));
+    let host =
+        |name: &str, path: &str| serde_json::json!({"name": name, "hostPath": {"path": path}});
+    if let Some(vols) = pod.get_mut("volumes").and_then(Value::as_array_mut) {
+        let at = vols
+            .iter()
+            .position(|v| v["name"] == "host-os-release")
+            .map_or(vols.len(), |i| i + 1);
+        vols.splice(
+            at..at,
+            [host("cgroup", "/sys/fs/cgroup"), host("vfio", "/dev/vfio")],
+        );
+    }
+    for c in pod
+        .get_mut("containers")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == "nvidia-driver-ctr")
+    {
+        if let Some(m) = c.as_object_mut() {
+            m.remove("startupProbe");
+            m.remove("lifecycle");
+        }
+        if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+            let at = mounts
+                .iter()
+                .position(|v| v["name"] == "host-os-release")
+                .map_or(mounts.len(), |i| i + 1);
+            mounts.splice(
+                at..at,
+                [
+                    serde_json::json!({"name": "cgroup", "mountPath": "/sys/fs/cgroup"}),
+                    serde_json::json!({"name": "vfio", "mountPath": "/dev/vfio"}),
+                ],
+            );
+        }
     }
 }
 

@@ -76,9 +76,11 @@ fn fields_map_onto_the_policy_driver_spec() {
     assert_eq!(d.kernel_module_config.name, "kmod");
     assert_eq!(d.secret_env, "senv");
     assert_eq!(d.manager.version, "v0.9");
-    // From the policy: RDMA (the CR has none) and the upgrade policy.
+    // From the policy: RDMA (the CR has none); the upgrade policy is the CR's own (upstream
+    // defaults here, not the policy's `maxParallelUpgrades: 2`).
     assert_eq!(d.rdma.enabled, Some(true));
-    assert_eq!(d.upgrade_policy.as_ref().unwrap().max_parallel_upgrades, 2);
+    assert_eq!(d.upgrade_policy.as_ref().unwrap().max_parallel_upgrades, 1);
+    assert!(d.upgrade_policy.as_ref().unwrap().auto_upgrade);
     // Upstream's default startup probe.
     assert_eq!(d.startup_probe, Some(default_startup_probe(false)));
     assert_eq!(
@@ -121,7 +123,9 @@ fn policy_spec_replaces_driver_sidecars_and_pod_settings_only() {
     assert_eq!(out["gdrcopy"]["enabled"], false, "the CR has no gdrcopy");
     assert_eq!(out["daemonsets"]["labels"], json!({"team": "ml"}));
     assert_eq!(out["daemonsets"]["annotations"], json!({"a": "b"}));
-    assert_eq!(out["daemonsets"]["tolerations"][0]["key"], "pool");
+    // The asset's GPU toleration first, then the CR's (NVIDIA's NVIDIADriver manifests).
+    assert_eq!(out["daemonsets"]["tolerations"][0]["key"], "nvidia.com/gpu");
+    assert_eq!(out["daemonsets"]["tolerations"][1]["key"], "pool");
     assert_eq!(out["daemonsets"]["priorityClassName"], "high");
     assert_eq!(out["daemonsets"]["updateStrategy"], "OnDelete");
     assert!(out["daemonsets"].get("podSecurityContext").is_none());
@@ -242,7 +246,8 @@ fn finishing_renames_reselects_and_narrows_the_daemonset() {
     assert_eq!(ds["metadata"]["name"], "nvidia-gpu-driver-ubuntu22.04-x");
     assert_eq!(
         ds["metadata"]["labels"],
-        json!({"app": "nvidia-gpu-driver-ubuntu22.04-x", NVIDIADRIVER_LABEL: "pool-a"})
+        json!({"app": "nvidia-gpu-driver-ubuntu22.04-x", NVIDIADRIVER_LABEL: "pool-a",
+            OS_VERSION_POOL_LABEL: "ubuntu22.04"})
     );
     assert_eq!(
         ds["spec"]["selector"]["matchLabels"]["app"],
@@ -289,4 +294,171 @@ fn overlapping_selectors_name_each_other_only_on_shared_nodes() {
     assert_eq!(names("a"), ["all"]);
     assert_eq!(names("b"), ["all"]);
     assert!(!o.contains_key("zone"), "matches no node, no conflict");
+}
+
+#[test]
+fn pool_object_names_follow_upstream_get_driver_name() {
+    let pool = NodePool {
+        os: NodeOs {
+            id: "ubuntu".into(),
+            version_id: "22.04".into(),
+        },
+        name: "ubuntu22.04".into(),
+        kernel: None,
+        node_selector: BTreeMap::new(),
+    };
+    assert_eq!(
+        driver_name(DriverType::Gpu, "default", &pool),
+        "nvidia-gpu-driver-default-ubuntu22.04"
+    );
+    assert_eq!(
+        driver_name(DriverType::Vgpu, "pool-a", &pool),
+        "nvidia-vgpu-driver-pool-a-ubuntu22.04"
+    );
+    assert_eq!(
+        driver_name(DriverType::VgpuHostManager, "hosts", &pool),
+        "nvidia-vgpu-manager-hosts-ubuntu22.04"
+    );
+    assert_eq!(
+        driver_name(DriverType::Gpu, &"c".repeat(300), &pool).len(),
+        OBJECT_NAME_MAX
+    );
+}
+
+#[test]
+fn upgrade_policy_is_the_crs_own_with_upstream_defaults() {
+    // No upgradePolicy: auto upgrade on, every step at its CRD defaults.
+    let p = NvidiaDriverSpec::default().upgrade_policy();
+    assert!(p.auto_upgrade);
+    assert_eq!(p.max_parallel_upgrades, 1);
+    assert_eq!(p.pod_deletion, Some(PodDeletionSpec::default()));
+    assert_eq!(p.drain, Some(DrainSpec::default()));
+    assert_eq!(
+        p.wait_for_completion,
+        Some(WaitForCompletionSpec::default())
+    );
+    // `upgradePolicy: {}`: autoUpgrade defaults to true here (false in the ClusterPolicy).
+    let spec = nvd(json!({"upgradePolicy": {}}));
+    assert!(spec.upgrade_policy.as_ref().unwrap().auto_upgrade);
+    let spec = nvd(
+        json!({"upgradePolicy": {"autoUpgrade": false, "maxParallelUpgrades": 3,
+        "drain": {"enable": true}}}),
+    );
+    let p = spec.upgrade_policy();
+    assert!(!p.auto_upgrade);
+    assert_eq!(p.max_parallel_upgrades, 3);
+    assert!(p.drain.unwrap().enable);
+    // The derived ClusterPolicy driver block carries the CR's policy, not the base's.
+    let base = DriverSpec {
+        upgrade_policy: Some(DriverUpgradePolicySpec {
+            max_parallel_upgrades: 9,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        spec.driver_spec(&base)
+            .upgrade_policy
+            .unwrap()
+            .max_parallel_upgrades,
+        3
+    );
+}
+
+#[test]
+fn kernels_are_sanitized_as_upstream_does() {
+    for (k, want) in [
+        ("5.14.0-427.37.1.el9_4.aarch64_64k", "5.14.0-427.37.1.el9.4"),
+        ("5.14.0-427.37.1.el9_4.aarch64", "5.14.0-427.37.1.el9.4"),
+        ("5.14.0-427.37.1.el9_4.x86_64_64k", "5.14.0-427.37.1.el9.4"),
+        ("5.14.0-427.37.1.el9_4.x86_64", "5.14.0-427.37.1.el9.4"),
+        ("5.4.0-150-generic", "5.4.0-150-generic"),
+    ] {
+        assert_eq!(sanitized_kernel(k), want, "{k}");
+    }
+}
+
+#[test]
+fn vgpu_host_manager_form_selects_its_nodes_and_mounts_cgroup_and_vfio() {
+    let mut ds = json!({"kind": "DaemonSet",
+        "metadata": {"labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+        "spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/component": "nvidia-driver"}},
+            "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.driver": "true", "pool": "a"},
+                "containers": [{"name": "nvidia-driver-ctr", "startupProbe": {}, "lifecycle": {},
+                    "volumeMounts": [{"name": "host-os-release", "mountPath": "/host-etc/os-release"},
+                        {"name": "x", "mountPath": "/x"}]}],
+                "volumes": [{"name": "host-os-release"}, {"name": "x"}]}}}});
+    finish_vgpu_host_manager(&mut ds);
+    assert_eq!(
+        ds["metadata"]["labels"]["app.kubernetes.io/component"],
+        VGPU_HOST_MANAGER_COMPONENT
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({VGPU_MANAGER_DEPLOY_LABEL: "true", "pool": "a"})
+    );
+    assert_eq!(pod["terminationGracePeriodSeconds"], 120);
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&pod["volumes"]),
+        ["host-os-release", "cgroup", "vfio", "x"]
+    );
+    let ctr = &pod["containers"][0];
+    assert_eq!(
+        names(&ctr["volumeMounts"]),
+        ["host-os-release", "cgroup", "vfio", "x"]
+    );
+    assert!(ctr.get("startupProbe").is_none() && ctr.get("lifecycle").is_none());
+}
+
+#[test]
+fn finishing_adds_the_pool_labels_void_devices_and_keeps_init() {
+    let mut ds = json!({"kind": "DaemonSet", "metadata": {"labels": {}},
+        "spec": {"template": {"metadata": {"labels": {}}, "spec": {
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchExpressions": [{"key": "app.kubernetes.io/component",
+                    "operator": "In", "values": ["nvidia-driver"]}]}}]}},
+            "containers": [
+                {"name": "nvidia-driver-ctr", "command": ["nvidia-driver"], "args": ["--foo"],
+                 "env": [{"name": "NODE_NAME"}]},
+                {"name": "nvidia-peermem-ctr"},
+                {"name": "nvidia-fs-ctr"}]}}}});
+    let pool = NodePool {
+        os: NodeOs {
+            id: "ubuntu".into(),
+            version_id: "22.04".into(),
+        },
+        name: "ubuntu22.04".into(),
+        kernel: Some("5.15.0-1.x86_64".into()),
+        node_selector: BTreeMap::new(),
+    };
+    finish_daemonset(&mut ds, "n", "cr", &pool, None);
+    for labels in [
+        &ds["metadata"]["labels"],
+        &ds["spec"]["template"]["metadata"]["labels"],
+    ] {
+        assert_eq!(labels[OS_VERSION_POOL_LABEL], "ubuntu22.04");
+        assert_eq!(labels[PRECOMPILED_KERNEL_LABEL], "5.15.0-1");
+    }
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]
+            ["matchExpressions"][0]["values"],
+        json!(["nvidia-driver", "nvidia-vgpu-manager"])
+    );
+    let ctrs = &pod["containers"];
+    assert_eq!(ctrs[0]["args"], json!(["init", "--foo"]));
+    assert_eq!(
+        ctrs[0]["env"][0],
+        json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
+    );
+    assert_eq!(ctrs[1]["env"][0]["name"], "NVIDIA_VISIBLE_DEVICES");
+    assert!(ctrs[2].get("env").is_none(), "other containers untouched");
 }

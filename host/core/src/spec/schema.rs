@@ -178,10 +178,53 @@ pub fn structural_schema_for<K: schemars::JsonSchema>() -> Value {
     v
 }
 
-/// The NVIDIADriver CRD's `openAPIV3Schema` (spec and status), structural.
+/// The NVIDIADriver CRD's `openAPIV3Schema` (spec and status), structural, with what the
+/// derive cannot express, as NVIDIA v26.7.0's CRD has it (`host/operator/tests/crd_fidelity.rs`
+/// compares every path):
+/// - `spec` requires `default`, `driverType` and `image` (each has a default, so an object
+///   without them is defaulted, never refused) and has the rule that a `default: true` CR sets
+///   no `nodeSelector`;
+/// - `status` requires `state`;
+/// - `status.conditions[]` carries the validation of `metav1.Condition` (`status` enum,
+///   `reason` and `type` patterns, `observedGeneration` minimum).
 pub fn nvidia_driver_openapi_schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
-    SCHEMA.get_or_init(structural_schema_for::<super::nvidiadriver::NVIDIADriver>)
+    SCHEMA.get_or_init(|| {
+        let mut v = structural_schema_for::<super::nvidiadriver::NVIDIADriver>();
+        let spec = &mut v["properties"]["spec"];
+        spec["required"] = serde_json::json!(["default", "driverType", "image"]);
+        spec["x-kubernetes-validations"] = serde_json::json!([{
+            "rule": "has(self.default) && self.default ? !has(self.nodeSelector) || size(self.nodeSelector) == 0 : true",
+            "message": "a default NVIDIADriver (spec.default: true) cannot set spec.nodeSelector"
+        }]);
+        let status = &mut v["properties"]["status"];
+        status["required"] = serde_json::json!(["state"]);
+        if let Some(cond) = status
+            .pointer_mut("/properties/conditions/items/properties")
+            .and_then(Value::as_object_mut)
+        {
+            let mut set = |field: &str, key: &str, value: Value| {
+                if let Some(node) = cond.get_mut(field).and_then(Value::as_object_mut) {
+                    node.insert(key.into(), value);
+                }
+            };
+            set("status", "enum", serde_json::json!(["True", "False", "Unknown"]));
+            set("observedGeneration", "minimum", Value::from(0));
+            set(
+                "reason",
+                "pattern",
+                Value::from("^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"),
+            );
+            set(
+                "type",
+                "pattern",
+                Value::from(
+                    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+                ),
+            );
+        }
+        v
+    })
 }
 
 /// [`default_spec`] for an NVIDIADriver `spec`, with its CRD's schema

@@ -791,3 +791,4 @@ fn normalise_drops_only_defaults_and_apply_time_fields() {
         })
     );
 }
+mod nvidiadriver;
