@@ -87,7 +87,8 @@ pub struct ComponentSpec {
     #[serde(default)]
     pub repository: String,
     /// Image name, or a full reference when repository and version are empty (CRD pattern
-    /// `[a-zA-Z0-9\-]+`, which refuses `""`: an empty name is left out when serialized).
+    /// `[a-zA-Z0-9\-]+`).
+    // The pattern refuses `""`, so an empty name is left out when serialized.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
