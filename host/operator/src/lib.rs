@@ -23,6 +23,7 @@
 pub mod apply;
 pub mod context;
 pub mod crd;
+pub mod drift;
 pub mod events;
 pub mod eviction;
 pub mod facts;

@@ -242,13 +242,7 @@ impl LiveCache {
         if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
             return None;
         }
-        let d = self.daemonset(key.namespace.as_deref().unwrap_or_default(), &key.name)?;
-        let managed = d
-            .metadata
-            .managed_fields
-            .clone()
-            .filter(|m| !m.is_empty())?;
-        Some((managed, serde_json::to_value(&*d).ok()?))
+        foreign_of(&*self.daemonset(key.namespace.as_deref().unwrap_or_default(), &key.name)?)
     }
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
@@ -398,8 +392,8 @@ impl LiveCache {
     }
 }
 
-/// Every DaemonSet of `namespace`, full objects with managed fields dropped (readiness reads
-/// their status): one watch for both controllers, since a label selector cannot match the
+/// Every DaemonSet of `namespace`, full objects with managed fields reduced to the drift
+/// ([`trim_daemonset`]; readiness reads their status): one watch for both controllers, since a label selector cannot match the
 /// policy's ([`STATE_LABEL`]) and the NVIDIADriver CRs' DaemonSets
 /// ([`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`]) at once. A labelled one's event
 /// wakes the ClusterPolicy controller through [`LabelledEvents`] (a status change re-judges
@@ -446,8 +440,21 @@ pub fn start_daemonsets(
     store
 }
 
+/// A DaemonSet of the shared store ([`trim_daemonset`]) when its managed fields name fields
+/// another manager added: those entries and the DaemonSet as JSON, for
+/// [`crate::drift::remove_drift`]; `None` with no drift (at rest). No request.
+pub fn foreign_of(d: &DaemonSet) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
+    let managed = d
+        .metadata
+        .managed_fields
+        .clone()
+        .filter(|m| !m.is_empty())?;
+    Some((managed, serde_json::to_value(d).ok()?))
+}
+
 /// A DaemonSet as the shared store keeps it: managed fields (most of a DaemonSet's size)
-/// dropped, except, on the policy's ([`labelled`]) DaemonSets, the fields other managers added
+/// dropped, except, on either controller's DaemonSets (the policy's, [`labelled`], and an
+/// NVIDIADriver CR's, [`crate::nvidiadriver::owner_of`]), the fields other managers added
 /// and kiln does not own ([`kiln_core::drift::foreign`]: nothing at rest), which the next
 /// reconcile removes; one that is neither the policy's nor an NVIDIADriver CR's
 /// ([`crate::nvidiadriver::owner_of`]) also loses its
@@ -456,12 +463,13 @@ pub fn start_daemonsets(
 /// over NVIDIA's), the watch event that shows it carries the whole object again.
 fn trim_daemonset(d: &mut DaemonSet) {
     let managed = d.metadata.managed_fields.take();
-    if labelled(&d.metadata) {
+    let ours = labelled(&d.metadata) || crate::nvidiadriver::owner_of(d).is_some();
+    if ours {
         let foreign =
             kiln_core::drift::foreign(&managed.unwrap_or_default(), crate::apply::FIELD_MANAGER);
         d.metadata.managed_fields = (!foreign.is_empty()).then_some(foreign);
     }
-    if !labelled(&d.metadata) && crate::nvidiadriver::owner_of(d).is_none() {
+    if !ours {
         d.metadata.annotations = None;
         d.spec = None;
         d.status = None;
@@ -755,7 +763,8 @@ mod tests {
         let mut drifted = full(&[(STATE_LABEL, "x"), ("team", "ml")]);
         let team =
             serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}, "f:kiln.dev/state": {}}}});
-        drifted.metadata.managed_fields = Some(vec![kiln, status, entry("intruder", None, team)]);
+        let untrimmed = vec![kiln, status, entry("intruder", None, team)];
+        drifted.metadata.managed_fields = Some(untrimmed.clone());
         trim_daemonset(&mut drifted);
         let kept = drifted
             .metadata
@@ -768,6 +777,23 @@ mod tests {
             kept[0].fields_v1.as_ref().unwrap().0,
             serde_json::json!({"f:metadata": {"f:labels": {"f:team": {}}}})
         );
+        assert_eq!(foreign_of(&drifted).map(|(m, _)| m), Some(kept.to_vec()));
+        // An NVIDIADriver CR's DaemonSet keeps its drift the same way.
+        let mut driver = full(&[
+            (kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL, "pool-a"),
+            ("team", "ml"),
+        ]);
+        driver.metadata.managed_fields = Some(untrimmed);
+        trim_daemonset(&mut driver);
+        assert_eq!(
+            driver
+                .metadata
+                .managed_fields
+                .as_deref()
+                .unwrap_or_default(),
+            kept
+        );
+        assert!(foreign_of(&clean).is_none());
         // Either controller's keeps what readiness, markers and the upgrade read.
         for label in [
             STATE_LABEL,

@@ -11,8 +11,15 @@
 //! every CR ─────┤   overlapping selectors? ─► Error naming the others, nothing applied
 //! nodes ────────┘   per pool: policy_spec ─► render state-driver ─► finish_daemonset
 //!                     ─► server-side apply (DaemonSet, service account and RBAC owned by the
-//!                        CR; ConfigMap as the policy's driver state) ─► readiness ─► status
+//!                        CR; ConfigMap as the policy's driver state) ─► drift removed
+//!                     ─► readiness ─► status
 //! ```
+//!
+//! Fields another manager added to an applied object (a sidecar, an env var, a label) are
+//! removed as for the ClusterPolicy's states ([`crate::drift::remove_drift`], a `DriftRemoved`
+//! Event naming them), read with no request off the apply's answer or, for a DaemonSet whose
+//! generation did not move, off the shared DaemonSet cache, which keeps a CR DaemonSet's
+//! drift and wakes the CR on its change ([`daemonset_feed`]).
 //!
 //! A reconcile reads only caches (nodes, ClusterPolicies, CRs, the CRs' DaemonSets, the
 //! labelled shared objects, `OnDelete` pods): when its inputs are unchanged it calls no plugin
@@ -32,7 +39,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ManagedFieldsEntry, Time};
 use kiln_core::State;
 use kiln_core::plan::{ObjectKey, desired_object};
 use kiln_core::spec::nvidiadriver::{
@@ -77,6 +84,11 @@ pub struct DriverContext {
     pub client: Client,
     /// Server-side apply (field manager `kiln`).
     pub applier: Applier,
+    /// Publishes the `DriftRemoved` Events ([`crate::drift::remove_drift`]); `run` shares the
+    /// ClusterPolicy reconciler's.
+    pub recorder: crate::events::Events,
+    /// Counts drift corrections (writes of kind `drift`), when set (`run` sets the operator's).
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Renders `state-driver`.
     pub renderer: Renderer,
     /// Operator namespace (where driver DaemonSets go).
@@ -122,9 +134,10 @@ pub struct DriverCaches {
     pub drivers: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>>,
     /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
     pub pods: Option<Arc<readiness::PodWatches>>,
-    /// Every DaemonSet of the namespace (managed fields dropped; the watch `run` shares with the
-    /// ClusterPolicy controller, [`crate::live::start_daemonsets`]), of which those labelled
-    /// [`NVIDIADRIVER_LABEL`] count: the CRs' markers, readiness and stale ones come from here.
+    /// Every DaemonSet of the namespace (managed fields reduced to other managers' additions;
+    /// the watch `run` shares with the ClusterPolicy controller,
+    /// [`crate::live::start_daemonsets`]), of which those labelled [`NVIDIADRIVER_LABEL`]
+    /// count: the CRs' markers, readiness, drift and stale ones come from here.
     /// Not set (tests): every object is applied and stale ones are listed.
     pub daemonsets: std::sync::OnceLock<Store<DaemonSet>>,
     /// The labelled objects ([`crate::live::LiveCache`], the ClusterPolicy reconciler's): the
@@ -150,6 +163,15 @@ impl DriverCaches {
         self.live.as_ref()?.marker(key)
     }
 
+    /// The CR DaemonSet `key` when another manager added fields to it
+    /// ([`crate::live::foreign_of`]); `None` for other kinds, with no drift, or not cached.
+    fn foreign_daemonset(&self, key: &ObjectKey) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
+        if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
+            return None;
+        }
+        crate::live::foreign_of(&*self.daemonset(key)?)
+    }
+
     /// The CR DaemonSet `key` (labelled [`NVIDIADRIVER_LABEL`]) as the cache holds it (status
     /// included).
     fn daemonset(&self, key: &ObjectKey) -> Option<Arc<DaemonSet>> {
@@ -162,7 +184,8 @@ impl DriverCaches {
 }
 
 impl DriverContext {
-    /// A context over `client` and `renderer` for `namespace`.
+    /// A context over `client` and `renderer` for `namespace`, publishing Events as reporter
+    /// `kiln` and counting no metrics.
     pub fn new(
         client: Client,
         renderer: Renderer,
@@ -170,8 +193,14 @@ impl DriverContext {
         kubernetes_version: &str,
         images: Vec<(String, String)>,
     ) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "kiln".into(),
+            instance: None,
+        };
         DriverContext {
             applier: Applier::new(client.clone()),
+            recorder: crate::events::Events::new(client.clone(), reporter),
+            metrics: None,
             client,
             renderer,
             namespace: namespace.to_string(),
@@ -518,11 +547,26 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             .caches
             .marker(&key)
             .is_some_and(|m| ctx.applier.is_current(obj, &m));
-        let live = if current {
-            None
+        // The live object as kiln holds it with no read, for drift: the apply's answer, or
+        // the cached DaemonSet when another manager added fields to it.
+        let (live, held) = if current {
+            (None, ctx.caches.foreign_daemonset(&key))
         } else {
-            ctx.applier.apply(obj).await?.1
+            let live = ctx.applier.apply(obj).await?.1;
+            let held = live.as_ref().and_then(crate::drift::held);
+            (live, held)
         };
+        if let Some((managed, object)) = held {
+            crate::drift::remove_drift(
+                &ctx.applier,
+                &ctx.recorder,
+                ctx.metrics.as_deref(),
+                &key,
+                &managed,
+                &object,
+            )
+            .await?;
+        }
         if key.kind == "DaemonSet" {
             applied.insert(key.name.clone());
             // The apply's answer when there was one (the cache may not have it yet), else the

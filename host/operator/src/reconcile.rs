@@ -15,14 +15,13 @@
 //!    ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
 //!    ([`crate::live`]); for each state in order apply (skipping what the cache shows unchanged),
 //!    remove what other field managers added to an applied object (additive drift,
-//!    [`crate::apply::Applier::due`]; an Event on the object names what went) and delete. A
+//!    [`crate::drift::remove_drift`]; an Event on the object names what went) and delete. A
 //!    failing chain keeps its last applied objects and marks only that state.
 //! 4. Judge ([`kiln_core::status::judge`]), write status when changed, Event on transitions.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::labels::LabelPolicy;
@@ -32,7 +31,6 @@ use kiln_core::status::{Observation, StateResult, Verdict, judge, requeue_after}
 use kiln_render::{Policy, RenderedState};
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
@@ -479,13 +477,18 @@ async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
             if outcome == Outcome::KindNotServed {
                 continue;
             }
-            applied.and_then(|a| {
-                let managed = a.metadata.managed_fields.clone().unwrap_or_default();
-                Some((managed, serde_json::to_value(a).ok()?))
-            })
+            applied.as_ref().and_then(crate::drift::held)
         };
         if let Some((managed, live)) = live {
-            remove_drift(ctx, &key, &managed, &live).await?;
+            crate::drift::remove_drift(
+                &ctx.applier,
+                &ctx.recorder,
+                Some(&*ctx.metrics),
+                &key,
+                &managed,
+                &live,
+            )
+            .await?;
         }
         if key.kind == "DaemonSet" {
             daemonsets.push((key.name.clone(), ctx.applier.generation(&key)));
@@ -494,58 +497,6 @@ async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
     delete(ctx, &sp.delete).await?;
     Ok(Kept::Applied(daemonsets))
 }
-
-/// Remove the drift due on `live` (the object `key` as JSON, with its managed fields
-/// `managed`; [`crate::apply::Applier::due`]) and publish a `DriftRemoved` Warning on the
-/// object naming each field removed and the manager that set it. Nothing due: no request.
-async fn remove_drift(
-    ctx: &Context,
-    key: &ObjKey,
-    managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
-    live: &serde_json::Value,
-) -> Result<()> {
-    let due = ctx.applier.due(key, managed, live);
-    if due.is_empty() {
-        return Ok(());
-    }
-    let meta = &live["metadata"];
-    let rv = meta["resourceVersion"].as_str().unwrap_or_default();
-    let Some(removed) = ctx.applier.correct(key, rv, &due).await? else {
-        return Ok(());
-    };
-    ctx.metrics.writes("drift", 1);
-    if removed.is_empty() {
-        return Ok(());
-    }
-    let note = format!(
-        "removed what kiln does not render, {}",
-        kiln_core::drift::describe(&removed)
-    );
-    tracing::warn!(object = %key, "{note}");
-    let ev = Event {
-        type_: EventType::Warning,
-        reason: "DriftRemoved".into(),
-        note: Some(kiln_plugin_host::text::bounded(&note, DRIFT_NOTE_LIMIT).into_owned()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    let reference = ObjectReference {
-        api_version: Some(key.api_version.clone()),
-        kind: Some(key.kind.clone()),
-        name: Some(key.name.clone()),
-        namespace: key.namespace.clone(),
-        uid: meta["uid"].as_str().map(str::to_string),
-        ..ObjectReference::default()
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-        tracing::warn!(object = %key, error = %e, "could not publish event");
-    }
-    Ok(())
-}
-
-/// The longest note of a `DriftRemoved` Event, in bytes (the API server refuses notes over
-/// 1 KiB).
-const DRIFT_NOTE_LIMIT: usize = 1000;
 
 /// Delete `keys` (live, labelled, owned objects the plan chose).
 async fn delete(ctx: &Context, keys: &[ObjKey]) -> Result<()> {

@@ -314,6 +314,8 @@ pub async fn run_until(
             config.images.clone(),
         );
         drivers.upgrader = Some(upgrader);
+        drivers.recorder = ctx.recorder.clone();
+        drivers.metrics = Some(metrics.clone());
         drivers.caches = crate::nvidiadriver::DriverCaches {
             nodes: ctx.caches.nodes().cloned(),
             policies: ctx.caches.policies().cloned(),

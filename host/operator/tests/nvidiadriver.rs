@@ -12,6 +12,8 @@
 //!   (not the `secretEnv` Secret's GET either) and calls no plugin, and a render drops the
 //!   plugins it loaded; a drifted DaemonSet alone is applied again; a pool's stale DaemonSet
 //!   is found in the cache and deleted without a LIST;
+//! - fields another manager added to a CR's DaemonSet (seen in the DaemonSet cache) are
+//!   removed by one JSON patch with a `DriftRemoved` Event naming them, then nothing is sent;
 //! - a handed-off ClusterPolicy judges the CRs' readiness from their store, with no LIST;
 //! - a referenced ConfigMap (`repoConfig`) is read once, again only when its metadata watch
 //!   shows a new `resourceVersion`, and not at all when the watch shows it gone;
@@ -617,6 +619,140 @@ async fn an_edited_cr_renders_again_without_an_input_change() {
         Vec::<String>::new(),
         "the shared objects are current"
     );
+}
+
+/// The managed-fields entries of a drifted object: kiln's apply, which owns container `main`
+/// (the fake records no managed fields of its own), and `intruder`'s, which owns `fields_v1`.
+fn kiln_and_intruder(main: &str, fields_v1: Value) -> Value {
+    json!([
+        {"manager": "kiln", "operation": "Apply", "apiVersion": "apps/v1",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                "f:containers": {format!("k:{{\"name\":\"{main}\"}}"): {
+                    ".": {}, "f:name": {}}}}}}}},
+        {"manager": "intruder", "operation": "Apply", "apiVersion": "apps/v1",
+            "fieldsType": "FieldsV1", "fieldsV1": fields_v1},
+    ])
+}
+
+/// Additive drift on an NVIDIADriver's DaemonSet (issue 40), as for the ClusterPolicy's
+/// states: another manager added a privileged sidecar and an env var without moving the
+/// generation, so only the shared DaemonSet cache shows it (its event wakes the CR). One
+/// reconcile removes both with one JSON patch guarded by the resourceVersion, applies nothing
+/// and reads nothing, and a `DriftRemoved` Event names them and who set them; the next
+/// reconcile sends nothing.
+#[tokio::test]
+async fn fields_another_manager_added_to_a_driver_daemonset_are_removed_with_an_event() {
+    let server = server_with(
+        &[
+            handed_off(),
+            driver("pool-a", json!({"nodeSelector": {"pool": "a"}})),
+        ],
+        &[("a", 2)],
+    );
+    let (mut fed, ctx) = Fed::wired(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    let ds_name = ds_applies_names(&ds_applies(&server))[0].clone();
+    let ds_path = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/{ds_name}");
+    fed.sync(&server);
+    clear_calls(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        all_calls(&server),
+        Vec::<String>::new(),
+        "a clean reconcile"
+    );
+
+    let (rendered, main, sidecar, env_index) = {
+        let mut s = server.lock().unwrap();
+        let ds = s.objects.get_mut(&ds_path).unwrap();
+        let rendered = ds["spec"].clone();
+        ds["metadata"]["resourceVersion"] = json!("7");
+        let containers = ds["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap();
+        let main = containers[0]["name"].as_str().unwrap().to_string();
+        let env = containers[0]["env"]
+            .as_array_mut()
+            .expect("the driver container has env");
+        let env_index = env.len();
+        env.push(json!({"name": "INJECTED", "value": "1"}));
+        let sidecar = containers.len();
+        containers.push(json!({"name": "sidecar", "image": "busybox",
+            "securityContext": {"privileged": true}}));
+        ds["metadata"]["managedFields"] = kiln_and_intruder(
+            &main,
+            json!({"f:spec": {"f:template": {"f:spec": {"f:containers": {
+                format!("k:{{\"name\":\"{main}\"}}"): {".": {}, "f:name": {},
+                    "f:env": {"k:{\"name\":\"INJECTED\"}": {".": {}, "f:name": {}, "f:value": {}}}},
+                "k:{\"name\":\"sidecar\"}": {".": {}, "f:name": {}, "f:image": {},
+                    "f:securityContext": {"f:privileged": {}}}}}}}}),
+        );
+        (rendered, main, sidecar, env_index)
+    };
+    // The DaemonSet watch's event: the cache shows the drift.
+    fed.sync(&server);
+    clear_calls(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx.clone())
+        .await
+        .unwrap();
+
+    assert!(calls(&server, &Method::GET).is_empty(), "no read");
+    let patches: Vec<Call> = calls(&server, &Method::PATCH)
+        .into_iter()
+        .filter(|c| !c.path.ends_with("/status"))
+        .collect();
+    assert_eq!(
+        patches
+            .iter()
+            .map(|c| (c.path.as_str(), &c.body))
+            .collect::<Vec<_>>(),
+        [(
+            ds_path.as_str(),
+            &json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "remove", "path": format!("/spec/template/spec/containers/{sidecar}")},
+                {"op": "remove",
+                    "path": format!("/spec/template/spec/containers/0/env/{env_index}")},
+            ])
+        )],
+        "one JSON patch, no apply: the DaemonSet's generation did not move"
+    );
+    assert_eq!(
+        server.lock().unwrap().objects[&ds_path]["spec"],
+        rendered,
+        "exactly kiln's render"
+    );
+    let events: Vec<Value> = calls(&server, &Method::POST)
+        .into_iter()
+        .map(|c| c.body)
+        .filter(|b| b["reason"] == "DriftRemoved")
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["regarding"]["kind"], "DaemonSet");
+    assert_eq!(events[0]["regarding"]["name"], ds_name.as_str());
+    assert_eq!(events[0]["regarding"]["namespace"], NS);
+    assert_eq!(
+        events[0]["note"],
+        format!(
+            "removed what kiln does not render, set by intruder: \
+             spec.template.spec.containers[name=sidecar], \
+             spec.template.spec.containers[name={main}].env[name=INJECTED]"
+        )
+    );
+
+    // The next reconcile finds nothing to remove (the fake keeps the intruder's stale managed
+    // fields, which now name nothing the DaemonSet holds) and sends nothing.
+    fed.sync(&server);
+    clear_calls(&server);
+    reconcile(typed_driver(&server, "pool-a"), ctx)
+        .await
+        .unwrap();
+    assert_eq!(all_calls(&server), Vec::<String>::new());
 }
 
 /// The metadata store of the ConfigMap cache, fed by hand (as its watch would).
