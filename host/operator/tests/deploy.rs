@@ -6,6 +6,8 @@
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
 //! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
+#[path = "deploy/network_policy.rs"]
+mod network_policy;
 #[path = "support/rbac.rs"]
 mod rbac;
 
@@ -462,7 +464,7 @@ fn helm_template_renders_a_valid_policy() {
             "{kind} {name}: deploy/rbac drifted from the chart; run deploy/rbac/regenerate.sh"
         );
     }
-    // NetworkPolicies are not RBAC (tests/helm_network_policy.rs checks them).
+    // NetworkPolicies are not RBAC (deploy/network_policy.rs checks them).
     let network = |o: &Value| o["kind"] == "NetworkPolicy";
     assert_eq!(
         copies.len(),

@@ -4,52 +4,9 @@
 //! the pods the chart's Deployment and the exporter's DaemonSet (`assets/`) label, on the port
 //! those containers name. `helm template`, when `testcluster/bin/helm` is built.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn docs(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .filter_map(|d| Option::<Value>::deserialize(d).unwrap())
-        .collect()
-}
-
-/// `helm template` of the chart with `args` (`--set-json` and the like).
-fn template(args: &[&str]) -> Option<Vec<Value>> {
-    let helm = repo().join("testcluster/bin/helm");
-    if !helm.exists() {
-        eprintln!("testcluster/bin/helm not built; skipping");
-        return None;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let out = Command::new(&helm)
-        .args([
-            "template",
-            "kiln",
-            "deploy/helm/kiln",
-            "--namespace",
-            "gpu-operator",
-        ])
-        .args(args)
-        .current_dir(repo())
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(docs(&String::from_utf8(out.stdout).unwrap()))
-}
+use super::{helm_template, repo};
 
 fn policies(objects: &[Value]) -> Vec<&Value> {
     objects
@@ -89,7 +46,7 @@ fn selects(selector: &Value, labels: &Value) -> bool {
 
 #[test]
 fn the_metrics_ports_admit_prometheus_only_by_default() {
-    let Some(objects) = template(&[]) else {
+    let Some(objects) = helm_template(&[]) else {
         return;
     };
     assert_eq!(policies(&objects).len(), 2);
@@ -128,7 +85,7 @@ fn the_metrics_ports_admit_prometheus_only_by_default() {
 /// Helm merges a map value into the default, so the default pod label is dropped with `null`.
 #[test]
 fn peers_namespaces_and_node_cidrs_are_values() {
-    let Some(objects) = template(&[
+    let Some(objects) = helm_template(&[
         "--set-json",
         r#"networkPolicy.prometheus={"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}},"podSelector":{"matchLabels":{"app":"prometheus","app.kubernetes.io/name":null}}}"#,
         "--set-json",
@@ -156,7 +113,7 @@ fn peers_namespaces_and_node_cidrs_are_values() {
 
 #[test]
 fn no_peer_admits_nothing_and_the_policies_can_be_turned_off() {
-    let Some(objects) = template(&["--set-json", "networkPolicy.prometheus=null"]) else {
+    let Some(objects) = helm_template(&["--set-json", "networkPolicy.prometheus=null"]) else {
         return;
     };
     // An empty `from` would admit every source: no peer renders no ingress rule at all.
@@ -167,7 +124,7 @@ fn no_peer_admits_nothing_and_the_policies_can_be_turned_off() {
             "{name}"
         );
     }
-    let Some(objects) = template(&["--set", "networkPolicy.enabled=false"]) else {
+    let Some(objects) = helm_template(&["--set", "networkPolicy.enabled=false"]) else {
         return;
     };
     assert!(policies(&objects).is_empty());
