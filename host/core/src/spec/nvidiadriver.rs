@@ -503,8 +503,20 @@ impl NvidiaDriverSpec {
     /// `daemonsets` (update strategy) stays the policy's.
     ///
     /// # Errors
-    /// A [`super::SpecError`] naming the policy field when `policy` is not a valid spec.
+    /// A [`super::SpecError`] naming the policy field when `policy` is not a valid spec, or
+    /// `spec.upgradePolicy.maxUnavailable` (the CR's own field) when that is not an
+    /// int-or-percent ([`crate::intstr::IntOrPercent`]).
     pub fn policy_spec(&self, policy: &Value) -> Result<Value, super::SpecError> {
+        // Checked here, on the CR's own path: the derived policy carries this value as its
+        // `driver.upgradePolicy`, which would name a field the CR does not have.
+        if let Some(up) = &self.upgrade_policy
+            && let Err(message) = crate::intstr::IntOrPercent::parse(&up.max_unavailable)
+        {
+            return Err(super::SpecError {
+                path: "spec.upgradePolicy.maxUnavailable".into(),
+                message,
+            });
+        }
         let parsed = super::ClusterPolicySpec::from_json(policy)?;
         let mut out = policy.clone();
         if !out.is_object() {

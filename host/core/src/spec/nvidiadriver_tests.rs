@@ -462,3 +462,13 @@ fn finishing_adds_the_pool_labels_void_devices_and_keeps_init() {
     assert_eq!(ctrs[1]["env"][0]["name"], "NVIDIA_VISIBLE_DEVICES");
     assert!(ctrs[2].get("env").is_none(), "other containers untouched");
 }
+
+#[test]
+fn a_bad_max_unavailable_is_named_on_the_crs_own_field() {
+    let cr = nvd(json!({"upgradePolicy": {"maxUnavailable": "150%"}}));
+    let err = cr.policy_spec(&json!({})).unwrap_err();
+    assert_eq!(err.path, "spec.upgradePolicy.maxUnavailable");
+    assert!(err.message.contains("150%"), "{}", err.message);
+    let ok = nvd(json!({"upgradePolicy": {"maxUnavailable": "30%"}}));
+    assert!(ok.policy_spec(&json!({})).is_ok());
+}
