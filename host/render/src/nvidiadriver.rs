@@ -6,8 +6,8 @@
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::spec::nvidiadriver::{
-    DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, daemonset_name, driver_name,
-    finish_daemonset, finish_vgpu_host_manager,
+    DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, daemonset_name,
+    driver_containers_mut, driver_name, finish_daemonset, finish_vgpu_host_manager,
 };
 use serde_json::{Value, json};
 
@@ -260,13 +260,7 @@ fn nvidiadriver_pod_order(ds: &mut Value, spec: &NvidiaDriverSpec) {
                 .unwrap_or(order.len())
         });
     }
-    for c in pod
-        .get_mut("containers")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter(|c| c["name"] == "nvidia-driver-ctr")
-    {
+    for c in driver_containers_mut(pod) {
         let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) else {
             continue;
         };

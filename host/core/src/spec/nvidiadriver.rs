@@ -797,7 +797,7 @@ pub fn finish_daemonset(
         .into_iter()
         .flatten()
     {
-        let main = c["name"] == "nvidia-driver-ctr";
+        let main = c["name"] == DRIVER_CONTAINER;
         if !(main || c["name"] == "nvidia-peermem-ctr") {
             continue;
         }
@@ -820,6 +820,21 @@ pub fn finish_daemonset(
             args.insert(0, Value::String("init".into()));
         }
     }
+}
+
+/// The driver DaemonSet's main container, as NVIDIA's driver asset names it.
+pub const DRIVER_CONTAINER: &str = "nvidia-driver-ctr";
+
+/// The [`DRIVER_CONTAINER`]s of a pod spec (`spec.template.spec` as a JSON map), to edit in
+/// place; none when the pod has no `containers` list.
+pub fn driver_containers_mut(
+    pod: &mut serde_json::Map<String, Value>,
+) -> impl Iterator<Item = &mut Value> {
+    pod.get_mut("containers")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == DRIVER_CONTAINER)
 }
 
 /// `app.kubernetes.io/component` of a `vgpu-host-manager` NVIDIADriver's objects.
@@ -878,13 +893,7 @@ pub fn finish_vgpu_host_manager(o: &mut Value) {
             [host("cgroup", "/sys/fs/cgroup"), host("vfio", "/dev/vfio")],
         );
     }
-    for c in pod
-        .get_mut("containers")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter(|c| c["name"] == "nvidia-driver-ctr")
-    {
+    for c in driver_containers_mut(pod) {
         if let Some(m) = c.as_object_mut() {
             m.remove("startupProbe");
             m.remove("lifecycle");
