@@ -30,10 +30,15 @@
 //!    `([]config.EnvVar)[{Name:(string)A Value:(string)1} …]`, … with no separators.
 //! 3. The digest is FNV-1a 32-bit of those bytes, as an unsigned decimal integer
 //!    (e.g. `3379408550` for NVIDIA's sample ClusterPolicy).
+//!
+//! An NVIDIADriver's pods carry the digest of the same record type, filled from the CR and the
+//! cluster facts instead of the final pod spec (upstream `buildDriverInstallConfig`): see
+//! [`crate::spec::nvidiadriver::install_state`]. Both build an [`InstallState`], which writes
+//! and hashes itself by rules 2 and 3.
 
 use std::fmt::Write as _;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, Volume, VolumeMount};
 
 /// The env var carrying the digest (on `k8s-driver-manager`, `nvidia-driver-ctr` and
 /// `openshift-driver-toolkit-ctr`).
@@ -56,9 +61,13 @@ pub fn fnv1a32(bytes: &[u8]) -> u32 {
 }
 
 /// One value of the install-state record, rendered as upstream's dump renders it.
-enum Field {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    /// A string (`(string)v`).
     Str(String),
+    /// A flag (`(bool)true`).
     Bool(bool),
+    /// A string list (`([]string)[a b]`).
     Strings(Vec<String>),
     /// `(name, value)`, sorted by name.
     Env(Vec<(String, String)>),
@@ -69,7 +78,8 @@ enum Field {
 }
 
 impl Field {
-    fn is_zero(&self) -> bool {
+    /// Whether upstream skips the field (empty string, `false`, empty list).
+    pub fn is_zero(&self) -> bool {
         match self {
             Field::Str(s) => s.is_empty(),
             Field::Bool(b) => !b,
@@ -80,7 +90,8 @@ impl Field {
         }
     }
 
-    fn write(&self, out: &mut String) {
+    /// Append upstream's rendering of the value to `out`.
+    pub fn write(&self, out: &mut String) {
         // `write!` into a String cannot fail.
         match self {
             Field::Str(s) => {
@@ -125,38 +136,51 @@ impl Field {
     }
 }
 
-/// Plain env entries (no `valueFrom`, not the digest itself), sorted by name.
-fn env(c: Option<&Container>) -> Field {
-    let mut v: Vec<(String, String)> = c
-        .and_then(|c| c.env.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|e: &&EnvVar| e.value_from.is_none() && e.name != ENV)
-        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-        .collect();
+/// An install state record: upstream's `DriverInstallState` fields by name (`DriverImage`,
+/// `KernelModuleType`, `AdditionalVolumes`, …). [`InstallState::text`] writes the non-zero ones
+/// in byte order of their names (rule 2), [`InstallState::digest`] hashes that (rule 3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstallState(std::collections::BTreeMap<&'static str, Field>);
+
+impl InstallState {
+    /// Set field `name` to `value` (a zero value is kept but not written).
+    pub fn set(&mut self, name: &'static str, value: Field) -> &mut Self {
+        self.0.insert(name, value);
+        self
+    }
+
+    /// The bytes upstream hashes, as text.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        // A BTreeMap of `&str` iterates in byte order of the names, as upstream sorts them.
+        for (name, value) in &self.0 {
+            if !value.is_zero() {
+                out.push_str(name);
+                out.push(':');
+                value.write(&mut out);
+            }
+        }
+        out
+    }
+
+    /// FNV-1a 32 of [`InstallState::text`], as an unsigned decimal integer.
+    pub fn digest(&self) -> String {
+        fnv1a32(self.text().as_bytes()).to_string()
+    }
+}
+
+/// `(name, value)` pairs as an env field: sorted by name (a stable sort, as upstream's).
+pub fn env_field(pairs: impl IntoIterator<Item = (String, String)>) -> Field {
+    let mut v: Vec<(String, String)> = pairs.into_iter().collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     Field::Env(v)
 }
 
-fn image(c: Option<&Container>) -> Field {
-    Field::Str(c.and_then(|c| c.image.clone()).unwrap_or_default())
-}
-
-/// The bytes upstream hashes for `pod` (see the module docs), as text. `pod` is the final
-/// driver pod spec; a `DRIVER_CONFIG_DIGEST` env already on it is ignored.
-pub fn install_state_text(pod: &PodSpec) -> String {
-    let init = |name: &str| {
-        pod.init_containers
-            .iter()
-            .flatten()
-            .find(|c| c.name == name)
-    };
-    let ctr = |name: &str| pod.containers.iter().find(|c| c.name == name);
-    let driver = ctr(DRIVER);
-    let mut mounts: Vec<(String, String, String, bool)> = driver
-        .and_then(|c| c.volume_mounts.as_ref())
-        .into_iter()
-        .flatten()
+/// Volume mounts as upstream records them: `(name, mountPath, subPath, readOnly)`, sorted by
+/// name, then mount path.
+pub fn mounts_field(mounts: &[VolumeMount]) -> Field {
+    let mut v: Vec<(String, String, String, bool)> = mounts
+        .iter()
         .map(|m| {
             (
                 m.name.clone(),
@@ -166,11 +190,15 @@ pub fn install_state_text(pod: &PodSpec) -> String {
             )
         })
         .collect();
-    mounts.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-    let mut volumes: Vec<(String, String, String, String)> = pod
-        .volumes
+    v.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    Field::Mounts(v)
+}
+
+/// Volumes as upstream records them: `(name, configMapName, secretName, hostPath)` (empty where
+/// the source is another kind), sorted by name.
+pub fn volumes_field(volumes: &[Volume]) -> Field {
+    let mut v: Vec<(String, String, String, String)> = volumes
         .iter()
-        .flatten()
         .map(|v| {
             (
                 v.name.clone(),
@@ -189,7 +217,42 @@ pub fn install_state_text(pod: &PodSpec) -> String {
             )
         })
         .collect();
-    volumes.sort_by(|a, b| a.0.cmp(&b.0));
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    Field::Volumes(v)
+}
+
+/// Plain env entries (no `valueFrom`, not the digest itself), sorted by name.
+fn env(c: Option<&Container>) -> Field {
+    env_field(
+        c.and_then(|c| c.env.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|e: &&EnvVar| e.value_from.is_none() && e.name != ENV)
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())),
+    )
+}
+
+fn image(c: Option<&Container>) -> Field {
+    Field::Str(c.and_then(|c| c.image.clone()).unwrap_or_default())
+}
+
+/// The bytes upstream hashes for `pod` (see the module docs), as text. `pod` is the final
+/// driver pod spec; a `DRIVER_CONFIG_DIGEST` env already on it is ignored.
+pub fn install_state_text(pod: &PodSpec) -> String {
+    let init = |name: &str| {
+        pod.init_containers
+            .iter()
+            .flatten()
+            .find(|c| c.name == name)
+    };
+    let ctr = |name: &str| pod.containers.iter().find(|c| c.name == name);
+    let driver = ctr(DRIVER);
+    let mounts = mounts_field(
+        driver
+            .and_then(|c| c.volume_mounts.as_deref())
+            .unwrap_or_default(),
+    );
+    let volumes = volumes_field(pod.volumes.as_deref().unwrap_or_default());
     let host_root = pod
         .volumes
         .iter()
@@ -207,10 +270,9 @@ pub fn install_state_text(pod: &PodSpec) -> String {
         .map(|s| s.name.clone())
         .unwrap_or_default();
     let strings = |v: Option<&Vec<String>>| Field::Strings(v.cloned().unwrap_or_default());
-    // In byte order of the names (a unit test checks the order).
-    let fields: [(&str, Field); 20] = [
-        ("AdditionalVolumeMounts", Field::Mounts(mounts)),
-        ("AdditionalVolumes", Field::Volumes(volumes)),
+    let fields: [(&'static str, Field); 20] = [
+        ("AdditionalVolumeMounts", mounts),
+        ("AdditionalVolumes", volumes),
         ("DTKEnabled", Field::Bool(ctr(DTK).is_some())),
         ("DTKImage", image(ctr(DTK))),
         ("DriverArgs", strings(driver.and_then(|c| c.args.as_ref()))),
@@ -233,16 +295,11 @@ pub fn install_state_text(pod: &PodSpec) -> String {
         ("PeermemImage", image(ctr(PEERMEM))),
         ("SecretEnvSource", Field::Str(secret_env)),
     ];
-    debug_assert!(fields.windows(2).all(|w| w[0].0 < w[1].0), "field order");
-    let mut out = String::new();
-    for (name, value) in &fields {
-        if !value.is_zero() {
-            out.push_str(name);
-            out.push(':');
-            value.write(&mut out);
-        }
+    let mut state = InstallState::default();
+    for (name, value) in fields {
+        state.set(name, value);
     }
-    out
+    state.text()
 }
 
 /// `DRIVER_CONFIG_DIGEST` of the final driver pod spec: FNV-1a 32 of

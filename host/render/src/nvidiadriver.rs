@@ -6,8 +6,9 @@
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::spec::nvidiadriver::{
-    DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, daemonset_name,
-    driver_containers_mut, driver_name, finish_daemonset, finish_vgpu_host_manager,
+    DRIVER_CONTAINER, DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, OpenShiftFacts,
+    OpenShiftRender, daemonset_name, driver_containers_mut, driver_name, finish_daemonset,
+    finish_vgpu_host_manager, install_state,
 };
 use serde_json::{Value, json};
 
@@ -165,10 +166,7 @@ pub fn unsupported(spec: &NvidiaDriverSpec) -> Option<&'static str> {
     None
 }
 
-/// Render the CR `name` (UID `uid`) for each of `pools` with `derived` (from
-/// [`derived_policy`]) and the cluster facts `base` (the pool sets the OS and kernel): per pool
-/// the state's objects, its DaemonSet finished for the pool (named by [`daemonset_name`]).
-/// Owner references are the caller's to set.
+/// [`render_pools_with`] without OpenShift facts (no Driver Toolkit, no cluster proxy).
 ///
 /// # Errors
 /// [`NvidiaDriverError::Render`] for the first pool whose chain fails.
@@ -181,8 +179,41 @@ pub fn render_pools(
     pools: &[NodePool],
     base: &TransformContext,
 ) -> Result<Vec<(NodePool, Vec<Value>)>, NvidiaDriverError> {
+    render_pools_with(
+        renderer,
+        derived,
+        name,
+        uid,
+        spec,
+        pools,
+        base,
+        &OpenShiftFacts::default(),
+    )
+}
+
+/// Render the CR `name` (UID `uid`) for each of `pools` with `derived` (from
+/// [`derived_policy`]), the cluster facts `base` (the pool sets the OS and kernel) and, on
+/// OpenShift (`base.openshift_version`), the cluster's `openshift` facts: per pool the state's
+/// objects, its DaemonSet finished for the pool (named by [`daemonset_name`]), in OpenShift's
+/// Driver Toolkit form where the pool has one ([`finish_openshift`]), with the NVIDIADriver
+/// path's `DRIVER_CONFIG_DIGEST` ([`install_state`]). Owner references are the caller's to set.
+///
+/// # Errors
+/// [`NvidiaDriverError::Render`] for the first pool whose chain fails.
+#[allow(clippy::too_many_arguments)]
+pub fn render_pools_with(
+    renderer: &Renderer,
+    derived: &Policy,
+    name: &str,
+    uid: &str,
+    spec: &NvidiaDriverSpec,
+    pools: &[NodePool],
+    base: &TransformContext,
+    openshift: &OpenShiftFacts,
+) -> Result<Vec<(NodePool, Vec<Value>)>, NvidiaDriverError> {
     let mut out = Vec::with_capacity(pools.len());
     for pool in pools {
+        let os = openshift.for_pool(base.openshift_version.as_deref(), spec, pool);
         let mut ctx = base.clone();
         ctx.gpu_node_os = Some(pool.os.clone());
         ctx.kernel_version = pool.kernel.clone();
@@ -194,7 +225,7 @@ pub fn render_pools(
             })?;
         let ds_name = daemonset_name(spec.driver_type, pool, uid);
         let own = driver_name(spec.driver_type, name, pool);
-        let objects = rendered
+        let mut objects: Vec<Value> = rendered
             .objects
             .into_iter()
             .map(|mut o| {
@@ -217,18 +248,266 @@ pub fn render_pools(
                 if spec.driver_type == DriverType::VgpuHostManager {
                     finish_vgpu_host_manager(&mut o);
                 }
+                if o["kind"] == "DaemonSet" {
+                    if let Some(os) = &os {
+                        finish_openshift(&mut o, spec, os);
+                    }
+                    set_config_digest(&mut o, spec, pool, &derived.spec.driver.rdma, os.as_ref());
+                }
                 o
             })
             .collect();
+        if let Some(cm) = os
+            .as_ref()
+            .and_then(|os| trusted_ca_config_map(os, &base.operator_namespace))
+        {
+            objects.push(cm);
+        }
         out.push((pool.clone(), objects));
     }
     Ok(out)
 }
 
+/// The Driver Toolkit sidecar of an OpenShift driver pod (it builds the driver with the
+/// toolkit image of the node's RHCOS version).
+pub const TOOLKIT_CONTAINER: &str = "openshift-driver-toolkit-ctr";
+
+/// The `emptyDir` volume the driver container and the Driver Toolkit sidecar share, and where
+/// they mount it.
+const TOOLKIT_SHARED: (&str, &str) = (
+    "shared-nvidia-driver-toolkit",
+    "/mnt/shared-nvidia-driver-toolkit",
+);
+
+/// The ConfigMap OpenShift injects the cluster proxy's CA bundle into (label
+/// `config.openshift.io/inject-trusted-cabundle`), its volume, and where the driver mounts it.
+pub const TRUSTED_CA_CONFIG_MAP: &str = "gpu-operator-trusted-ca";
+const TRUSTED_CA_MOUNT: &str = "/etc/pki/ca-trust/extracted/pem";
+
+/// Whether `os`'s render mounts the cluster proxy's CA bundle: with the Driver Toolkit and a
+/// proxy naming a trusted CA ConfigMap (upstream's manifest condition).
+fn trusts_proxy_ca(os: &OpenShiftRender) -> bool {
+    os.toolkit.is_some() && os.proxy.as_ref().is_some_and(|p| !p.trusted_ca.is_empty())
+}
+
+/// The ConfigMap [`TRUSTED_CA_CONFIG_MAP`] in `namespace`, empty for OpenShift to fill, when
+/// `os`'s render mounts it ([`trusts_proxy_ca`]).
+fn trusted_ca_config_map(os: &OpenShiftRender, namespace: &str) -> Option<Value> {
+    trusts_proxy_ca(os).then(|| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": TRUSTED_CA_CONFIG_MAP, "namespace": namespace,
+                "labels": {"config.openshift.io/inject-trusted-cabundle": "true"}},
+            "data": {"ca-bundle.crt": ""}})
+    })
+}
+
+/// Make an NVIDIADriver pool's DaemonSet `ds` the Driver Toolkit form NVIDIA's NVIDIADriver
+/// manifests render on OpenShift, when `os` has a toolkit (else it is left as is):
+/// - labels `openshift.driver-toolkit: "true"` on the DaemonSet and its pods,
+///   `openshift.driver-toolkit.rhcos: <version>` on the DaemonSet, and
+///   `openshift.driver-toolkit.rhcos-image-missing: "true"` on both when the version has no
+///   toolkit image;
+/// - `nvidia-driver-ctr` runs `ocp_dtk_entrypoint nv-ctr-run-with-dtk` (the nvidia-fs and
+///   gdrcopy sidecars `nv-fs-ctr-run-with-dtk` / `gdrcopy-ctr-run-with-dtk`), and they mount the
+///   shared `emptyDir` at `/mnt/shared-nvidia-driver-toolkit` (the driver after its other
+///   mounts, the sidecars after `/dev/log`);
+/// - the driver's env gets `RHCOS_IMAGE_MISSING`/`RHCOS_VERSION` when the image is missing, then
+///   the cluster proxy (`HTTP_PROXY`, `http_proxy`, `HTTPS_PROXY`, `https_proxy`, `NO_PROXY`,
+///   `no_proxy`, each when set), and with a trusted CA the bundle mounted read-only at
+///   `/etc/pki/ca-trust/extracted/pem` (volume [`TRUSTED_CA_CONFIG_MAP`], key `ca-bundle.crt` as
+///   `tls-ca-bundle.pem`);
+/// - the sidecar [`TOOLKIT_CONTAINER`] (the toolkit image, else the driver image; the driver's
+///   resources) waits for the shared directory and builds the driver.
+pub fn finish_openshift(ds: &mut Value, spec: &NvidiaDriverSpec, os: &OpenShiftRender) {
+    let Some(toolkit) = &os.toolkit else {
+        return;
+    };
+    let missing = toolkit.image.is_none();
+    let label = |ds: &mut Value, ptr: &str, k: &str, v: &str| {
+        if let Some(m) = ds.pointer_mut(ptr).and_then(Value::as_object_mut) {
+            m.insert(k.into(), json!(v));
+        }
+    };
+    label(
+        ds,
+        "/metadata/labels",
+        "openshift.driver-toolkit.rhcos",
+        &toolkit.rhcos_version,
+    );
+    for ptr in ["/metadata/labels", "/spec/template/metadata/labels"] {
+        label(ds, ptr, "openshift.driver-toolkit", "true");
+        if missing {
+            label(
+                ds,
+                ptr,
+                "openshift.driver-toolkit.rhcos-image-missing",
+                "true",
+            );
+        }
+    }
+    let trusted = trusts_proxy_ca(os);
+    let Some(pod) = ds
+        .pointer_mut("/spec/template/spec")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let shared_mount = json!({"name": TOOLKIT_SHARED.0, "mountPath": TOOLKIT_SHARED.1});
+    let mut driver_image = Value::Null;
+    let mut driver_resources = None;
+    for c in pod
+        .get_mut("containers")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        let entry = match c["name"].as_str() {
+            Some(DRIVER_CONTAINER) => "nv-ctr-run-with-dtk",
+            Some("nvidia-fs-ctr") => "nv-fs-ctr-run-with-dtk",
+            Some("nvidia-gdrcopy-ctr") => "gdrcopy-ctr-run-with-dtk",
+            _ => continue,
+        };
+        c["command"] = json!(["ocp_dtk_entrypoint"]);
+        c["args"] = json!([entry]);
+        if c["name"] != DRIVER_CONTAINER {
+            if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+                let at = mounts
+                    .iter()
+                    .position(|m| m["name"] == "dev-log")
+                    .map_or(mounts.len(), |i| i + 1);
+                mounts.insert(at, shared_mount.clone());
+            }
+            continue;
+        }
+        driver_image = c["image"].clone();
+        driver_resources = c.get("resources").cloned();
+        let mut env = Vec::new();
+        if missing {
+            env.push(json!({"name": "RHCOS_IMAGE_MISSING", "value": "true"}));
+            env.push(json!({"name": "RHCOS_VERSION", "value": toolkit.rhcos_version}));
+        }
+        if let Some(p) = &os.proxy {
+            for (names, value) in [
+                (["HTTP_PROXY", "http_proxy"], &p.http_proxy),
+                (["HTTPS_PROXY", "https_proxy"], &p.https_proxy),
+                (["NO_PROXY", "no_proxy"], &p.no_proxy),
+            ] {
+                if !value.is_empty() {
+                    env.extend(names.map(|n| json!({"name": n, "value": value})));
+                }
+            }
+        }
+        if let Some(list) = c.get_mut("env").and_then(Value::as_array_mut) {
+            list.extend(env);
+        }
+        if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+            mounts.push(shared_mount.clone());
+            if trusted {
+                mounts.push(json!({"name": TRUSTED_CA_CONFIG_MAP,
+                    "mountPath": TRUSTED_CA_MOUNT, "readOnly": true}));
+            }
+        }
+    }
+    let on = |s: &Option<kiln_core::spec::nvidiadriver::SidecarDriverSpec>| {
+        s.as_ref().is_some_and(|s| s.enabled == Some(true))
+    };
+    let mut env = vec![
+        json!({"name": "RHCOS_VERSION", "value": toolkit.rhcos_version}),
+        json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}),
+        json!({"name": kiln_core::driver_digest::ENV, "value": ""}),
+    ];
+    if missing {
+        env.push(json!({"name": "RHCOS_IMAGE_MISSING", "value": "true"}));
+    }
+    if on(&spec.gds) {
+        env.push(json!({"name": "GDS_ENABLED", "value": "true"}));
+    }
+    if on(&spec.gdrcopy) {
+        env.push(json!({"name": "GDRCOPY_ENABLED", "value": "true"}));
+    }
+    let mut sidecar = json!({
+        "image": toolkit.image.as_ref().map_or(driver_image, |i| json!(i)),
+        "imagePullPolicy": "IfNotPresent",
+        "name": TOOLKIT_CONTAINER,
+        "command": ["bash", "-xc"],
+        "args": ["until [ -f /mnt/shared-nvidia-driver-toolkit/dir_prepared ]; do echo  Waiting for nvidia-driver-ctr container to prepare the shared directory ...; sleep 10; done; exec /mnt/shared-nvidia-driver-toolkit/ocp_dtk_entrypoint dtk-build-driver"],
+        "securityContext": {"privileged": true, "seLinuxOptions": {"level": "s0"}},
+        "env": env,
+        "volumeMounts": [
+            shared_mount,
+            {"name": "var-log", "mountPath": "/var/log"},
+            {"name": "mlnx-ofed-usr-src", "mountPath": "/run/mellanox/drivers/usr/src",
+                "mountPropagation": "HostToContainer"},
+            {"name": "host-os-release", "mountPath": "/host-etc/os-release", "readOnly": true},
+            {"name": "firmware-search-path",
+                "mountPath": "/sys/module/firmware_class/parameters/path"},
+            {"name": "nv-firmware", "mountPath": "/lib/firmware"},
+        ],
+    });
+    if let Some(r) = driver_resources {
+        sidecar["resources"] = r;
+    }
+    if let Some(list) = pod.get_mut("containers").and_then(Value::as_array_mut) {
+        list.push(sidecar);
+    }
+    if let Some(vols) = pod.get_mut("volumes").and_then(Value::as_array_mut) {
+        vols.push(json!({"name": TOOLKIT_SHARED.0, "emptyDir": {}}));
+        if trusted {
+            vols.push(json!({"name": TRUSTED_CA_CONFIG_MAP, "configMap": {
+                "name": TRUSTED_CA_CONFIG_MAP,
+                "items": [{"key": "ca-bundle.crt", "path": "tls-ca-bundle.pem"}]}}));
+        }
+    }
+}
+
+/// Set the NVIDIADriver path's `DRIVER_CONFIG_DIGEST` ([`install_state`] of the CR, the pool
+/// and the rendered pod) on the pool's DaemonSet `ds`, where NVIDIA's NVIDIADriver manifest
+/// puts it: in `k8s-driver-manager` after `OPERATOR_NAMESPACE`, in `nvidia-driver-ctr` after
+/// `NODE_IP`, in [`TOOLKIT_CONTAINER`] after `NVIDIA_VISIBLE_DEVICES` (the ClusterPolicy path's
+/// value, computed from the final pod, is replaced).
+fn set_config_digest(
+    ds: &mut Value,
+    spec: &NvidiaDriverSpec,
+    pool: &NodePool,
+    rdma: &kiln_core::spec::RdmaSpec,
+    os: Option<&OpenShiftRender>,
+) {
+    use kiln_core::driver_digest::ENV;
+    let Some(pod_json) = ds.pointer("/spec/template/spec") else {
+        return;
+    };
+    let Ok(pod) = serde_json::from_value(pod_json.clone()) else {
+        return;
+    };
+    let digest = install_state(spec, pool, rdma, os, &pod).digest();
+    let entry = json!({"name": ENV, "value": digest});
+    for (list, container, after) in [
+        ("initContainers", "k8s-driver-manager", "OPERATOR_NAMESPACE"),
+        ("containers", DRIVER_CONTAINER, "NODE_IP"),
+        ("containers", TOOLKIT_CONTAINER, "NVIDIA_VISIBLE_DEVICES"),
+    ] {
+        let Some(env) = ds
+            .pointer_mut(&format!("/spec/template/spec/{list}"))
+            .and_then(Value::as_array_mut)
+            .and_then(|cs| cs.iter_mut().find(|c| c["name"] == container))
+            .and_then(|c| c.get_mut("env"))
+            .and_then(Value::as_array_mut)
+        else {
+            continue;
+        };
+        env.retain(|e| e["name"] != ENV);
+        let at = env
+            .iter()
+            .position(|e| e["name"] == after)
+            .map_or(env.len(), |i| i + 1);
+        env.insert(at, entry.clone());
+    }
+}
+
 /// The order NVIDIA's NVIDIADriver manifests give what the ClusterPolicy's driver DaemonSet
 /// orders otherwise: the pod's `imagePullSecrets` as the driver's, the manager's, then GDS's and
 /// GDRCopy's; in `nvidia-driver-ctr` the firmware search path mount before
-/// `/sys/devices/system`.
+/// `/sys/devices/system`, and `GDS_ENABLED` before `GDRCOPY_ENABLED`.
 fn nvidiadriver_pod_order(ds: &mut Value, spec: &NvidiaDriverSpec) {
     let Some(pod) = ds
         .pointer_mut("/spec/template/spec")
@@ -261,6 +540,15 @@ fn nvidiadriver_pod_order(ds: &mut Value, spec: &NvidiaDriverSpec) {
         });
     }
     for c in driver_containers_mut(pod) {
+        if let Some(env) = c.get_mut("env").and_then(Value::as_array_mut) {
+            let at = |name: &str| env.iter().position(|e| e["name"] == name);
+            if let (Some(gdrcopy), Some(gds)) = (at("GDRCOPY_ENABLED"), at("GDS_ENABLED"))
+                && gds > gdrcopy
+            {
+                let e = env.remove(gds);
+                env.insert(gdrcopy, e);
+            }
+        }
         let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) else {
             continue;
         };
@@ -415,6 +703,91 @@ mod tests {
         assert_eq!(ds["spec"]["template"]["spec"]["serviceAccountName"], "own");
         assert_eq!(ds["metadata"]["annotations"]["openshift.io/scc"], "own");
         assert_eq!(cm, cm_before, "shared objects keep their names");
+    }
+
+    /// The Driver Toolkit form when the RHCOS version has no toolkit image (no golden covers
+    /// it): the driver image builds, `rhcos-image-missing` labels and env, no proxy without
+    /// one, and the digest placed after the manifest's anchors.
+    #[test]
+    fn a_missing_toolkit_image_builds_in_the_driver_image() {
+        use kiln_core::spec::nvidiadriver::Toolkit;
+        let mut ds = json!({"kind": "DaemonSet", "metadata": {"labels": {}},
+            "spec": {"template": {"metadata": {"labels": {}}, "spec": {
+                "initContainers": [{"name": "k8s-driver-manager", "image": "m:1",
+                    "env": [{"name": "OPERATOR_NAMESPACE", "value": "x"},
+                        {"name": "FOO", "value": "1"}]}],
+                "containers": [{"name": DRIVER_CONTAINER, "image": "d:1",
+                    "command": ["nvidia-driver"], "args": ["init"],
+                    "env": [{"name": "NODE_IP", "value": "x"}, {"name": "BAR", "value": "1"}],
+                    "volumeMounts": []}],
+                "volumes": []}}}});
+        let spec = NvidiaDriverSpec::default();
+        let os = OpenShiftRender {
+            version: "4.16".into(),
+            proxy: None,
+            toolkit: Some(Toolkit {
+                rhcos_version: "416.94.1".into(),
+                image: None,
+            }),
+        };
+        finish_openshift(&mut ds, &spec, &os);
+        assert_eq!(
+            ds["metadata"]["labels"]["openshift.driver-toolkit.rhcos-image-missing"],
+            "true"
+        );
+        assert_eq!(
+            ds["metadata"]["labels"]["openshift.driver-toolkit.rhcos"],
+            "416.94.1"
+        );
+        let pod = &ds["spec"]["template"]["spec"];
+        let names = |c: &Value| -> Vec<String> {
+            c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(&pod["containers"][0]),
+            ["NODE_IP", "BAR", "RHCOS_IMAGE_MISSING", "RHCOS_VERSION"]
+        );
+        assert_eq!(
+            pod["containers"][0]["command"],
+            json!(["ocp_dtk_entrypoint"])
+        );
+        assert_eq!(pod["containers"][1]["name"], TOOLKIT_CONTAINER);
+        assert_eq!(
+            pod["containers"][1]["image"], "d:1",
+            "the driver image builds"
+        );
+        assert!(
+            trusted_ca_config_map(&os, "ns").is_none(),
+            "no proxy, no CA"
+        );
+        let pool = NodePool {
+            os: kiln_core::context::NodeOs {
+                id: "rhcos".into(),
+                version_id: "4.16".into(),
+            },
+            name: "rhcos4.16".into(),
+            kernel: None,
+            rhcos_version: Some("416.94.1".into()),
+            node_selector: Default::default(),
+        };
+        set_config_digest(&mut ds, &spec, &pool, &Default::default(), Some(&os));
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(
+            names(&pod["initContainers"][0]),
+            ["OPERATOR_NAMESPACE", kiln_core::driver_digest::ENV, "FOO"]
+        );
+        assert_eq!(
+            names(&pod["containers"][0])[1],
+            kiln_core::driver_digest::ENV
+        );
+        let digest = &pod["containers"][0]["env"][1]["value"];
+        assert_eq!(pod["containers"][1]["env"][2]["value"], *digest);
+        assert_eq!(pod["initContainers"][0]["env"][1]["value"], *digest);
     }
 
     #[test]

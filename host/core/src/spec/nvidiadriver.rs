@@ -15,7 +15,9 @@
 //! ```
 //!
 //! Two NVIDIADrivers may not select the same node ([`overlaps`]): each gets an error naming the
-//! other and neither is applied on that node set.
+//! other and neither is applied on that node set. Upstream's owner routing, which gives a
+//! `default: true` CR the GPU nodes no other CR selects, is [`node_owners`] (the operator does
+//! not label nodes with it yet).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -593,29 +595,53 @@ fn matches(selector: &BTreeMap<String, String>, labels: &impl LabelLookup) -> bo
         .all(|(k, v)| labels.label(k) == Some(v.as_str()))
 }
 
-/// One node pool of an NVIDIADriver: the nodes sharing an OS (and kernel, precompiled), which
-/// get one DaemonSet.
+/// One node pool of an NVIDIADriver: the nodes sharing an OS (and kernel, precompiled; and RHCOS
+/// version on OpenShift), which get one DaemonSet.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NodePool {
     /// The pool's OS as image tags use it (`rhel9` for `rhel` `9.4`, see [`NodeOs::from_labels`]).
     pub os: NodeOs,
-    /// The pool's name part: NFD's ID and VERSION_ID as the nodes carry them (`ubuntu22.04`,
-    /// `rhel9.4`).
+    /// The pool's OS tag, the part of its object names (upstream `osTag`: ID and VERSION_ID,
+    /// the major version only for `rhel`, `rocky` and `ol`: `ubuntu22.04`, `rhel9`).
     pub name: String,
     /// The kernel, for precompiled drivers.
     pub kernel: Option<String>,
+    /// The RHCOS version ([`OSTREE_VERSION_LABEL`]), on OpenShift without precompiled drivers.
+    pub rhcos_version: Option<String>,
     /// The DaemonSet's `nodeSelector`: the CR's effective selector plus the OS labels (and the
-    /// kernel label, precompiled).
+    /// kernel label, precompiled; the RHCOS version label on OpenShift).
     pub node_selector: BTreeMap<String, String>,
 }
 
-/// The node pools of `spec` among `nodes` (their labels: a map, or any [`LabelLookup`] such as
-/// the operator's node store), sorted by name: nodes the CR selects grouped by NFD OS ID and
-/// VERSION_ID (and kernel when precompiled). Nodes without the NFD labels are left out
-/// (upstream logs "Is NFD installed?" and skips them).
+/// NFD's label with the OS major version, selected instead of `VERSION_ID` where the OS tag
+/// drops the minor version (`rhel`, `rocky`, `ol`).
+pub const OS_VERSION_MAJOR_LABEL: &str =
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID.major";
+
+/// NFD's label with the RHCOS (ostree) version of an OpenShift node.
+pub const OSTREE_VERSION_LABEL: &str =
+    "feature.node.kubernetes.io/system-os_release.OSTREE_VERSION";
+
+/// The node pools of `spec` among `nodes` on plain Kubernetes: [`node_pools_for`] with
+/// `openshift` false.
 pub fn node_pools<L: LabelLookup>(
     spec: &NvidiaDriverSpec,
     nodes: impl IntoIterator<Item = L>,
+) -> Vec<NodePool> {
+    node_pools_for(spec, nodes, false)
+}
+
+/// The node pools of `spec` among `nodes` (their labels: a map, or any [`LabelLookup`] such as
+/// the operator's node store), sorted, as upstream's `getNodePools` partitions them: nodes the
+/// CR selects grouped by OS tag, and by NFD's kernel when precompiled, or, on `openshift`
+/// without precompiled drivers, by RHCOS version ([`OSTREE_VERSION_LABEL`]). The pool selects
+/// the OS by `ID` and `VERSION_ID`, or `VERSION_ID.major` where the tag drops the minor version.
+/// Nodes without the NFD labels a pool needs are left out (upstream logs "Is NFD installed?" and
+/// skips them).
+pub fn node_pools_for<L: LabelLookup>(
+    spec: &NvidiaDriverSpec,
+    nodes: impl IntoIterator<Item = L>,
+    openshift: bool,
 ) -> Vec<NodePool> {
     use crate::context::{OS_ID_LABEL, OS_VERSION_LABEL};
     let selector = spec.effective_selector();
@@ -627,9 +653,17 @@ pub fn node_pools<L: LabelLookup>(
         // Both present: `from_labels` read them.
         let id = labels.label(OS_ID_LABEL).unwrap_or_default();
         let version = labels.label(OS_VERSION_LABEL).unwrap_or_default();
+        let tag = os.tag();
         let mut node_selector = selector.clone();
         node_selector.insert(OS_ID_LABEL.into(), id.into());
-        node_selector.insert(OS_VERSION_LABEL.into(), version.into());
+        if tag.ends_with(version) {
+            node_selector.insert(OS_VERSION_LABEL.into(), version.into());
+        } else {
+            let Some(major) = labels.label(OS_VERSION_MAJOR_LABEL) else {
+                continue;
+            };
+            node_selector.insert(OS_VERSION_MAJOR_LABEL.into(), major.into());
+        }
         let kernel = if spec.precompiled() {
             let Some(k) = labels.label(KERNEL_LABEL) else {
                 continue;
@@ -639,10 +673,20 @@ pub fn node_pools<L: LabelLookup>(
         } else {
             None
         };
+        let rhcos_version = if !spec.precompiled() && openshift {
+            let Some(r) = labels.label(OSTREE_VERSION_LABEL) else {
+                continue;
+            };
+            node_selector.insert(OSTREE_VERSION_LABEL.into(), r.into());
+            Some(r.to_string())
+        } else {
+            None
+        };
         pools.insert(NodePool {
             os,
-            name: format!("{id}{version}"),
+            name: tag,
             kernel,
+            rhcos_version,
             node_selector,
         });
     }
@@ -651,13 +695,14 @@ pub fn node_pools<L: LabelLookup>(
 
 /// The name (and `app` label) of an NVIDIADriver's DaemonSet for `pool`, as upstream's
 /// `getDriverAppName`: `nvidia-<driverType>-driver-<pool>-<hash>`, the hash taken over the
-/// CR's UID (plus `-<kernel>` for a precompiled pool) with FNV-1a (32 bit), its decimal text
+/// CR's UID (plus `-<kernel>` for a precompiled pool, else `-<rhcos version>` for an OpenShift
+/// pool) with FNV-1a (32 bit), its decimal text
 /// encoded with apimachinery's `rand.SafeEncodeString`; the prefix is cut so the whole stays
 /// within [`APP_NAME_MAX`].
 pub fn daemonset_name(driver_type: DriverType, pool: &NodePool, uid: &str) -> String {
     let prefix = format!("nvidia-{}-driver-{}", driver_type.as_str(), pool.name);
     let mut hashed = uid.to_string();
-    if let Some(k) = &pool.kernel {
+    if let Some(k) = pool.kernel.as_ref().or(pool.rhcos_version.as_ref()) {
         hashed.push('-');
         hashed.push_str(k);
     }
@@ -961,6 +1006,17 @@ pub fn overlaps<L: LabelLookup>(
     }
     out
 }
+
+#[path = "nvidiadriver_owner.rs"]
+mod owner;
+pub use owner::{OWNER_LABEL, OwnerError, check_owner_selector, node_owners};
+
+#[path = "nvidiadriver_install.rs"]
+mod install;
+pub use install::{
+    ClusterProxy, MANIFEST_DRIVER_MOUNTS, OpenShiftFacts, OpenShiftRender, Toolkit,
+    additional_configs, install_state,
+};
 
 #[cfg(test)]
 #[path = "nvidiadriver_tests.rs"]

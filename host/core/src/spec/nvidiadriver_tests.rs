@@ -144,7 +144,17 @@ fn pools_group_selected_nodes_by_os_and_kernel() {
     let nodes = [
         gpu("ubuntu", "22.04", &[("pool", "a"), (KERNEL_LABEL, "5.15")]),
         gpu("ubuntu", "22.04", &[("pool", "a"), (KERNEL_LABEL, "6.8")]),
-        gpu("rhel", "9.4", &[("pool", "a"), (KERNEL_LABEL, "5.14")]),
+        gpu(
+            "rhel",
+            "9.4",
+            &[
+                ("pool", "a"),
+                (KERNEL_LABEL, "5.14"),
+                (OS_VERSION_MAJOR_LABEL, "9"),
+            ],
+        ),
+        // rhel without NFD's major version label: no pool can select it.
+        gpu("rhel", "8.8", &[("pool", "a")]),
         gpu("ubuntu", "24.04", &[("pool", "b")]),
         // No NFD labels: skipped.
         node(&[(GPU_PRESENT, "true"), ("pool", "a")]),
@@ -159,12 +169,20 @@ fn pools_group_selected_nodes_by_os_and_kernel() {
     let cr = nvd(json!({"nodeSelector": {"pool": "a"}}));
     let pools = node_pools(&cr, &nodes);
     let names: Vec<_> = pools.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["rhel9.4", "ubuntu22.04"]);
     assert_eq!(
-        pools[0].os.tag(),
-        "rhel9",
-        "image tags keep rhel's major only"
+        names,
+        ["rhel9", "ubuntu22.04"],
+        "rhel's tag keeps the major only"
     );
+    assert_eq!(
+        pools[0]
+            .node_selector
+            .get(OS_VERSION_MAJOR_LABEL)
+            .map(String::as_str),
+        Some("9"),
+        "rhel pools select the major version"
+    );
+    assert!(!pools[0].node_selector.contains_key(OS_VERSION_LABEL));
     assert_eq!(
         pools[1].node_selector,
         BTreeMap::from([
@@ -182,13 +200,86 @@ fn pools_group_selected_nodes_by_os_and_kernel() {
     assert_eq!(
         kernels,
         [
-            ("rhel9.4".to_string(), "5.14".to_string()),
+            ("rhel9".to_string(), "5.14".to_string()),
             ("ubuntu22.04".to_string(), "5.15".to_string()),
             ("ubuntu22.04".to_string(), "6.8".to_string())
         ]
     );
     // nil selector: every GPU node.
     assert_eq!(node_pools(&NvidiaDriverSpec::default(), &nodes).len(), 3);
+}
+
+#[test]
+fn openshift_pools_are_per_rhcos_version_unless_precompiled() {
+    let rhcos = |v: &str| {
+        gpu(
+            "rhcos",
+            "4.13",
+            &[(OSTREE_VERSION_LABEL, v), (KERNEL_LABEL, "5.14")],
+        )
+    };
+    let nodes = [
+        rhcos("413.92.1"),
+        rhcos("413.92.1"),
+        rhcos("413.92.2"),
+        // No OSTREE_VERSION label: skipped on OpenShift.
+        gpu("rhcos", "4.13", &[]),
+    ];
+    let spec = NvidiaDriverSpec::default();
+    let pools = node_pools_for(&spec, &nodes, true);
+    let versions: Vec<_> = pools
+        .iter()
+        .map(|p| p.rhcos_version.clone().unwrap())
+        .collect();
+    assert_eq!(versions, ["413.92.1", "413.92.2"]);
+    assert_eq!(pools[0].name, "rhcos4.13");
+    assert_eq!(
+        pools[0]
+            .node_selector
+            .get(OSTREE_VERSION_LABEL)
+            .map(String::as_str),
+        Some("413.92.1")
+    );
+    // Upstream's getDriverAppName: the RHCOS version is hashed with the UID.
+    let a = daemonset_name(DriverType::Gpu, &pools[0], "uid-1");
+    let b = daemonset_name(DriverType::Gpu, &pools[1], "uid-1");
+    assert!(a.starts_with("nvidia-gpu-driver-rhcos4.13-") && a != b);
+    assert_eq!(
+        node_pools_for(&spec, &nodes, false).len(),
+        1,
+        "not OpenShift"
+    );
+    let pre = nvd(json!({"usePrecompiled": true}));
+    let pools = node_pools_for(&pre, &nodes, true);
+    assert_eq!(
+        pools.len(),
+        1,
+        "precompiled: per kernel, not per RHCOS version"
+    );
+    assert_eq!(pools[0].rhcos_version, None);
+}
+
+/// NVIDIA's TestGetDriverAppNameRHCOS: UID, pool and the name its rule gives.
+#[test]
+fn rhcos_daemonset_name_matches_upstream() {
+    let pool = NodePool {
+        os: NodeOs {
+            id: "rhcos".into(),
+            version_id: "4.14".into(),
+        },
+        name: "rhcos4.14".into(),
+        kernel: None,
+        rhcos_version: Some("414.92.202309282257".into()),
+        node_selector: BTreeMap::new(),
+    };
+    assert_eq!(
+        daemonset_name(
+            DriverType::Gpu,
+            &pool,
+            "d5b3a1f2-38a9-4b72-bff1-21fd569fd305"
+        ),
+        "nvidia-gpu-driver-rhcos4.14-6f4fc4fc6"
+    );
 }
 
 #[test]
@@ -200,6 +291,7 @@ fn daemonset_names_follow_upstream_and_fit_a_label() {
         },
         name: name.into(),
         kernel: kernel.map(str::to_string),
+        rhcos_version: None,
         node_selector: BTreeMap::new(),
     };
     // FNV-1a("uid-1") = 0x50c45a43 = 1355045443, each digit safe-encoded.
@@ -229,6 +321,7 @@ fn finishing_renames_reselects_and_narrows_the_daemonset() {
         },
         name: "ubuntu22.04".into(),
         kernel: None,
+        rhcos_version: None,
         node_selector: BTreeMap::from([("pool".to_string(), "a".to_string())]),
     };
     let aff: NodeAffinity = serde_json::from_value(json!({
@@ -305,6 +398,7 @@ fn pool_object_names_follow_upstream_get_driver_name() {
         },
         name: "ubuntu22.04".into(),
         kernel: None,
+        rhcos_version: None,
         node_selector: BTreeMap::new(),
     };
     assert_eq!(
@@ -437,6 +531,7 @@ fn finishing_adds_the_pool_labels_void_devices_and_keeps_init() {
         },
         name: "ubuntu22.04".into(),
         kernel: Some("5.15.0-1.x86_64".into()),
+        rhcos_version: None,
         node_selector: BTreeMap::new(),
     };
     finish_daemonset(&mut ds, "n", "cr", &pool, None);

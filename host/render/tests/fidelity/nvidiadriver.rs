@@ -20,8 +20,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_core::context::{NodeOs, TransformContext};
-use kiln_core::spec::nvidiadriver::node_pools;
-use kiln_render::nvidiadriver::{NvidiaDriverDoc, derived_policy, render_pools, standalone_policy};
+use kiln_core::driver_digest::Field;
+use kiln_core::spec::nvidiadriver::{
+    ClusterProxy, KERNEL_LABEL, OS_VERSION_MAJOR_LABEL, OSTREE_VERSION_LABEL, OpenShiftFacts,
+    install_state, node_pools_for,
+};
+use kiln_render::nvidiadriver::{
+    NvidiaDriverDoc, derived_policy, render_pools_with, standalone_policy,
+};
 use kiln_render::{Renderer, defaults};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -60,8 +66,84 @@ struct Case {
     #[serde(default)]
     #[allow(dead_code)]
     additional_configs: bool,
+    /// The pool's RHCOS version (NFD's OSTREE_VERSION label), on OpenShift.
+    #[serde(default)]
+    rhcos: Option<String>,
+    /// The cluster's Driver Toolkit images by RHCOS version, on OpenShift.
+    #[serde(default)]
+    toolkit_images: BTreeMap<String, String>,
+    /// The cluster proxy, on OpenShift.
+    #[serde(default)]
+    proxy: Option<Proxy>,
     /// The NVIDIADriver spec.
     spec: Value,
+}
+
+/// OpenShift's cluster proxy of a case.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Proxy {
+    http_proxy: String,
+    https_proxy: String,
+    no_proxy: String,
+    trusted_ca: String,
+}
+
+impl Case {
+    /// The OpenShift facts of the case (empty off OpenShift).
+    fn openshift(&self) -> OpenShiftFacts {
+        OpenShiftFacts {
+            toolkit_images: self.toolkit_images.clone(),
+            proxy: self.proxy.as_ref().map(|p| ClusterProxy {
+                http_proxy: p.http_proxy.clone(),
+                https_proxy: p.https_proxy.clone(),
+                no_proxy: p.no_proxy.clone(),
+                trusted_ca: p.trusted_ca.clone(),
+            }),
+        }
+    }
+
+    /// The node labels of the case's pool: a GPU node with NFD's OS labels (and the kernel,
+    /// RHCOS version, and the CR's own selector).
+    fn node_labels(
+        &self,
+        spec: &kiln_core::spec::nvidiadriver::NvidiaDriverSpec,
+    ) -> BTreeMap<String, String> {
+        let (id, version) = self.os_id_version();
+        let mut labels = BTreeMap::from([
+            ("nvidia.com/gpu.present".to_string(), "true".to_string()),
+            (
+                "feature.node.kubernetes.io/system-os_release.ID".into(),
+                id.to_string(),
+            ),
+            (
+                "feature.node.kubernetes.io/system-os_release.VERSION_ID".into(),
+                version.to_string(),
+            ),
+            (
+                OS_VERSION_MAJOR_LABEL.into(),
+                version.split('.').next().unwrap_or_default().to_string(),
+            ),
+        ]);
+        if let Some(k) = &self.kernel {
+            labels.insert(KERNEL_LABEL.into(), k.clone());
+        }
+        if let Some(r) = &self.rhcos {
+            labels.insert(OSTREE_VERSION_LABEL.into(), r.clone());
+        }
+        if let Some(sel) = &spec.node_selector {
+            labels.extend(sel.clone());
+        }
+        labels
+    }
+
+    fn os_id_version(&self) -> (&str, &str) {
+        self.os
+            .as_deref()
+            .unwrap_or("ubuntu:22.04")
+            .split_once(':')
+            .expect("os is ID:VERSION_ID")
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,12 +167,7 @@ fn context(case: &Case) -> TransformContext {
     ctx.kubernetes_version = "v1.36.3".into();
     ctx.has_service_monitor_crd = false;
     ctx.openshift_version = case.openshift.clone();
-    let (id, version) = case
-        .os
-        .as_deref()
-        .unwrap_or("ubuntu:22.04")
-        .split_once(':')
-        .expect("os is ID:VERSION_ID");
+    let (id, version) = case.os_id_version();
     ctx.gpu_node_os = Some(NodeOs {
         id: id.into(),
         version_id: version.into(),
@@ -116,36 +193,23 @@ fn kiln_objects(renderer: &Renderer, name: &str, case: &Case) -> Vec<Value> {
     });
     let cr = NvidiaDriverDoc::from_object(&doc).unwrap_or_else(|e| panic!("{name}: {e}"));
     let ctx = context(case);
-    let os = ctx.gpu_node_os.clone().unwrap();
-    let mut labels = BTreeMap::from([
-        ("nvidia.com/gpu.present".to_string(), "true".to_string()),
-        (
-            "feature.node.kubernetes.io/system-os_release.ID".into(),
-            os.id.clone(),
-        ),
-        (
-            "feature.node.kubernetes.io/system-os_release.VERSION_ID".into(),
-            os.version_id.clone(),
-        ),
-    ]);
-    if let Some(k) = &case.kernel {
-        labels.insert(
-            kiln_core::spec::nvidiadriver::KERNEL_LABEL.into(),
-            k.clone(),
-        );
-    }
-    if let Some(sel) = &cr.spec.node_selector {
-        labels.extend(sel.clone());
-    }
-    let pools = node_pools(&cr.spec, [labels]);
+    let labels = case.node_labels(&cr.spec);
+    let pools = node_pools_for(&cr.spec, [labels], case.openshift.is_some());
     assert_eq!(pools.len(), 1, "{name}: one node pool");
     if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
         panic!("{name}: kiln refuses the CR: {why}");
     }
     let derived = derived_policy(&standalone_policy(), &cr.name, &cr.spec)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    render_pools(
-        renderer, &derived, &cr.name, &cr.uid, &cr.spec, &pools, &ctx,
+    render_pools_with(
+        renderer,
+        &derived,
+        &cr.name,
+        &cr.uid,
+        &cr.spec,
+        &pools,
+        &ctx,
+        &case.openshift(),
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"))
     .into_iter()
@@ -223,13 +287,18 @@ fn golden_diffs(golden: &str, kiln: &[Value], nvidia: &[Value]) -> Vec<String> {
     out
 }
 
-#[test]
-fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
+/// `cases.yaml`, its merge keys applied.
+fn cases() -> Cases {
     let mut raw: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(data().join("cases.yaml")).unwrap())
             .expect("cases.yaml");
     raw.apply_merge().expect("cases.yaml merge keys");
-    let cases: Cases = serde_yaml_ng::from_value(raw).expect("cases.yaml");
+    serde_yaml_ng::from_value(raw).expect("cases.yaml")
+}
+
+#[test]
+fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
+    let cases = cases();
     let goldens: BTreeSet<String> = std::fs::read_dir(data().join("golden"))
         .unwrap()
         .map(|e| {
@@ -294,6 +363,55 @@ fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
             .collect::<Vec<_>>()
             .join("\n"),
     );
+}
+
+/// kiln's NVIDIADriver `DRIVER_CONFIG_DIGEST` rule ([`install_state`]) reproduces NVIDIA's value
+/// in every golden when given NVIDIA's test render data: the golden pod (its images and
+/// additional configs are the test's), no `kernelModuleType` or `driverType` unless the test
+/// sets one (the test skips the CRD's defaulting), and host root "" (the test's; its template
+/// still mounts "/").
+/// The main test then sees only the digest differences those inputs explain.
+#[test]
+fn nvidia_digests_follow_from_nvidias_render_data() {
+    let cases = cases();
+    for (golden, case) in &cases.cases {
+        let doc = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": golden, "uid": case.uid}, "spec": case.spec});
+        let mut spec = NvidiaDriverDoc::from_object(&doc).unwrap().spec;
+        if case.spec.get("kernelModuleType").is_none() {
+            spec.kernel_module_type = None;
+        }
+        let labels = case.node_labels(&spec);
+        let pool = node_pools_for(&spec, [labels], case.openshift.is_some()).remove(0);
+        let os = case
+            .openshift()
+            .for_pool(case.openshift.as_deref(), &spec, &pool);
+        let ds = nvidia_objects(golden)
+            .into_iter()
+            .find(|o| kind(o) == "DaemonSet")
+            .unwrap();
+        let mut pod_json = ds["spec"]["template"]["spec"].clone();
+        if let Some(v) = pod_json["volumes"].as_array_mut() {
+            v.retain(|v| v["name"] != "host-root");
+        }
+        let pod = serde_json::from_value(pod_json.clone()).unwrap();
+        let want = pod_json["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "nvidia-driver-ctr")
+            .and_then(|c| c["env"].as_array())
+            .and_then(|e| e.iter().find(|e| e["name"] == "DRIVER_CONFIG_DIGEST"))
+            .map(|e| e["value"].clone())
+            .unwrap();
+        let rdma = spec.rdma.clone().unwrap_or_default();
+        let mut state = install_state(&spec, &pool, &rdma, os.as_ref(), &pod);
+        if case.spec.get("driverType").is_none() {
+            state.set("DriverType", Field::Str(String::new()));
+        }
+        let got = state.digest();
+        assert_eq!(json!(got), want, "{golden}");
+    }
 }
 
 /// The pairing sees a renamed object as one difference of its name, and an object one side
