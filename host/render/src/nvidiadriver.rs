@@ -6,9 +6,9 @@
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_core::spec::nvidiadriver::{
-    DRIVER_CONTAINER, DriverType, NVIDIADRIVER_LABEL, NodePool, NvidiaDriverSpec, OpenShiftFacts,
-    OpenShiftRender, daemonset_name, driver_containers_mut, driver_name, finish_daemonset,
-    finish_vgpu_host_manager, install_state,
+    DRIVER_CONTAINER, DriverType, MANIFEST_DRIVER_MOUNTS, NVIDIADRIVER_LABEL, NodePool,
+    NvidiaDriverSpec, OpenShiftFacts, OpenShiftRender, daemonset_name, driver_containers_mut,
+    driver_name, finish_daemonset, finish_vgpu_host_manager, install_state,
 };
 use serde_json::{Value, json};
 
@@ -249,6 +249,7 @@ pub fn render_pools_with(
                     finish_vgpu_host_manager(&mut o);
                 }
                 if o["kind"] == "DaemonSet" {
+                    share_additional_configs(&mut o);
                     if let Some(os) = &os {
                         finish_openshift(&mut o, spec, os);
                     }
@@ -266,6 +267,59 @@ pub fn render_pools_with(
         out.push((pool.clone(), objects));
     }
     Ok(out)
+}
+
+/// The sidecars that mount the driver container's additional configs in NVIDIA's NVIDIADriver
+/// manifest.
+const CONFIG_SIDECARS: [&str; 3] = ["nvidia-peermem-ctr", "nvidia-fs-ctr", "nvidia-gdrcopy-ctr"];
+
+/// Mount the driver container's additional configs (its mounts beyond
+/// [`MANIFEST_DRIVER_MOUNTS`]: repository, certificates, subscriptions, kernel module
+/// parameters, licensing, topology) in the [`CONFIG_SIDECARS`] of the DaemonSet `ds` too, after
+/// their own mounts, as NVIDIA's NVIDIADriver manifest does; a sidecar's mount of the same
+/// volume and path (the ClusterPolicy's GDS container has the repository and certificates) stays
+/// where it is.
+fn share_additional_configs(ds: &mut Value) {
+    let Some(containers) = ds
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let extra: Vec<Value> = containers
+        .iter()
+        .find(|c| c["name"] == DRIVER_CONTAINER)
+        .and_then(|c| c["volumeMounts"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            !m["name"]
+                .as_str()
+                .is_some_and(|n| MANIFEST_DRIVER_MOUNTS.contains(&n))
+        })
+        .cloned()
+        .collect();
+    for c in containers.iter_mut().filter(|c| {
+        c["name"]
+            .as_str()
+            .is_some_and(|n| CONFIG_SIDECARS.contains(&n))
+    }) {
+        let Some(mounts) = c
+            .as_object_mut()
+            .map(|m| m.entry("volumeMounts").or_insert_with(|| json!([])))
+            .and_then(Value::as_array_mut)
+        else {
+            continue;
+        };
+        for m in &extra {
+            if !mounts
+                .iter()
+                .any(|x| x["name"] == m["name"] && x["mountPath"] == m["mountPath"])
+            {
+                mounts.push(m.clone());
+            }
+        }
+    }
 }
 
 /// The Driver Toolkit sidecar of an OpenShift driver pod (it builds the driver with the
@@ -703,6 +757,33 @@ mod tests {
         assert_eq!(ds["spec"]["template"]["spec"]["serviceAccountName"], "own");
         assert_eq!(ds["metadata"]["annotations"]["openshift.io/scc"], "own");
         assert_eq!(cm, cm_before, "shared objects keep their names");
+    }
+
+    #[test]
+    fn sidecars_mount_the_drivers_additional_configs_once() {
+        let lic = json!({"name": "licensing-config", "mountPath": "/drivers/gridd.conf",
+            "subPath": "gridd.conf", "readOnly": true});
+        let repo = json!({"name": "repo", "mountPath": "/etc/apt/sources.list.d/a.list",
+            "subPath": "a.list", "readOnly": true});
+        let own = json!({"name": "run-nvidia", "mountPath": "/run/nvidia"});
+        let mut ds = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": DRIVER_CONTAINER, "volumeMounts": [own, repo, lic]},
+            {"name": "nvidia-fs-ctr", "volumeMounts": [own, repo]},
+            {"name": "nvidia-peermem-ctr"},
+            {"name": "other", "volumeMounts": []}]}}}});
+        share_additional_configs(&mut ds);
+        let c = &ds["spec"]["template"]["spec"]["containers"];
+        assert_eq!(
+            c[1]["volumeMounts"],
+            json!([own, repo, lic]),
+            "the repo mount stays, once"
+        );
+        assert_eq!(c[2]["volumeMounts"], json!([repo, lic]));
+        assert_eq!(
+            c[3]["volumeMounts"],
+            json!([]),
+            "only the driver's sidecars"
+        );
     }
 
     /// The Driver Toolkit form when the RHCOS version has no toolkit image (no golden covers
