@@ -5,11 +5,14 @@
 //!
 //! Deliberate differences from upstream:
 //! - The OpenShift Driver Toolkit variant is not rendered: `openshift-driver-toolkit-ctr` is
-//!   always removed (the context carries no DTK ImageStream facts).
+//!   always removed (the context carries no DTK ImageStream facts). An NVIDIADriver's pools get
+//!   it host-side, from the cluster facts the host is given
+//!   (`kiln_render::nvidiadriver::finish_openshift`).
 //! - Precompiled drivers: the plugin sets the per-kernel image, the `nvidia.com/precompiled`
 //!   labels and the kernel nodeSelector; the per-kernel DaemonSet *name* is the host's (plugins
 //!   may not rename objects; [`image::sanitize_kernel`] gives upstream's suffix).
-//! - The OpenShift cluster proxy env and trusted-CA mount are not applied (not in the context).
+//! - The OpenShift cluster proxy env and trusted-CA mount are not applied (not in the context;
+//!   for an NVIDIADriver the host applies them with the Driver Toolkit).
 
 use kiln_plugin_sdk::driver_family::{DRIVER_MANAGER, transform_driver_manager};
 use kiln_plugin_sdk::env::set_env;
