@@ -44,7 +44,7 @@ use kiln_core::State;
 use kiln_core::plan::{ObjectKey, desired_object};
 use kiln_core::spec::nvidiadriver::{
     NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState, NvidiaDriverStatus,
-    node_pools, overlaps,
+    node_pools_for, overlaps,
 };
 use kiln_core::status::{ConditionSpec, StateResult, set_condition};
 use kiln_render::{Policy, Renderer};
@@ -675,7 +675,8 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
         config_maps,
     )
     .await;
-    let pools = node_pools(&cr.spec, nodes.iter());
+    // On OpenShift one pool per RHCOS version, as upstream (its DaemonSet names hash it).
+    let pools = node_pools_for(&cr.spec, nodes.iter(), base.openshift_version.is_some());
     // Everything the objects below depend on, compared whole ([`crate::memory::RenderCache`]).
     let inputs = format!(
         "{uid}\n{}\n{:?}\n{:?}\n{base:?}\n{pools:?}\n{cp_owner:?}",

@@ -635,9 +635,9 @@ pub fn node_pools<L: LabelLookup>(
 /// the operator's node store), sorted, as upstream's `getNodePools` partitions them: nodes the
 /// CR selects grouped by OS tag, and by NFD's kernel when precompiled, or, on `openshift`
 /// without precompiled drivers, by RHCOS version ([`OSTREE_VERSION_LABEL`]). The pool selects
-/// the OS by `ID` and `VERSION_ID`, or `VERSION_ID.major` where the tag drops the minor version.
-/// Nodes without the NFD labels a pool needs are left out (upstream logs "Is NFD installed?" and
-/// skips them).
+/// the OS by `ID` and `VERSION_ID`, or [`OS_VERSION_MAJOR_LABEL`] (the tag's major version)
+/// where the tag drops the minor version. Nodes without the NFD labels a pool needs (OS,
+/// kernel, RHCOS version) are left out (upstream logs "Is NFD installed?" and skips them).
 pub fn node_pools_for<L: LabelLookup>(
     spec: &NvidiaDriverSpec,
     nodes: impl IntoIterator<Item = L>,
@@ -659,10 +659,10 @@ pub fn node_pools_for<L: LabelLookup>(
         if tag.ends_with(version) {
             node_selector.insert(OS_VERSION_LABEL.into(), version.into());
         } else {
-            let Some(major) = labels.label(OS_VERSION_MAJOR_LABEL) else {
-                continue;
-            };
-            node_selector.insert(OS_VERSION_MAJOR_LABEL.into(), major.into());
+            // NFD sets the major label with VERSION_ID; a node given by ID and VERSION_ID alone
+            // (`kiln render --nvidia-driver --os rhel:9.4`) is pooled by its VERSION_ID's major
+            // (upstream skips it; the pool's selector needs the label all the same).
+            node_selector.insert(OS_VERSION_MAJOR_LABEL.into(), os.version_id.clone());
         }
         let kernel = if spec.precompiled() {
             let Some(k) = labels.label(KERNEL_LABEL) else {

@@ -153,8 +153,8 @@ fn pools_group_selected_nodes_by_os_and_kernel() {
                 (OS_VERSION_MAJOR_LABEL, "9"),
             ],
         ),
-        // rhel without NFD's major version label: no pool can select it.
-        gpu("rhel", "8.8", &[("pool", "a")]),
+        // rhel 9.2 without NFD's major version label: the same pool, by VERSION_ID's major.
+        gpu("rhel", "9.2", &[("pool", "a"), (KERNEL_LABEL, "5.14")]),
         gpu("ubuntu", "24.04", &[("pool", "b")]),
         // No NFD labels: skipped.
         node(&[(GPU_PRESENT, "true"), ("pool", "a")]),
