@@ -2,19 +2,28 @@
 # Builds kiln's OCI image (the operator and every kiln operand) as an OCI archive, without a
 # container daemon or a registry: Debian's buildah (`apt-get install -y buildah`) with vfs
 # storage and chroot isolation, `FROM scratch` (Containerfile), and a root filesystem made here
-# from Debian packages plus the `kiln` binary.
+# from Debian packages plus the `kiln` binary. One platform gives one image manifest; several
+# give one image index over them (a multi-arch image: linux/amd64 and linux/arm64).
 #
-#   scripts/build-image.sh [--binary FILE] [--output FILE.tar]
+#   scripts/build-image.sh [--platform linux/amd64[,linux/arm64]] [--binary [ARCH=]FILE]...
+#                          [--output FILE.tar]
 #
-#   --binary FILE  the kiln binary to put in the image (default: `cargo build --profile dist -p
-#                  kiln-cli` and target/dist/kiln: release with whole-program LTO, a smaller
-#                  resident operator; about 20 min on 2 cores). Must be linux/amd64 (the only platform
-#                  built for now) and link against glibc no newer than the packages' (2.36).
-#   --output FILE  the OCI archive (default target/image/kiln-<version>-linux-amd64.oci.tar).
+#   --platform P   linux/amd64 (default: this machine's) and/or linux/arm64, comma-separated.
+#                  arm64 is cross-compiled on an amd64 machine: `rustup target add
+#                  aarch64-unknown-linux-gnu`, Debian's gcc-aarch64-linux-gnu and, to run the
+#                  binary once before packing it, qemu-user; its Debian packages are downloaded
+#                  as foreign-architecture packages (`dpkg --add-architecture arm64 && apt-get
+#                  update` once). jemalloc is built for 64 KiB pages there (JEMALLOC_SYS_WITH_LG_PAGE
+#                  =16: GH200/GB200 kernels use them; it also runs on 4 KiB pages).
+#   --binary FILE  the kiln binary to put in the image; with several platforms, `ARCH=FILE` per
+#                  platform (amd64=…, arm64=…). Default: `cargo build --profile dist -p kiln-cli
+#                  --target <triple>` (release with whole-program LTO; about 20 min on 2 cores
+#                  per platform). It must link against glibc no newer than the packages' (2.36).
+#   --output FILE  the OCI archive (default target/image/kiln-<version>-linux-<arch>[-<arch>].oci.tar).
 #
 # The image name, tag and labels come from the binary (`kiln version --only …`), so they are
 # the ones the chart and the operand fallbacks use (kiln_render::defaults::KILN_IMAGE). Load
-# or push the archive with e.g. `skopeo copy oci-archive:FILE docker://REGISTRY/kiln:TAG`,
+# or push the archive with e.g. `skopeo copy --all oci-archive:FILE docker://REGISTRY/kiln:TAG`,
 # `podman load -i FILE`, or `ctr -n k8s.io images import FILE` on a node.
 # Needs root (we are, here and in CI): the root filesystem keeps its owners (65532's home).
 set -euo pipefail
@@ -22,12 +31,19 @@ cd "$(dirname "$0")/.."
 say() { printf '[build-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-binary="" output=""
+platforms="" output=""
+declare -A binaries=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --binary) binary="$2"; shift 2 ;;
+    --platform) platforms="$2"; shift 2 ;;
+    --binary)
+      case "$2" in
+        amd64=*|arm64=*) binaries[${2%%=*}]="${2#*=}" ;;
+        *) binaries[any]="$2" ;;
+      esac
+      shift 2 ;;
     --output) output="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -36,41 +52,85 @@ started=$(date +%s)
 command -v buildah >/dev/null || die "buildah is not installed (apt-get install -y buildah)"
 command -v dpkg-deb >/dev/null || die "dpkg-deb is not installed (a Debian/Ubuntu build machine is assumed)"
 [ "$(id -u)" = 0 ] || die "run as root (the root filesystem keeps per-file owners)"
-arch=$(dpkg --print-architecture)
-[ "$arch" = amd64 ] || die "only linux/amd64 is built for now (this machine is $arch)"
+host_arch=$(dpkg --print-architecture)
+[ "$host_arch" = amd64 ] || die "the build machine must be amd64 (this one is $host_arch); it cross-builds arm64"
+archs=()
+IFS=, read -r -a wanted <<< "${platforms:-linux/$host_arch}"
+for p in "${wanted[@]}"; do
+  case "$p" in
+    linux/amd64) archs+=(amd64) ;;
+    linux/arm64) archs+=(arm64) ;;
+    *) die "unsupported platform $p (linux/amd64, linux/arm64)" ;;
+  esac
+done
+[ -n "${binaries[any]:-}" ] && [ ${#archs[@]} -gt 1 ] && die "with several platforms, name each binary: --binary ARCH=FILE"
+triple() { case "$1" in amd64) echo x86_64-unknown-linux-gnu ;; arm64) echo aarch64-unknown-linux-gnu ;; esac; }
 
-if [ -z "$binary" ]; then
-  say "building the shipped binary (cargo build --profile dist -p kiln-cli: release + fat LTO)"
-  cargo build --profile dist --locked -p kiln-cli
-  binary=target/dist/kiln
-fi
-[ -x "$binary" ] || die "$binary is not an executable"
-version=$("$binary" version --only version)
-image=$("$binary" version --only image)
-revision=$("$binary" version --only commit)
-source_url=$("$binary" version --only source)
-output=${output:-target/image/kiln-$version-linux-$arch.oci.tar}
-# Reproducible timestamps: the commit's time when known.
-epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
-created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
-say "image $image (revision $revision) from $binary"
+# The binary of each platform: given, or a dist build (cross-compiled for arm64).
+declare -A bin=()
+for arch in "${archs[@]}"; do
+  b=${binaries[$arch]:-${binaries[any]:-}}
+  if [ -z "$b" ]; then
+    t=$(triple "$arch")
+    say "building the shipped binary for linux/$arch (cargo build --profile dist --target $t)"
+    if [ "$arch" = arm64 ]; then
+      command -v aarch64-linux-gnu-gcc >/dev/null ||
+        die "no aarch64 cross compiler (apt-get install -y gcc-aarch64-linux-gnu)"
+      rustup target list --installed 2>/dev/null | grep -qx "$t" ||
+        die "no Rust target $t (rustup target add $t)"
+      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+      CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+      JEMALLOC_SYS_WITH_LG_PAGE=16 \
+        cargo build --profile dist --locked -p kiln-cli --target "$t"
+      b=target/$t/dist/kiln
+    else
+      cargo build --profile dist --locked -p kiln-cli
+      b=target/dist/kiln
+    fi
+  fi
+  [ -x "$b" ] || die "$b is not an executable"
+  file_arch=$(od -An -tx1 -j18 -N2 "$b" | tr -d ' ')   # ELF e_machine: 3e00 x86-64, b700 aarch64
+  case "$arch:$file_arch" in
+    amd64:3e00|arm64:b700) ;;
+    *) die "$b is not a linux/$arch binary (ELF machine $file_arch)" ;;
+  esac
+  bin[$arch]=$b
+done
+
+# `kiln` of one platform run inside its root filesystem: chroot for this machine's
+# architecture, qemu-user for the other (no binfmt registration needed).
+run_kiln() {
+  local arch=$1 rootfs=$2; shift 2
+  if [ "$arch" = "$host_arch" ]; then
+    chroot "$rootfs" /usr/bin/kiln "$@"
+  else
+    command -v qemu-aarch64 >/dev/null || die "qemu-user is not installed (apt-get install -y qemu-user), needed to run the arm64 binary"
+    qemu-aarch64 -L "$rootfs" "$rootfs/usr/bin/kiln" "$@"
+  fi
+}
 
 mkdir -p target/image
 work=$(mktemp -d "$PWD/target/image/work.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-rootfs=$work/rootfs
+store=(--root "$work/storage/root" --runroot "$work/storage/run" --storage-driver vfs)
 
+# One root filesystem and image per platform.
+build_platform() {
+local arch=$1 binary=${bin[$1]}
+local rootfs=$work/rootfs-$arch
 # Debian packages, cached in target/image/debs: glibc (the binary's loader and libc, and what
 # dlopen of the host's libnvidia-ml.so.1 needs), libgcc (unwinding) and the CA bundle.
 packages=(libc6 libgcc-s1 ca-certificates)
-debs=target/image/debs
+local debs=target/image/debs/$arch
 mkdir -p "$debs"
 for p in "${packages[@]}"; do
+  local spec=$p
+  [ "$p" = ca-certificates ] || spec=$p:$arch
   if ! ls "$debs/${p}_"*.deb >/dev/null 2>&1; then
-    say "downloading $p"
-    (cd "$debs" && apt-get download -q "$p" 2>/dev/null) ||
-      { apt-get update -q >/dev/null && (cd "$debs" && apt-get download -q "$p"); } ||
-      die "apt-get download $p failed"
+    say "downloading $spec"
+    (cd "$debs" && apt-get download -q "$spec" 2>/dev/null) ||
+      { apt-get update -q >/dev/null && (cd "$debs" && apt-get download -q "$spec"); } ||
+      die "apt-get download $spec failed (for arm64: dpkg --add-architecture arm64 && apt-get update)"
   fi
 done
 
@@ -78,6 +138,7 @@ done
 mkdir -p "$rootfs"/usr/{bin,lib,lib64,sbin} "$rootfs"/var/lib/dpkg/status.d
 for d in bin lib lib64 sbin; do ln -s "usr/$d" "$rootfs/$d"; done
 for p in "${packages[@]}"; do
+  local deb
   deb=$(ls "$debs/${p}_"*.deb | sort | tail -1)
   say "unpacking $(basename "$deb")"
   dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C "$rootfs"
@@ -112,20 +173,45 @@ chown 65532:65532 "$rootfs/home/nonroot"
 
 # The binary, without debug sections (symbols stay, for backtraces).
 install -m 0755 "$binary" "$rootfs/usr/bin/kiln"
-if command -v strip >/dev/null; then strip --strip-debug "$rootfs/usr/bin/kiln"; fi
-chroot "$rootfs" /usr/bin/kiln version --only version >/dev/null ||
-  die "the binary does not run on the image's glibc"
+local strip=strip
+[ "$arch" = "$host_arch" ] || strip=aarch64-linux-gnu-strip
+if command -v "$strip" >/dev/null; then "$strip" --strip-debug "$rootfs/usr/bin/kiln"; fi
+local v
+v=$(run_kiln "$arch" "$rootfs" version --only version) ||
+  die "the linux/$arch binary does not run on the image's glibc"
+if [ -z "$version" ]; then
+  version=$v
+  image=$(run_kiln "$arch" "$rootfs" version --only image)
+  revision=$(run_kiln "$arch" "$rootfs" version --only commit)
+  source_url=$(run_kiln "$arch" "$rootfs" version --only source)
+  say "image $image (revision $revision)"
+fi
+[ "$v" = "$version" ] || die "the linux/$arch binary is version $v, not $version"
 
-mkdir -p "$work/context"
-tar -C "$rootfs" --sort=name --numeric-owner --mtime="@$epoch" -cf "$work/context/rootfs.tar" .
-say "root filesystem: $(du -sh "$rootfs" | cut -f1)"
+mkdir -p "$work/context-$arch"
+tar -C "$rootfs" --sort=name --numeric-owner --mtime="@$epoch" -cf "$work/context-$arch/rootfs.tar" .
+say "linux/$arch root filesystem: $(du -sh "$rootfs" | cut -f1)"
 
-store=(--root "$work/storage/root" --runroot "$work/storage/run" --storage-driver vfs)
-buildah "${store[@]}" build --quiet --isolation chroot --timestamp "$epoch" \
+local into=(-t "$image")
+[ ${#archs[@]} -gt 1 ] && into=(--manifest "$image")
+buildah "${store[@]}" build --quiet --isolation chroot --timestamp "$epoch" --platform "linux/$arch" \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" \
   --build-arg SOURCE="$source_url" --build-arg CREATED="$created" \
-  -f Containerfile -t "$image" "$work/context" >/dev/null
+  -f Containerfile "${into[@]}" "$work/context-$arch" >/dev/null
+}
+
+# Reproducible timestamps: the commit's time when known.
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
+version="" image="" revision="" source_url=""
+for arch in "${archs[@]}"; do build_platform "$arch"; done
+
+output=${output:-target/image/kiln-$version-linux-$(IFS=-; echo "${archs[*]}").oci.tar}
 mkdir -p "$(dirname "$output")"
 rm -f "$output"
-buildah "${store[@]}" push --quiet "$image" "oci-archive:$output:$image"
-say "wrote $output ($(du -h "$output" | cut -f1), $image) in $(( $(date +%s) - started )) s"
+if [ ${#archs[@]} -gt 1 ]; then
+  buildah "${store[@]}" manifest push --quiet --all "$image" "oci-archive:$output:$image"
+else
+  buildah "${store[@]}" push --quiet "$image" "oci-archive:$output:$image"
+fi
+say "wrote $output ($(du -h "$output" | cut -f1), $image, ${archs[*]}) in $(( $(date +%s) - started )) s"

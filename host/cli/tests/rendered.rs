@@ -686,3 +686,64 @@ fn every_command_on_kilns_image_is_a_kiln_subcommand_in_every_variant_and_state(
         );
     }
 }
+
+/// The chart's own DaemonSet that runs `kiln` (`kiln-node-discovery`, `nfd.enabled`; the image's
+/// entrypoint is `kiln`, so it sets only args): its args and env parse as `kiln discover`, and
+/// every env var it sets is one the command reads (or `KILN_LOG`, the log filter every `kiln`
+/// command reads in `main`).
+#[test]
+fn the_charts_discovery_daemonset_runs_kiln_discover() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let helm = root.join("testcluster/bin/helm");
+    if !helm.is_file() {
+        eprintln!("testcluster/bin/helm not built; skipping");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(&helm)
+        .args([
+            "template",
+            "kiln",
+            "deploy/helm/kiln",
+            "--namespace",
+            "gpu-operator",
+        ])
+        .args(["--show-only", "templates/discovery.yaml"])
+        .current_dir(&root)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects: Vec<Value> = text
+        .split("\n---\n")
+        .filter_map(|doc| serde_yaml_ng::from_str::<Option<Value>>(doc).unwrap())
+        .collect();
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("the discovery DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let mut c = pod["containers"][0].clone();
+    assert!(c["command"].is_null(), "the image's entrypoint runs kiln");
+    c["command"] = json!(["kiln"]);
+    let ctr = Ctr {
+        ds: "kiln-node-discovery",
+        pod,
+        c: &c,
+    };
+    let (path, read) = check(&ctr);
+    assert_eq!(path, ["discover"]);
+    for (name, _) in env_of(&c) {
+        assert!(
+            read.contains(&name) || name == "KILN_LOG",
+            "{name} is set but `kiln discover` does not read it"
+        );
+    }
+}

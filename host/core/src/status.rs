@@ -160,6 +160,16 @@ impl Verdict {
     }
 }
 
+/// The `NFDLabelsMissing` message: upstream's words, then what is missing and the two ways to
+/// provide it (the chart's discovery under NVIDIA's `nfd.enabled`, or NFD itself).
+pub const NFD_LABELS_MISSING_MESSAGE: &str = "No NFD labels found: no node carries a \
+    feature.node.kubernetes.io/ label, so no GPU node can be found; install the chart with \
+    nfd.enabled=true (kiln's node discovery) or run Node Feature Discovery";
+
+/// The `NoGPUNodes` message: upstream's words, then the label that makes a GPU node.
+pub const NO_GPU_NODES_MESSAGE: &str = "No GPU node found, watching for new nodes to join the \
+    cluster (a GPU node is labelled feature.node.kubernetes.io/pci-10de.present=true).";
+
 /// Judge one reconcile (upstream outcome rules, §2.2 step 7):
 /// - any state `NotReady`/`Failed` → `notReady`, `Error=True` with reason `ReconcileFailed` when
 ///   some state failed, else `OperandNotReady`; the message lists those states and why;
@@ -197,13 +207,10 @@ pub fn judge(obs: Observation<'_>) -> Verdict {
         return Verdict::error(reason, &message);
     }
     if !obs.nfd_present {
-        return Verdict::ready(reasons::NFD_LABELS_MISSING, "No NFD labels found");
+        return Verdict::ready(reasons::NFD_LABELS_MISSING, NFD_LABELS_MISSING_MESSAGE);
     }
     if obs.gpu_nodes == 0 {
-        return Verdict::ready(
-            reasons::NO_GPU_NODES,
-            "No GPU node found, watching for new nodes to join the cluster.",
-        );
+        return Verdict::ready(reasons::NO_GPU_NODES, NO_GPU_NODES_MESSAGE);
     }
     Verdict::ready(
         reasons::RECONCILED,
@@ -274,7 +281,9 @@ pub fn needs_write(current: Option<&ClusterPolicyStatus>, new: &ClusterPolicySta
 /// A transition worth a Kubernetes Event: `state` or the outcome reason changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transition {
-    /// `Normal` (ready/ignored) or `Warning` (notReady).
+    /// `Normal` (ready, ignored) or `Warning` (notReady, or ready without a GPU node:
+    /// `NoGPUNodes`, `NFDLabelsMissing`, so that `kubectl get events --field-selector
+    /// type=Warning` shows a policy that serves no GPU).
     pub type_: &'static str,
     /// The verdict's reason.
     pub reason: &'static str,
@@ -295,8 +304,10 @@ pub fn transition(current: Option<&ClusterPolicyStatus>, verdict: &Verdict) -> O
     if old_state == Some(verdict.state) && old_reason == Some(verdict.reason()) {
         return None;
     }
-    let type_ = match verdict.state {
-        PolicyState::NotReady => "Warning",
+    let type_ = match (verdict.state, verdict.reason()) {
+        (PolicyState::NotReady, _) | (_, reasons::NO_GPU_NODES | reasons::NFD_LABELS_MISSING) => {
+            "Warning"
+        }
         _ => "Normal",
     };
     Some(Transition {

@@ -53,16 +53,21 @@ fn no_gpu_nodes_and_missing_nfd() {
     let v = obs(&all_ready(), 0, true);
     assert_eq!(v.state, PolicyState::Ready);
     assert_eq!(v.reason(), "NoGPUNodes");
-    assert_eq!(
-        v.message(),
-        "No GPU node found, watching for new nodes to join the cluster."
+    assert!(
+        v.message()
+            .starts_with("No GPU node found, watching for new nodes to join the cluster"),
+        "{}",
+        v.message()
     );
+    assert_eq!(transition(None, &v).unwrap().type_, "Warning");
     let v = obs(&all_ready(), 0, false);
     assert_eq!(
         (v.state, v.reason()),
         (PolicyState::Ready, "NFDLabelsMissing")
     );
-    assert_eq!(v.message(), "No NFD labels found");
+    assert!(v.message().starts_with("No NFD labels found"));
+    assert!(v.message().contains("nfd.enabled=true"), "{}", v.message());
+    assert_eq!(transition(None, &v).unwrap().type_, "Warning");
     assert_eq!(requeue_after(&v), Some(Duration::from_secs(45)));
 }
 

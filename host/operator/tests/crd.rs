@@ -36,6 +36,66 @@ fn committed_crd_matches_the_types() {
     );
 }
 
+/// Descriptions (what `kubectl explain` shows) in users' words: no Rust terms. Each entry is a
+/// Rust-ism found there before: kube's "Auto-generated derived type", `None`/`Some`,
+/// `kiln_core::` paths, intra-doc links, "nil", notes for developers ("CRD enum", "CRD
+/// default"), Rust types.
+#[test]
+fn crd_descriptions_carry_no_rust_terms() {
+    const RUST_TEXT: [&str; 12] = [
+        "Auto-generated",
+        "Some(",
+        "kiln_",
+        "::",
+        "[`",
+        "CRD enum",
+        "CRD default",
+        "CRD pattern",
+        "Option<",
+        "Vec<",
+        "BTreeMap",
+        "serde",
+    ];
+    const RUST_WORDS: [&str; 4] = ["None", "nil", "Self", "struct"];
+    fn walk(v: &Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if k == "description"
+                        && let Some(text) = x.as_str()
+                    {
+                        let words = text.split(|c: char| !c.is_alphanumeric() && c != '_');
+                        let hit = RUST_TEXT
+                            .iter()
+                            .find(|t| text.contains(*t))
+                            .copied()
+                            .or_else(|| words.into_iter().find(|w| RUST_WORDS.contains(w)));
+                        if let Some(hit) = hit {
+                            out.push(format!("{path}: {hit:?} in {text:?}"));
+                        }
+                    }
+                    walk(x, &format!("{path}.{k}"), out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, path, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for crd in [
+        kiln_operator::crd::crd(),
+        kiln_operator::crd::nvidia_driver_crd(),
+    ] {
+        let crd = serde_json::to_value(crd).unwrap();
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        walk(&crd, &name, &mut found);
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 fn spec_schema(crd: &Value) -> Value {
     crd.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec")
         .cloned()

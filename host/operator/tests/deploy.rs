@@ -416,7 +416,10 @@ fn helm_template_renders_a_valid_policy() {
             "ClusterPolicy",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "DaemonSet",
             "Deployment",
             "NetworkPolicy",
             "NetworkPolicy",
@@ -425,10 +428,11 @@ fn helm_template_renders_a_valid_policy() {
             "RoleBinding",
             "RoleBinding",
             "ServiceAccount",
+            "ServiceAccount",
         ]
         .into_iter()
-        .chain(["ValidatingAdmissionPolicy"; 7])
-        .chain(["ValidatingAdmissionPolicyBinding"; 7])
+        .chain(["ValidatingAdmissionPolicy"; 8])
+        .chain(["ValidatingAdmissionPolicyBinding"; 8])
         .collect::<Vec<_>>()
     );
     let cp = find(&objects, "ClusterPolicy", "cluster-policy");
@@ -464,12 +468,18 @@ fn helm_template_renders_a_valid_policy() {
             "{kind} {name}: deploy/rbac drifted from the chart; run deploy/rbac/regenerate.sh"
         );
     }
-    // NetworkPolicies are not RBAC (deploy/network_policy.rs checks them).
+    // NetworkPolicies are not RBAC (deploy/network_policy.rs checks them); the node discovery
+    // (templates/discovery.yaml, nfd.enabled) is not the operator's.
     let network = |o: &Value| o["kind"] == "NetworkPolicy";
+    let discovery = |o: &Value| o["metadata"]["name"] == "kiln-node-discovery";
     assert_eq!(
         copies.len(),
-        objects.iter().filter(|o| !hooked(o) && !network(o)).count() - 2,
-        "every object but Deployment, policy, NetworkPolicies and the hooks"
+        objects
+            .iter()
+            .filter(|o| !hooked(o) && !network(o) && !discovery(o))
+            .count()
+            - 2,
+        "every object but Deployment, policy, NetworkPolicies, node discovery and the hooks"
     );
     let dep = find(&objects, "Deployment", "kiln-operator");
     assert_locked_down(dep);

@@ -608,10 +608,14 @@ async fn check_operator_work(admin: &Client) -> anyhow::Result<()> {
         .items
         .len();
     assert_eq!(present, 5);
-    let dss = Api::<DaemonSet>::namespaced(admin.clone(), NS)
+    // The operands (owned by the policy); the chart's own kiln-node-discovery is Helm's.
+    let dss: Vec<DaemonSet> = Api::<DaemonSet>::namespaced(admin.clone(), NS)
         .list(&ListParams::default())
         .await?
-        .items;
+        .items
+        .into_iter()
+        .filter(|d| d.metadata.owner_references.is_some())
+        .collect();
     assert!(dss.len() >= 5, "{} DaemonSets", dss.len());
     for ds in &dss {
         let managers: Vec<&str> = ds

@@ -186,6 +186,9 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             "--take-ownership",
             "--set",
             "clusterPolicy.adoptExisting=true",
+            // NFD stays (step 0): kiln's own node discovery is not wanted beside it.
+            "--set",
+            "nfd.enabled=false",
         ],
     )
     .await?;

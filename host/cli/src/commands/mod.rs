@@ -4,6 +4,7 @@ mod check_args;
 mod completion;
 mod crdgen;
 mod device_plugin;
+mod discover;
 mod exporter;
 mod gfd;
 mod operator;
@@ -82,6 +83,9 @@ enum Command {
     Validator(validator::ValidatorArgs),
     /// GPU feature discovery: nvidia.com/* GPU labels on this node.
     Gfd(gfd::GfdArgs),
+    /// GPU node discovery without NFD: this node's PCI, kernel and OS labels
+    /// (feature.node.kubernetes.io/*), on this node only.
+    Discover(discover::DiscoverArgs),
 }
 
 impl Cli {
@@ -96,6 +100,7 @@ impl Cli {
             | Command::Exporter(_)
             | Command::DevicePlugin(_)
             | Command::Gfd(_)
+            | Command::Discover(_)
             | Command::Validator(_) => "info",
             Command::Render(_)
             | Command::Plugin(_)
@@ -128,6 +133,7 @@ impl Cli {
             Command::DevicePlugin(d) => d.run(),
             Command::Validator(v) => v.run(),
             Command::Gfd(g) => g.run(),
+            Command::Discover(d) => d.run(),
         };
         match result {
             Ok(code) => code,

@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 #[cfg(feature = "kube")]
 use super::schema::{crd_default, quantity_map};
 
-/// `{name, value}`: an env var as upstream's spec carries it (no `valueFrom`).
+/// An environment variable of the container: `name` and `value` (`valueFrom` is not supported).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub struct EnvVarSpec {
@@ -80,13 +80,13 @@ where
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentSpec {
-    /// Enable flag; `None` (nil) takes the state's default (see `kiln_core::plan`).
+    /// Whether to deploy this component; when unset, the component's default applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Image repository, e.g. `nvcr.io/nvidia`.
     #[serde(default)]
     pub repository: String,
-    /// Image name, or a full reference when repository and version are empty (CRD pattern
+    /// Image name, or a full reference when repository and version are empty (pattern
     /// `[a-zA-Z0-9\-]+`).
     // The pattern refuses `""`, so an empty name is left out when serialized.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -116,7 +116,7 @@ pub struct ComponentSpec {
 }
 
 impl ComponentSpec {
-    /// `enabled`, or `default` when nil.
+    /// `enabled`, or `default` when unset.
     pub fn enabled_or(&self, default: bool) -> bool {
         self.enabled.unwrap_or(default)
     }
@@ -130,7 +130,7 @@ pub struct DriverManagerSpec {
     /// Image repository.
     #[serde(default)]
     pub repository: String,
-    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
+    /// Image name (pattern `[a-zA-Z0-9\-]+`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
@@ -162,10 +162,10 @@ pub struct EnabledSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceMonitorSpec {
-    /// Create the ServiceMonitor (exporter: nil = false).
+    /// Create the ServiceMonitor (exporter: unset = false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// Scrape interval, e.g. `15s` (a Prometheus duration, CRD pattern [`DURATION_PATTERN`]).
+    /// Scrape interval, e.g. `15s` (a Prometheus duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = DURATION_PATTERN)))]
     pub interval: Option<String>,
@@ -179,8 +179,8 @@ pub struct ServiceMonitorSpec {
     /// Labels merged into the ServiceMonitor's metadata.
     #[serde(default)]
     pub additional_labels: BTreeMap<String, String>,
-    /// Prometheus relabel configs, passed through as JSON; the CRD types them as
-    /// [`RelabelConfig`] (so the API server and `kiln render` default `action: replace`).
+    /// Prometheus relabelings for the ServiceMonitor, as in a ServiceMonitor's `relabelings`
+    /// (`action` defaults to `replace`).
     #[serde(default)]
     #[cfg_attr(feature = "kube", schemars(with = "Vec<RelabelConfig>"))]
     pub relabelings: Vec<serde_json::Value>,
@@ -190,8 +190,7 @@ pub struct ServiceMonitorSpec {
 pub const DURATION_PATTERN: &str =
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
 
-/// One Prometheus relabeling (prometheus-operator's `RelabelConfig`), the schema of
-/// `serviceMonitor.relabelings[]`.
+/// One Prometheus relabeling rule of `serviceMonitor.relabelings`, as in a ServiceMonitor.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -215,7 +214,7 @@ pub struct RelabelConfig {
     /// Replacement value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<String>,
-    /// Action; CRD default `replace`.
+    /// Action; default `replace`.
     #[serde(default = "relabel_action", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "kube",
@@ -241,14 +240,14 @@ fn relabel_action() -> Option<String> {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorSpec {
-    /// Runtime class name for operands (CRD default `nvidia`).
+    /// Runtime class name for operands (default `nvidia`).
     #[serde(default = "runtime_class", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub runtime_class: Option<String>,
     /// Deprecated, unused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_runtime: Option<String>,
-    /// Use the OpenShift Driver Toolkit (nil = on for OpenShift).
+    /// Use the OpenShift Driver Toolkit (unset = on for OpenShift).
     #[serde(
         default,
         rename = "use_ocp_driver_toolkit",
@@ -281,7 +280,7 @@ pub struct ImageSpec {
     /// Image repository.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub repository: String,
-    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
+    /// Image name (pattern `[a-zA-Z0-9\-]+`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
@@ -324,7 +323,7 @@ pub struct DaemonsetsSpec {
     /// Replaces the pod priority class when non-empty.
     #[serde(default)]
     pub priority_class_name: String,
-    /// Update strategy for all operands (CRD default `RollingUpdate`).
+    /// Update strategy for all operands (default `RollingUpdate`).
     #[serde(default = "rolling_update", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub update_strategy: Option<UpdateStrategy>,
@@ -340,7 +339,7 @@ fn rolling_update() -> Option<UpdateStrategy> {
     Some(UpdateStrategy::RollingUpdate)
 }
 
-/// `daemonsets.updateStrategy` (CRD enum; default RollingUpdate).
+/// How operand DaemonSets replace their pods: `RollingUpdate` (default) or `OnDelete`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub enum UpdateStrategy {
@@ -405,7 +404,7 @@ pub enum KernelModuleType {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DriverSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// Hand the driver to NVIDIADriver CRs (the state is skipped).
@@ -421,7 +420,7 @@ pub struct DriverSpec {
     /// Deprecated no-op.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_open_kernel_modules: Option<bool>,
-    /// auto | open | proprietary (CRD default `auto`).
+    /// auto | open | proprietary (default `auto`).
     #[serde(
         default = "kernel_module_auto",
         skip_serializing_if = "Option::is_none"
@@ -673,10 +672,10 @@ pub struct VirtualTopologySpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolkitSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
-    /// Install directory on the host (CRD default `/usr/local/nvidia`).
+    /// Install directory on the host (default `/usr/local/nvidia`).
     #[serde(
         default = "toolkit_install_dir",
         skip_serializing_if = "Option::is_none"
@@ -704,7 +703,7 @@ impl ToolkitSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DevicePluginSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// Per-node config ConfigMap.
@@ -745,7 +744,7 @@ pub struct DevicePluginConfigSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub struct MpsSpec {
-    /// MPS root on the host (CRD default [`DEFAULT_MPS_ROOT`]).
+    /// MPS root on the host (default `/run/nvidia/mps`).
     #[serde(default = "mps_root", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub root: Option<String>,
@@ -760,7 +759,7 @@ fn mps_root() -> Option<String> {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DcgmExporterSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// Pod template annotations.
@@ -769,7 +768,7 @@ pub struct DcgmExporterSpec {
     /// Custom metrics ConfigMap (key `dcgm-metrics.csv`).
     #[serde(default)]
     pub config: NameSpec,
-    /// ServiceMonitor (nil enabled = false).
+    /// ServiceMonitor (unset enabled = false).
     #[serde(default)]
     pub service_monitor: ServiceMonitorSpec,
     /// Service tunables.
@@ -826,7 +825,7 @@ pub struct HpcJobMappingSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DcgmSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// Unused upstream.
@@ -834,7 +833,7 @@ pub struct DcgmSpec {
     pub host_port: Option<i32>,
 }
 
-/// `mig.strategy` (CRD enum).
+/// How MIG devices are advertised: `single` (every GPU of a node the same) or `mixed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "lowercase")]
@@ -872,7 +871,7 @@ pub struct MigSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct MigManagerSpec {
-    /// Shared component fields (`enabled` nil = true).
+    /// Shared component fields (`enabled` unset = true).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// mig-parted config ConfigMap.
@@ -890,7 +889,7 @@ pub struct MigConfigSpec {
     /// ConfigMap name; empty uses `default-mig-parted-config`.
     #[serde(default)]
     pub name: String,
-    /// Default MIG config label value: `all-disabled` (the CRD default) or empty.
+    /// Default MIG config label value: `all-disabled` (the default) or empty.
     #[serde(default = "all_disabled")]
     #[cfg_attr(
         feature = "kube",
@@ -948,17 +947,17 @@ pub struct ValidatorSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxWorkloadsSpec {
-    /// Enable sandbox workloads (nil = false).
+    /// Enable sandbox workloads (unset = false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// `container` (CRD default), `vm-passthrough` or `vm-vgpu`.
+    /// `container` (default), `vm-passthrough` or `vm-vgpu`.
     #[serde(
         default = "container_workload",
         skip_serializing_if = "Option::is_none"
     )]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub default_workload: Option<Workload>,
-    /// `kubevirt` (CRD default) or `kata`.
+    /// `kubevirt` (default) or `kata`.
     #[serde(default = "kubevirt", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub mode: Option<SandboxMode>,
@@ -1001,7 +1000,7 @@ pub enum SandboxMode {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DriverManagedSpec {
-    /// Shared component fields (`enabled` nil = false).
+    /// Shared component fields (`enabled` unset = false).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// The k8s-driver-manager init container.
@@ -1017,7 +1016,7 @@ pub struct DriverManagedSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VgpuDeviceManagerSpec {
-    /// Shared component fields (`enabled` nil = false).
+    /// Shared component fields (`enabled` unset = false).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// vGPU devices ConfigMap and default.
@@ -1032,7 +1031,7 @@ pub struct VgpuDevicesConfigSpec {
     /// ConfigMap name; empty uses the default vGPU devices config.
     #[serde(default)]
     pub name: String,
-    /// Default key of that ConfigMap (CRD default `default`).
+    /// Default key of that ConfigMap (default `default`).
     #[serde(default = "default_key")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub default: String,
@@ -1047,15 +1046,15 @@ fn default_key() -> String {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CdiSpec {
-    /// CDI (CRD default true; nil = true since v25.10).
+    /// CDI (default true; unset = true since v25.10).
     #[serde(default = "some_true", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub enabled: Option<bool>,
-    /// Deprecated, unused (CRD default false).
+    /// Deprecated, unused (default false).
     #[serde(default = "some_false", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub default: Option<bool>,
-    /// NRI plugin injection (CRD default false).
+    /// NRI plugin injection (default false).
     #[serde(default = "some_false", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub nri_plugin_enabled: Option<bool>,
@@ -1070,11 +1069,11 @@ fn some_false() -> Option<bool> {
 }
 
 impl CdiSpec {
-    /// `cdi.enabled`, nil = true.
+    /// `cdi.enabled`, unset = true.
     pub fn enabled(&self) -> bool {
         self.enabled.unwrap_or(true)
     }
-    /// `cdi.nriPluginEnabled`, nil = false.
+    /// `cdi.nriPluginEnabled`, unset = false.
     pub fn nri_plugin_enabled(&self) -> bool {
         self.nri_plugin_enabled.unwrap_or(false)
     }
@@ -1085,10 +1084,10 @@ impl CdiSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CcManagerSpec {
-    /// Shared component fields (`enabled` nil = false).
+    /// Shared component fields (`enabled` unset = false).
     #[serde(flatten)]
     pub common: ComponentSpec,
-    /// `on`, `off` or `devtools` (CRD enum).
+    /// `on`, `off` or `devtools`.
     #[serde(default)]
     #[cfg_attr(feature = "kube", schemars(extend("enum" = ["on", "off", "devtools"])))]
     pub default_mode: String,
@@ -1105,7 +1104,7 @@ pub struct HostPathsSpec {
     /// Driver install directory (default `/run/nvidia/driver`).
     #[serde(default)]
     pub driver_install_dir: String,
-    /// Kubelet root (CRD default `/var/lib/kubelet`).
+    /// Kubelet root (default `/var/lib/kubelet`).
     #[serde(default = "kubelet_root")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub kubelet_root_dir: String,
@@ -1120,7 +1119,7 @@ fn kubelet_root() -> String {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct KataManagerSpec {
-    /// Shared component fields (`enabled` nil = false).
+    /// Shared component fields (`enabled` unset = false).
     #[serde(flatten)]
     pub common: ComponentSpec,
     /// Kata manager configuration.
@@ -1133,7 +1132,7 @@ pub struct KataManagerSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct KataManagerConfigSpec {
-    /// Where kata artifacts are placed on the host (CRD default
+    /// Where kata artifacts are placed on the host (default
     /// `/opt/nvidia-gpu-operator/artifacts/runtimeclasses`).
     #[serde(default = "kata_artifacts_dir")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]

@@ -35,6 +35,7 @@ use schemars::JsonSchema;
         kind = "ClusterPolicy",
         plural = "clusterpolicies",
         status = "ClusterPolicyStatus",
+        doc = "The GPU stack of the cluster's GPU nodes: which components run (driver, container toolkit, device plugin, validator, monitoring, MIG, sandbox workloads) and how. The oldest ClusterPolicy is the active one.",
         printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
     )
@@ -238,7 +239,7 @@ impl ClusterPolicySpec {
         Ok(())
     }
 
-    /// Whether sandbox workloads are enabled (`sandboxWorkloads.enabled`, nil = false).
+    /// Whether sandbox workloads are enabled (`sandboxWorkloads.enabled`, unset = false).
     pub fn sandbox_enabled(&self) -> bool {
         self.sandbox_workloads.enabled.unwrap_or(false)
     }

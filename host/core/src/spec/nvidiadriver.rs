@@ -67,6 +67,7 @@ pub const APP_NAME_MAX: usize = 63;
         shortname = "nvdriver",
         shortname = "nvdrivers",
         status = "NvidiaDriverStatus",
+        doc = "An NVIDIA driver for a set of GPU nodes (its nodeSelector): the driver image, its version and options, and how its pods are upgraded. Used when the ClusterPolicy sets driver.useNvidiaDriverCRD.",
         printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
         printcolumn = r#"{"name":"Default","type":"boolean","jsonPath":".spec.default"}"#,
         printcolumn = r#"{"name":"Age","type":"string","jsonPath":".metadata.creationTimestamp"}"#
@@ -92,7 +93,7 @@ pub struct NvidiaDriverSpec {
         )
     )]
     pub driver_type: DriverType,
-    /// Precompiled driver images, one DaemonSet per kernel (nil = false); immutable.
+    /// Precompiled driver images, one DaemonSet per kernel (unset = false); immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "kube",
@@ -110,7 +111,7 @@ pub struct NvidiaDriverSpec {
     )]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub kernel_module_type: Option<KernelModuleType>,
-    /// Driver container startup probe; nil takes upstream's default (60 s delay, 5 s when
+    /// Driver container startup probe; when unset, NVIDIA's default (60 s delay, 5 s when
     /// precompiled; timeout 60 s, period 10 s, 120 failures).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_probe: Option<ProbeSpec>,
@@ -120,7 +121,7 @@ pub struct NvidiaDriverSpec {
     /// Readiness probe overrides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_probe: Option<ProbeSpec>,
-    /// GPUDirect RDMA (nvidia-peermem); nil takes the ClusterPolicy's `driver.rdma`.
+    /// GPUDirect RDMA (nvidia-peermem); unset takes the ClusterPolicy's `driver.rdma`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma: Option<RdmaSpec>,
     /// GPUDirect Storage (nvidia-fs sidecar).
@@ -175,7 +176,7 @@ pub struct NvidiaDriverSpec {
     /// Secret whose keys become the driver container's env.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub secret_env: String,
-    /// Nodes this driver is for; nil = every GPU node (`nvidia.com/gpu.present=true` is always
+    /// Nodes this driver is for; unset = every GPU node (`nvidia.com/gpu.present=true` is always
     /// required as well).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
@@ -199,16 +200,16 @@ pub struct NvidiaDriverSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<PodSecurityContext>,
     /// Run the driver pods in the host's network namespace (`hostNetwork: true`,
-    /// `dnsPolicy: ClusterFirstWithHostNet`); nil = false.
+    /// `dnsPolicy: ClusterFirstWithHostNet`); unset = false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_network: Option<bool>,
-    /// How this CR's driver pods are replaced when their template changes; nil takes
-    /// upstream's per-CR defaults ([`NvidiaDriverSpec::upgrade_policy`]).
+    /// How this CR's driver pods are replaced when their template changes; when unset,
+    /// NVIDIA's defaults for an NVIDIADriver apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_policy: Option<NvidiaDriverUpgradePolicySpec>,
 }
 
-/// `spec.upgradePolicy`: the fields and CRD defaults of the ClusterPolicy's
+/// `spec.upgradePolicy`: the fields and defaults of the ClusterPolicy's
 /// `driver.upgradePolicy` ([`DriverUpgradePolicySpec`]), except that `autoUpgrade` defaults to
 /// true here (NVIDIA's NVIDIADriver CRD).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -325,13 +326,13 @@ impl DriverType {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarDriverSpec {
-    /// Enable the sidecar (nil = false).
+    /// Enable the sidecar (unset = false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Image repository.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub repository: String,
-    /// Image name (CRD pattern `[a-zA-Z0-9\-]+`).
+    /// Image name (pattern `[a-zA-Z0-9\-]+`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"[a-zA-Z0-9\-]+")))]
     pub image: String,
@@ -386,11 +387,11 @@ pub struct NvidiaDriverLicensingSpec {
     pub nls_enabled: Option<bool>,
 }
 
-/// `status.state` (CRD enum).
+/// The NVIDIADriver's overall state: `ready` when every driver pod is ready, else `notReady`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub enum NvidiaDriverState {
-    /// Not applied (kiln does not use this value; upstream's enum has it).
+    /// Not applied (kept for compatibility with NVIDIA's states; kiln does not set it).
     #[serde(rename = "ignored")]
     Ignored,
     /// Every driver pod of the CR is ready.
@@ -422,7 +423,7 @@ pub struct NvidiaDriverStatus {
 }
 
 impl NvidiaDriverSpec {
-    /// The nodes this CR is for: its `nodeSelector` (nil = every GPU node) and always
+    /// The nodes this CR is for: its `nodeSelector` (unset = every GPU node) and always
     /// `nvidia.com/gpu.present=true` (upstream `getNodePools`).
     pub fn effective_selector(&self) -> BTreeMap<String, String> {
         let mut s = BTreeMap::from([(GPU_PRESENT.to_string(), "true".to_string())]);
@@ -437,20 +438,20 @@ impl NvidiaDriverSpec {
         matches(&self.effective_selector(), labels)
     }
 
-    /// Whether precompiled drivers are on (nil = false).
+    /// Whether precompiled drivers are on (unset = false).
     pub fn precompiled(&self) -> bool {
         self.use_precompiled == Some(true)
     }
 
     /// The upgrade policy of this CR's DaemonSets (upstream `GetUpgradePolicyWithDefaults`):
-    /// its `upgradePolicy` ([`NvidiaDriverUpgradePolicySpec::effective`]), or, when nil, the CRD
+    /// its `upgradePolicy` ([`NvidiaDriverUpgradePolicySpec::effective`]), or, when unset, the CRD
     /// defaults with auto upgrade on. The ClusterPolicy's `driver.upgradePolicy` is not read.
     pub fn upgrade_policy(&self) -> DriverUpgradePolicySpec {
         self.upgrade_policy.clone().unwrap_or_default().effective()
     }
 
     /// This CR's fields as a ClusterPolicy `driver` block; what the CR does not carry (RDMA
-    /// when nil) comes from the policy's `base`.
+    /// when unset) comes from the policy's `base`.
     pub fn driver_spec(&self, base: &DriverSpec) -> DriverSpec {
         let name = |n: &Option<NameSpec>| n.clone().unwrap_or_default();
         let licensing = self.licensing_config.clone().unwrap_or_default();

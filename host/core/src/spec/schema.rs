@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 
 use super::{ClusterPolicy, SpecError};
 
-/// Where [`crd_default`] parks a field's CRD default until [`make_structural`] restores it
+/// Where [`crd_default`] parks a field's default until [`make_structural`] restores it
 /// (all other `default`s are dropped there).
 const CRD_DEFAULT: &str = "x-kiln-crd-default";
 
@@ -53,7 +53,7 @@ pub(crate) fn quantity_map(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// Make a derived schema node structural and upstream-like, recursively:
-/// - keep only CRD defaults (see [`crd_default`]); drop every other `default`;
+/// - keep only defaults (see [`crd_default`]); drop every other `default`;
 /// - drop `nullable` (upstream's CRD has none: the API server prunes `null`s) and a `null`
 ///   entry of `enum`, and the `uint*` formats schemars gives unsigned integers (upstream writes
 ///   `minimum: 0` instead);

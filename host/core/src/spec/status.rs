@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "kube")]
 use schemars::JsonSchema;
 
-/// `status.state` (CRD enum).
+/// The ClusterPolicy's overall state: `ready`, `notReady`, or `ignored` when another policy is
+/// active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 pub enum PolicyState {
