@@ -311,8 +311,7 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 /// (the CR its [`NVIDIADRIVER_LABEL`] names, [`owner_of`]; every CR each time the shared
 /// DaemonSet watch lists), and `cluster_changes` — the node watch's pool changes
 /// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
-/// ConfigMaps ([`crate::facts::ConfigMapCache`]), and the driver upgrade loop's wakes
-/// ([`crate::upgrade::Upgrader::wakes`]), all from the operator's own watches: each
+/// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each
 /// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per
 /// node pool, and a reconcile with unchanged inputs sends nothing). One watch of its own, the
 /// CRs' (it fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes
@@ -354,15 +353,9 @@ pub async fn run(
     let store = ctx.caches.drivers.get().expect("set above").clone();
     let counted = ctx.clone();
     let cluster_changes = cluster_changes.inspect(move |()| counted.inputs_changed());
-    // The driver upgrade loop's wakes (node upgrade labels, driver pods): each CR's upgrade
-    // pass follows them instead of only its requeue.
-    let upgrade_wakes = match &ctx.upgrader {
-        Some(u) => u.wakes().boxed(),
-        None => futures::stream::pending().boxed(),
-    };
     let triggers = futures::stream::select(
         futures::stream::select(cluster_changes, driver_deletes),
-        futures::stream::select(daemonsets.listed, upgrade_wakes),
+        daemonsets.listed,
     );
     Controller::for_stream(drivers, store)
         .reconcile_all_on(triggers)

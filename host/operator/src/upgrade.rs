@@ -161,8 +161,6 @@ pub struct Upgrader {
     /// Driver pods (`namespace/name`) this controller deleted whose deletion the pod store
     /// has not shown yet: judged terminating meanwhile, so they are not deleted twice.
     deleted: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Receivers of the loop's wakes ([`Upgrader::wakes`]).
-    forward: std::sync::Mutex<Vec<futures::channel::mpsc::UnboundedSender<()>>>,
     writes: AtomicU64,
 }
 
@@ -176,7 +174,6 @@ impl Upgrader {
             progress: Default::default(),
             patched: Default::default(),
             deleted: Default::default(),
-            forward: Default::default(),
             writes: AtomicU64::new(0),
         })
     }
@@ -189,24 +186,6 @@ impl Upgrader {
     /// Ask for a pass soon.
     pub fn poke(&self) {
         self.sources.changed.notify_one();
-    }
-
-    /// One item per wake of [`run_cluster_policy`]'s loop (a driver or validator pod, a
-    /// driver DaemonSet, a node's upgrade labels, annotations, cordon or `Ready` changed;
-    /// debounced by [`DEBOUNCE`]): the NVIDIADriver controller passes over its CRs on it, so
-    /// their upgrades move as the ClusterPolicy's do, not only every [`ACTIVE_INTERVAL`].
-    pub fn wakes(&self) -> futures::channel::mpsc::UnboundedReceiver<()> {
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        self.forward.lock().expect("forward lock").push(tx);
-        rx
-    }
-
-    /// Pass a wake on to [`Upgrader::wakes`]' receivers (dropped ones forgotten).
-    fn forward_wake(&self) {
-        self.forward
-            .lock()
-            .expect("forward lock")
-            .retain(|tx| tx.unbounded_send(()).is_ok());
     }
 
     /// Wait (at most [`CATCH_UP_LIMIT`]) until the node store holds every node at or past the
@@ -805,8 +784,7 @@ pub fn cluster_policy_scope(policy: &ClusterPolicy, namespace: &str) -> Option<U
 /// change ([`Upgrader::changed`], debounced by [`DEBOUNCE`]) and every [`ACTIVE_INTERVAL`]
 /// while an upgrade runs. The policy comes from the controller's store, the driver DaemonSet
 /// from the cache of labelled objects ([`Context::live`]), so a pass with nothing to do sends
-/// no request; `status.driverUpgrade` and the gauges ([`set_metrics`]) follow each pass. Each
-/// wake also reaches [`Upgrader::wakes`]' receivers (the NVIDIADriver controller).
+/// no request; `status.driverUpgrade` and the gauges ([`set_metrics`]) follow each pass.
 pub async fn run_cluster_policy(
     upgrader: Arc<Upgrader>,
     ctx: Arc<Context>,
@@ -822,18 +800,12 @@ pub async fn run_cluster_policy(
                     true
                 }
             };
-            let woken = if active {
-                tokio::time::timeout(ACTIVE_INTERVAL, upgrader.changed().notified())
-                    .await
-                    .is_ok()
+            if active {
+                let _ = tokio::time::timeout(ACTIVE_INTERVAL, upgrader.changed().notified()).await;
             } else {
                 upgrader.changed().notified().await;
-                true
-            };
-            tokio::time::sleep(DEBOUNCE).await;
-            if woken {
-                upgrader.forward_wake();
             }
+            tokio::time::sleep(DEBOUNCE).await;
         }
     };
     tokio::select! {
