@@ -560,7 +560,9 @@ fn upgrade_state(n: &Node) -> UpgradeState {
     UpgradeState::from_label(n.labels().get(STATE_LABEL).map(String::as_str))
 }
 
-/// Per node: the `(uid, image, ready)` of the pool's driver pods there (`cr` the NVIDIADriver).
+/// Per node: the `(uid, image, ready)` of the pool's driver pods there (`cr` the NVIDIADriver);
+/// pods not scheduled are keyed by their conditions (the scheduler's reason, for a failure
+/// message).
 async fn pool_pods(
     pods: &Api<Pod>,
     cr: &str,
