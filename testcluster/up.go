@@ -316,6 +316,17 @@ func apiserverArgs(dir string, p ports, f pkiFiles) []string {
 // (a test running the pod's process locally) sets its Ready condition through the pod status.
 const ExternalReadinessAnnotation = "kiln.dev/testcluster-readiness"
 
+// PendingAnnotation on a pod (any value) means: kwok does not start the pod; it stays Pending
+// (as while a kubelet pulls its image) until a test removes the annotation, and kwok then
+// starts it as any other pod.
+const PendingAnnotation = "kiln.dev/testcluster-pending"
+
+// RunningAnnotation on a pod (any value) means: kwok does not complete it. kwok's pod-complete
+// stage ends a Job's pod as soon as it runs (Succeeded); with this annotation the pod runs
+// until a test removes the annotation (kwok then completes it: the job ended) or sets its
+// phase itself.
+const RunningAnnotation = "kiln.dev/testcluster-running"
+
 // podRunningUnready is kwok's pod-ready stage for pods with ExternalReadinessAnnotation:
 // Running, containers started, Ready and ContainersReady False.
 const podRunningUnready = `apiVersion: kwok.x-k8s.io/v1alpha1
@@ -332,6 +343,8 @@ spec:
       operator: 'DoesNotExist'
     - key: '.metadata.annotations["` + ExternalReadinessAnnotation + `"]'
       operator: 'Exists'
+    - key: '.metadata.annotations["` + PendingAnnotation + `"]'
+      operator: 'DoesNotExist'
     - key: '.status.phase'
       operator: 'In'
       values:
@@ -400,21 +413,34 @@ options:
 `, nodeLeaseSeconds(nodes))
 }
 
-func kwokStages() string {
-	// kwok's own pod-ready stage, except for pods whose readiness is set from outside.
+// withoutAnnotations is kwok stage `stage` (named `name` in a panic) that also requires each of
+// `annotations` to be absent from the pod.
+func withoutAnnotations(name, stage string, annotations ...string) string {
 	marker := "    matchExpressions:\n"
-	if !strings.Contains(kwokpodfast.DefaultPodReady, marker) {
-		panic("kwok's pod-ready stage changed shape: no matchExpressions")
+	if !strings.Contains(stage, marker) {
+		panic("kwok's " + name + " stage changed shape: no matchExpressions")
 	}
-	podReady := strings.Replace(kwokpodfast.DefaultPodReady, marker, marker+
-		"    - key: '.metadata.annotations[\""+ExternalReadinessAnnotation+"\"]'\n"+
-		"      operator: 'DoesNotExist'\n", 1)
+	extra := ""
+	for _, a := range annotations {
+		extra += "    - key: '.metadata.annotations[\"" + a + "\"]'\n" +
+			"      operator: 'DoesNotExist'\n"
+	}
+	return strings.Replace(stage, marker, marker+extra, 1)
+}
+
+func kwokStages() string {
+	// kwok's own pod-ready stage, except for pods whose readiness is set from outside and
+	// pods held Pending; its pod-complete stage, except for pods held running.
+	podReady := withoutAnnotations("pod-ready", kwokpodfast.DefaultPodReady,
+		ExternalReadinessAnnotation, PendingAnnotation)
+	podComplete := withoutAnnotations("pod-complete", kwokpodfast.DefaultPodComplete,
+		RunningAnnotation)
 	return strings.Join([]string{
 		kwoknodefast.DefaultNodeInit,
 		kwoklease.DefaultNodeHeartbeatWithLease,
 		podReady,
 		podRunningUnready,
-		kwokpodfast.DefaultPodComplete,
+		podComplete,
 		kwokpodfast.DefaultPodDelete,
 	}, "\n---\n")
 }

@@ -56,6 +56,12 @@ use kiln_core::labels::LabelLookup as _;
 
 /// The ClusterPolicy's driver DaemonSet (assets/state-driver).
 pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
+/// The label every driver pod carries, the ClusterPolicy's and every NVIDIADriver's alike
+/// (their pod anti-affinity keeps one per node by it): an NVIDIADriver's upgrade finds the
+/// ClusterPolicy's driver pods left behind (orphaned) by it ([`ORPHANED_DRIVER_SELECTOR`]).
+pub const DRIVER_COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "nvidia-driver");
+/// [`DRIVER_COMPONENT_LABEL`] as a label selector.
+pub const ORPHANED_DRIVER_SELECTOR: &str = "app.kubernetes.io/component=nvidia-driver";
 /// A repeated progress Event (a wait) on a node is published at most this often.
 pub const PROGRESS_EVENT_EVERY: Duration = Duration::from_secs(300);
 /// Pass interval while an upgrade is under way (time-based steps: wait timeouts, validation).
@@ -80,6 +86,16 @@ pub struct UpgradeScope {
     /// Selector of the validator pods checked in `validation-required`
     /// ([`upgrade::VALIDATOR_SELECTOR`]).
     pub validator_selector: String,
+}
+
+impl UpgradeScope {
+    /// An NVIDIADriver's driver (its owner is one): the ClusterPolicy's driver pods it finds
+    /// orphaned on its nodes are its to replace (upstream v26.7.0 labels such a node
+    /// `upgrade-required` when it is `""` or `upgrade-done`, and the upgrade then deletes the
+    /// orphan so the CR's pod, kept off the node by the driver pods' anti-affinity, can start).
+    pub fn replaces_orphans(&self) -> bool {
+        self.owner.kind.as_deref() == Some("NVIDIADriver")
+    }
 }
 
 /// What a pass found and did.
@@ -227,7 +243,21 @@ impl Upgrader {
         let _ = self.sources.nodes.wait_until_ready().await;
         let policy = scope.policy.as_ref().filter(|p| p.auto_upgrade);
         let nodes = self.sources.nodes.state();
-        let (drivers, revisions, _) = self.sources.pods.slim_of(ds).await;
+        let (mut drivers, revisions, _) = self.sources.pods.slim_of(ds).await;
+        if policy.is_some() && scope.replaces_orphans() {
+            // The ClusterPolicy's driver pods left on this CR's nodes ([`node_facts`] keeps
+            // the unowned ones on nodes the DaemonSet selects).
+            let known: std::collections::HashSet<&str> = drivers.iter().map(|p| p.name()).collect();
+            let orphans: Vec<Arc<SlimPod>> = self
+                .sources
+                .pods
+                .matching(&scope.namespace, ORPHANED_DRIVER_SELECTOR)
+                .await
+                .into_iter()
+                .filter(|p| !known.contains(p.name()))
+                .collect();
+            drivers.extend(orphans);
+        }
         let validators = self
             .sources
             .pods
@@ -244,6 +274,12 @@ impl Upgrader {
                 let state = UpgradeState::from_label(n.labels().label(upgrade::STATE_LABEL));
                 if reads_workloads(state) {
                     let pods = self.pods_on(n.name()).await?;
+                    tracing::debug!(
+                        node = %n.name(),
+                        %state,
+                        pods = ?pods.iter().map(pod_summary).collect::<Vec<_>>(),
+                        "pods on a node whose upgrade step reads them"
+                    );
                     workloads.insert(n.name().to_string(), pods);
                 }
             }
@@ -580,13 +616,15 @@ pub fn node_facts(
     let validator = Selector::parse(&scope.validator_selector).unwrap_or_default();
     let in_ns = |p: &Pod| p.metadata.namespace.as_deref() == Some(scope.namespace.as_str());
     let owned = |p: &Pod| in_ns(p) && p.owner_references().iter().any(|o| o.uid == uid);
+    let (component, driver) = DRIVER_COMPONENT_LABEL;
     let orphan = |p: &Pod| {
-        in_ns(p)
-            && p.owner_references().is_empty()
-            && !match_labels.is_empty()
+        let selected = !match_labels.is_empty()
             && match_labels
                 .iter()
-                .all(|(k, v)| p.labels().get(k) == Some(v))
+                .all(|(k, v)| p.labels().get(k) == Some(v));
+        let left_by_policy = scope.replaces_orphans()
+            && p.labels().get(component).map(String::as_str) == Some(driver);
+        in_ns(p) && p.owner_references().is_empty() && (selected || left_by_policy)
     };
     let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let mut drivers: HashMap<String, DriverPodFacts> = HashMap::new();
@@ -625,7 +663,9 @@ pub fn node_facts(
         let selected = node_selector
             .iter()
             .all(|(k, v)| n.labels().label(k) == Some(v.as_str()));
-        let driver = drivers.remove(name);
+        // An orphaned driver pod counts only where the DaemonSet would run its own: there,
+        // deleting it lets the DaemonSet's pod start.
+        let driver = drivers.remove(name).filter(|d| !d.orphaned || selected);
         // A node without a driver pod is managed only mid-upgrade (its pod is being
         // recreated) or, for the sweep when auto upgrade is off, while it carries a state;
         // decided from the store's copy, so the other nodes are never converted.
@@ -637,6 +677,16 @@ pub fn node_facts(
             continue;
         }
         let mut f = NodeFacts::from_node(&n.to_node());
+        // The ClusterPolicy's driver pod left on an NVIDIADriver's node: an upgrade request,
+        // as upstream's node labelling makes it ([`UpgradeScope::replaces_orphans`]).
+        if scope.replaces_orphans()
+            && matches!(f.state, UpgradeState::Unknown | UpgradeState::Done)
+            && driver
+                .as_ref()
+                .is_some_and(|d| d.orphaned && !d.terminating)
+        {
+            f.requested = true;
+        }
         f.driver = driver;
         f.validator_ready = validators.get(name).copied();
         f.pods = pods
@@ -650,6 +700,25 @@ pub fn node_facts(
         out.push(f);
     }
     out
+}
+
+/// `namespace/name phase[ terminating]` of a pod, for the pass's debug log.
+fn pod_summary(p: &Pod) -> String {
+    let phase = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("-");
+    let gone = if p.metadata.deletion_timestamp.is_some() {
+        " terminating"
+    } else {
+        ""
+    };
+    format!(
+        "{}/{} {phase}{gone}",
+        p.metadata.namespace.as_deref().unwrap_or_default(),
+        p.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 fn labels_of(p: &Pod) -> BTreeMap<String, String> {
@@ -1041,6 +1110,90 @@ mod tests {
         let swept = node_facts(&pods, &scope(), &ds(), &nodes, None, true);
         assert!(swept.iter().any(|n| n.name == "e"));
         assert!(!swept.iter().any(|n| n.name == "f"));
+    }
+
+    #[test]
+    fn an_nvidiadriver_replaces_the_policys_orphaned_driver_pods_on_its_own_nodes() {
+        // The CR's DaemonSet (pool a) and the ClusterPolicy's driver pods it left, orphaned,
+        // on a node of pool a (in state done), a node of pool b and one mid-upgrade.
+        let ds: DaemonSet = obj(json!({
+            "metadata": {"name": "nvidia-gpu-driver-ubuntu22.04-a", "namespace": "gpu-operator",
+                "uid": "cr-ds"},
+            "spec": {"selector": {"matchLabels": {"app": "nvidia-gpu-driver-ubuntu22.04-a"}},
+                "template": {"metadata": {"labels": {"app": "nvidia-gpu-driver-ubuntu22.04-a"}},
+                    "spec": {"nodeSelector": {"pool": "a"}, "containers": [{"name": "nvidia-driver-ctr"}]}}}
+        }));
+        let left = |name: &str, node: &str| {
+            pod(
+                "gpu-operator",
+                name,
+                node,
+                json!({"metadata": {"labels": {"app": "nvidia-driver-daemonset",
+                    "app.kubernetes.io/component": "nvidia-driver"}}}),
+            )
+        };
+        let drivers: Vec<Arc<SlimPod>> = [
+            left("old-1", "a1"),
+            left("old-2", "b1"),
+            left("old-3", "a2"),
+        ]
+        .iter()
+        .map(|p| {
+            Arc::new(serde_json::from_value::<SlimPod>(serde_json::to_value(p).unwrap()).unwrap())
+        })
+        .collect();
+        let workloads = HashMap::new();
+        let pods = Pods {
+            drivers: &drivers,
+            validators: &[],
+            workloads: &workloads,
+        };
+        let pooled = |name: &str, pool: &str, state: Option<&str>| -> Arc<SlimNode> {
+            let mut labels = json!({"pool": pool});
+            if let Some(s) = state {
+                labels[STATE_LABEL_KEY] = json!(s);
+            }
+            Arc::new(obj(json!({"metadata": {"name": name, "labels": labels}})))
+        };
+        let nodes = [
+            pooled("a1", "a", Some("upgrade-done")),
+            pooled("a2", "a", Some("wait-for-jobs-required")),
+            pooled("b1", "b", Some("upgrade-done")),
+        ];
+        let mut cr = scope();
+        cr.daemonset = "nvidia-gpu-driver-ubuntu22.04-a".into();
+        cr.owner = ObjectReference {
+            kind: Some("NVIDIADriver".into()),
+            name: Some("pool-a".into()),
+            ..Default::default()
+        };
+        assert!(cr.replaces_orphans() && !scope().replaces_orphans());
+        let f = node_facts(&pods, &cr, &ds, &nodes, Some("new"), false);
+        let names: Vec<&str> = f.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a1", "a2"], "pool b's node is not this CR's");
+        assert!(f.iter().all(|n| n.driver.as_ref().unwrap().orphaned));
+        // Done with an orphan: an upgrade request (upstream's labelling); mid-upgrade: no new
+        // request.
+        assert!(f[0].requested && !f[1].requested);
+        let plan = upgrade::plan(
+            &Inputs {
+                policy: cr.policy.as_ref().unwrap(),
+                now: 0,
+                validation_timeout: 600,
+            },
+            &f,
+        );
+        assert!(
+            plan.actions("a1")
+                .contains(&Action::SetState(UpgradeState::UpgradeRequired)),
+            "{plan:?}"
+        );
+        // The ClusterPolicy's own scope finds no such orphans (its DaemonSet selects by `app`).
+        let none = node_facts(&pods, &scope(), &ds, &nodes, Some("new"), false);
+        assert!(
+            none.iter().all(|n| n.driver.is_none() && !n.requested),
+            "{none:?}"
+        );
     }
 
     #[test]

@@ -4,12 +4,17 @@
 //! 2. `driver.useNvidiaDriverCRD: true`: that DaemonSet is deleted with Orphan propagation, and
 //!    its pods stay (same UIDs), released by the garbage collector (no owner any more);
 //! 3. two NVIDIADrivers with different versions, one per pool: one DaemonSet each, scheduled on
-//!    exactly its pool's nodes, with its own image;
+//!    exactly its pool's nodes, with its own image; their upgrades replace the orphaned pods
+//!    (the driver pods' anti-affinity keeps the CRs' pods off a node until then), so every
+//!    node ends `upgrade-done` running its pool's driver;
 //! 4. a third NVIDIADriver selecting every GPU node is refused: `ConflictingNodeSelector`
 //!    naming the other two;
 //! 5. a `repoConfig` ConfigMap's keys are mounted, and an edit of the ConfigMap alone (the CR
 //!    unchanged) reaches the DaemonSet;
 //! 6. the ConfigMap watch calls back for referenced ConfigMaps only.
+//!
+//! A second cluster: one pool's NVIDIADriver gets a new version and upgradePolicy; its nodes
+//! upgrade one at a time while the other pool's DaemonSet, pods and nodes stay put.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kiln_core::upgrade::{STATE_LABEL, UpgradeState};
 use kiln_operator::facts::ConfigMapCache;
 use kiln_testcluster::{Options, TestCluster};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -86,14 +92,23 @@ fn start_operator(client: Client) -> anyhow::Result<tokio::sync::oneshot::Sender
     Ok(tx)
 }
 
+/// Both nodes of a pool at once (the CRD's defaults take them one at a time).
+fn both_at_once() -> Value {
+    json!({"autoUpgrade": true, "maxParallelUpgrades": 2, "maxUnavailable": 2})
+}
+
 fn nvidia_driver(
     name: &str,
     version: &str,
     selector: Option<Value>,
+    upgrade_policy: Option<Value>,
 ) -> anyhow::Result<DynamicObject> {
     let mut spec = json!({"repository": "nvcr.io/nvidia", "image": "driver", "version": version});
     if let Some(s) = selector {
         spec["nodeSelector"] = s;
+    }
+    if let Some(p) = upgrade_policy {
+        spec["upgradePolicy"] = p;
     }
     // As JSON (a DynamicObject): the typed spec writes its empty defaults (`manager.image: ""`),
     // which the CRD's patterns refuse.
@@ -141,9 +156,19 @@ async fn pools_and_orphaning_on_a_real_control_plane() -> anyhow::Result<()> {
     cluster.with_logs(res)
 }
 
-async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
-    let t0 = std::time::Instant::now();
-    let client = cluster.client().await?;
+/// The CRDs, the operator namespace, two pools of two nodes (`pool=a` for the first two names,
+/// `pool=b`), the operator, and the sample ClusterPolicy with `driver.useNvidiaDriverCRD:
+/// crd`. Returns the operator's stop handle, the policies' API and the sorted node names.
+async fn setup(
+    cluster: &TestCluster,
+    client: &Client,
+    crd: bool,
+) -> anyhow::Result<(
+    tokio::sync::oneshot::Sender<()>,
+    Api<DynamicObject>,
+    Vec<String>,
+)> {
+    let client = client.clone();
     install_crd(cluster, &client, &kiln_operator::crd::crd()).await?;
     install_crd(cluster, &client, &kiln_operator::crd::nvidia_driver_crd()).await?;
     Api::<Namespace>::all(client.clone())
@@ -174,13 +199,13 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             )
             .await?;
     }
-    let _stop = start_operator(client.clone())?;
+    let stop = start_operator(client.clone())?;
     let mut doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/samples/clusterpolicy.yaml"
     ))?)?;
     doc["metadata"] = json!({"name": "cluster-policy"});
-    doc["spec"]["driver"]["useNvidiaDriverCRD"] = json!(false);
+    doc["spec"]["driver"]["useNvidiaDriverCRD"] = json!(crd);
     // As tests/upgrade.rs: the sample's empty ccManager.defaultMode is refused by the spec check.
     doc["spec"]["ccManager"] = json!({"defaultMode": "on"});
     let policies = Api::<DynamicObject>::all_with(
@@ -190,6 +215,48 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     policies
         .create(&PostParams::default(), &serde_json::from_value(doc)?)
         .await?;
+    Ok((stop, policies, names))
+}
+
+/// A rolling upgrade of one NVIDIADriver pool while the other stays put: the policy hands the
+/// driver to NVIDIADrivers from the start, two CRs on two pools of two nodes; pool a's version
+/// and upgradePolicy change ([`pool_upgrade`]).
+#[tokio::test]
+async fn one_pool_upgrades_while_the_other_stays_put() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(Options {
+        nodes: 4,
+        gpu_nodes: 4,
+        ..Options::default()
+    })?;
+    let res = one_pool(&cluster).await;
+    cluster.with_logs(res)
+}
+
+async fn one_pool(cluster: &TestCluster) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let client = cluster.client().await?;
+    let (_stop, _policies, names) = setup(cluster, &client, true).await?;
+    let create = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<NVIDIADriver>(&()),
+    );
+    for (cr, version, pool) in [("pool-a", "570.172.08", "a"), ("pool-b", "580.65.06", "b")] {
+        create
+            .create(
+                &PostParams::default(),
+                &nvidia_driver(cr, version, Some(json!({"pool": pool})), None)?,
+            )
+            .await?;
+    }
+    pool_upgrade(cluster, &client, &names).await?;
+    eprintln!("nvidiadriver pool test: done after {:?}", t0.elapsed());
+    Ok(())
+}
+
+async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let client = cluster.client().await?;
+    let (_stop, policies, names) = setup(cluster, &client, false).await?;
 
     // 1. The policy's own driver pods.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -258,13 +325,23 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     create
         .create(
             &PostParams::default(),
-            &nvidia_driver("pool-a", "570.172.08", Some(json!({"pool": "a"})))?,
+            &nvidia_driver(
+                "pool-a",
+                "570.172.08",
+                Some(json!({"pool": "a"})),
+                Some(both_at_once()),
+            )?,
         )
         .await?;
     create
         .create(
             &PostParams::default(),
-            &nvidia_driver("pool-b", "580.65.06", Some(json!({"pool": "b"})))?,
+            &nvidia_driver(
+                "pool-b",
+                "580.65.06",
+                Some(json!({"pool": "b"})),
+                Some(both_at_once()),
+            )?,
         )
         .await?;
     for (cr, version) in [("pool-a", "570.172.08"), ("pool-b", "580.65.06")] {
@@ -307,11 +384,22 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     }
     eprintln!("nvidiadriver test: two pools after {:?}", t0.elapsed());
 
+    // 3b. The pools' upgrades replace the orphaned policy driver pods (their anti-affinity
+    //     keeps the CRs' pods off a node until then): every node ends upgrade-done with one
+    //     Ready pod of its pool, no orphan left.
+    all_on_their_pools(cluster, &client, &names).await?;
+    let left = driver_pods(&pods, old).await?;
+    assert!(left.is_empty(), "orphaned driver pods left: {left:?}");
+    eprintln!(
+        "nvidiadriver test: orphans replaced after {:?}",
+        t0.elapsed()
+    );
+
     // 4. Overlap refused.
     create
         .create(
             &PostParams::default(),
-            &nvidia_driver("everything", "590.1", None)?,
+            &nvidia_driver("everything", "590.1", None, None)?,
         )
         .await?;
     cluster
@@ -464,5 +552,209 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         "only the referenced ConfigMap calls back"
     );
     eprintln!("nvidiadriver test: done after {:?}", t0.elapsed());
+    Ok(())
+}
+
+/// A node's upgrade state label.
+fn upgrade_state(n: &Node) -> UpgradeState {
+    UpgradeState::from_label(n.labels().get(STATE_LABEL).map(String::as_str))
+}
+
+/// Per node: the `(uid, image, ready)` of the pool's driver pods there (`cr` the NVIDIADriver);
+/// pods not scheduled are keyed by their conditions (the scheduler's reason, for a failure
+/// message).
+async fn pool_pods(
+    pods: &Api<Pod>,
+    cr: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<(String, String, bool)>>> {
+    let mut out: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
+    for p in pods
+        .list(&ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}")))
+        .await?
+        .items
+    {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_else(|| {
+                format!("{:?}", p.status.as_ref().and_then(|s| s.conditions.clone()))
+            });
+        let image = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "nvidia-driver-ctr"))
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
+        let ready = p.metadata.deletion_timestamp.is_none()
+            && p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        out.entry(node).or_default().push((
+            p.metadata.uid.clone().unwrap_or_default(),
+            image,
+            ready,
+        ));
+    }
+    Ok(out)
+}
+
+/// Every node `upgrade-done` with one Ready driver pod of its pool (`names`: pool a the first
+/// two, pool b the others) and nothing else of the CRs'.
+async fn all_on_their_pools(
+    cluster: &TestCluster,
+    client: &Client,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let (pool_a, pool_b) = names.split_at(2);
+    // Every node upgrade-done on its pool's driver, one Ready pod each.
+    cluster
+        .wait_for(
+            "every node upgrade-done, one driver pod Ready",
+            TIMEOUT,
+            || async {
+                let states: BTreeMap<String, UpgradeState> = nodes
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .map(|n| (n.name_any(), upgrade_state(n)))
+                    .collect();
+                let mut ok = states.values().all(|s| *s == UpgradeState::Done);
+                let mut seen = Vec::new();
+                for (cr, pool) in [("pool-a", pool_a), ("pool-b", pool_b)] {
+                    let pods = pool_pods(&pods, cr).await?;
+                    ok &= pool
+                        .iter()
+                        .all(|n| pods.get(n).is_some_and(|v| v.len() == 1 && v[0].2));
+                    seen.push(pods);
+                }
+                Ok(if ok {
+                    Ok(())
+                } else {
+                    Err(format!("{states:?} {seen:?}"))
+                })
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// Pool a's version changes under its own upgradePolicy (one node at a time): its nodes
+/// upgrade in turn, each driver pod replaced by one of the new version, at most one of them
+/// cordoned at once; pool b's DaemonSet (UID, generation), driver pods (UIDs) and nodes (state,
+/// cordon) stay as they were throughout. `names` are the nodes, pool a the first two.
+async fn pool_upgrade(
+    cluster: &TestCluster,
+    client: &Client,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let (pool_a, pool_b) = names.split_at(2);
+    all_on_their_pools(cluster, client, names).await?;
+    let pool_b_ds = |list: Vec<DaemonSet>| -> Vec<(String, Option<i64>)> {
+        list.iter()
+            .map(|d| {
+                (
+                    d.metadata.uid.clone().unwrap_or_default(),
+                    d.metadata.generation,
+                )
+            })
+            .collect()
+    };
+    let b_label = format!("{NVIDIADRIVER_LABEL}=pool-b");
+    let b_ds = pool_b_ds(
+        dss.list(&ListParams::default().labels(&b_label))
+            .await?
+            .items,
+    );
+    let b_pods = pool_pods(&pods, "pool-b").await?;
+    let a_before = pool_pods(&pods, "pool-a").await?;
+    Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<NVIDIADriver>(&()),
+    )
+    .patch(
+        "pool-a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"version": "570.195.03",
+            "upgradePolicy": {"autoUpgrade": true, "maxParallelUpgrades": 1, "maxUnavailable": 1,
+                "drain": {"enable": false}}}})),
+    )
+    .await?;
+    let new_image = "nvcr.io/nvidia/driver:570.195.03-ubuntu22.04";
+    let max_cordoned = std::sync::atomic::AtomicUsize::new(0);
+    let t = std::time::Instant::now();
+    // Ok(Err(why)): pool b moved, fail at once.
+    let verdict = cluster
+        .wait_for("pool a upgraded, pool b untouched", TIMEOUT, || async {
+            let list = nodes.list(&ListParams::default()).await?.items;
+            let by_name: BTreeMap<String, &Node> = list.iter().map(|n| (n.name_any(), n)).collect();
+            let cordoned = |n: &str| {
+                by_name
+                    .get(n)
+                    .is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+            };
+            let state = |n: &str| {
+                by_name
+                    .get(n)
+                    .map_or(UpgradeState::Unknown, |n| upgrade_state(n))
+            };
+            let a_cordoned = pool_a.iter().filter(|n| cordoned(n)).count();
+            max_cordoned.fetch_max(a_cordoned, std::sync::atomic::Ordering::SeqCst);
+            // Pool b: nothing moves.
+            for n in pool_b {
+                if state(n) != UpgradeState::Done || cordoned(n) {
+                    return Ok(Ok(Err(format!("pool b's {n} moved: {:?}", state(n)))));
+                }
+            }
+            let b_now = pool_pods(&pods, "pool-b").await?;
+            if b_now != b_pods {
+                return Ok(Ok(Err(format!("pool b's driver pods changed: {b_now:?}"))));
+            }
+            if pool_b_ds(
+                dss.list(&ListParams::default().labels(&b_label))
+                    .await?
+                    .items,
+            ) != b_ds
+            {
+                return Ok(Ok(Err("pool b's DaemonSet changed".to_string())));
+            }
+            let a_now = pool_pods(&pods, "pool-a").await?;
+            let done = pool_a.iter().all(|n| {
+                let fresh = a_now.get(n).is_some_and(|v| {
+                    v.len() == 1
+                        && v[0].1 == new_image
+                        && v[0].2
+                        && a_before
+                            .get(n)
+                            .is_none_or(|old| old.iter().all(|o| o.0 != v[0].0))
+                });
+                fresh && state(n) == UpgradeState::Done && !cordoned(n)
+            });
+            let states: Vec<(&String, UpgradeState)> =
+                pool_a.iter().map(|n| (n, state(n))).collect();
+            Ok(if done {
+                Ok(Ok(()))
+            } else {
+                Err(format!("{:.0?}: {states:?} pods {a_now:?}", t.elapsed()))
+            })
+        })
+        .await?;
+    verdict.map_err(|why| anyhow::anyhow!(why))?;
+    eprintln!(
+        "nvidiadriver test: pool a's rolling upgrade took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        max_cordoned.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "pool a's nodes upgrade one at a time"
+    );
     Ok(())
 }

@@ -5,13 +5,15 @@
 //! 1. `maxParallelUpgrades: 2`, `maxUnavailable: 25%`, `waitForCompletion` on `app=trainer`
 //!    with timeout 0: at no moment are more than 2 nodes cordoned by the upgrade; the nodes
 //!    running a trainer wait (the others go on) until the test ends the trainers, which are
-//!    never deleted. One trainer is created just before the version change and is still
-//!    `Pending` when its node starts waiting, then runs (issue 33: a Pending matching pod is
-//!    waited for as upstream's `IsPodRunningOrPending` does); no trainer node leaves
-//!    `wait-for-jobs-required` while its trainer is Pending or Running. A GPU pod that does not
-//!    match is deleted, a CPU pod beside it stays; every node ends `upgrade-done` on the new
-//!    driver revision, uncordoned, the policy `ready` with `status.driverUpgrade` counting 8
-//!    done.
+//!    never deleted. One trainer is a Job's pod (tolerating everything, bound to its node)
+//!    created just before the version change: still `Pending` when its node starts waiting,
+//!    then Running, its status rewritten, until the job ends (issue 33: a Pending matching pod
+//!    is waited for as upstream's `IsPodRunningOrPending` does; testcluster's holds keep the
+//!    pod Pending and then running, since its simulated kubelet would complete a Job's pod at
+//!    once); no trainer node leaves `wait-for-jobs-required` while its trainer is Pending or
+//!    Running. A GPU pod that does not match is deleted, a CPU pod beside it stays; every node
+//!    ends `upgrade-done` on the new driver revision, uncordoned, the policy `ready` with
+//!    `status.driverUpgrade` counting 8 done.
 //!
 //! Throughout, no driver pod is restarted on a node while a non-DaemonSet GPU pod is Pending
 //! or Running there (not terminating): pod deletion or the drain removes them first.
@@ -29,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -44,6 +47,11 @@ const JOBS: &str = "jobs";
 const POLICY: &str = "cluster-policy";
 const TIMEOUT: Duration = Duration::from_secs(120);
 const GPU_NODES: u32 = 8;
+/// testcluster: a pod annotated so stays Pending until the annotation goes.
+const HOLD_PENDING: &str = "kiln.dev/testcluster-pending";
+/// testcluster: a Job's pod annotated so is not completed by the simulated kubelet until the
+/// annotation goes.
+const HOLD_RUNNING: &str = "kiln.dev/testcluster-running";
 
 async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -178,9 +186,9 @@ fn live_gpu_pod(p: &Pod) -> bool {
 /// Polls every 200 ms: the cordoned count, the driver pod UIDs per node, trainer deletions;
 /// and the rules of issue 33 ([`Seen::violations`]): a driver pod of a node terminating, or a
 /// new one there, while a live GPU pod ([`live_gpu_pod`]) is on that node; a trainer's node
-/// past `wait-for-jobs-required` while the trainer is not ended. `trainers` are
-/// `(pod, node)`.
-async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<(String, String)>) {
+/// past `wait-for-jobs-required` while the trainers are not ended. Trainers are the pods
+/// labelled `app=trainer` in [`JOBS`] (a Job's pod among them); `trainer_nodes` their nodes.
+async fn watch(client: Client, seen: Arc<Seen>, trainer_nodes: Vec<String>) {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let jobs: Api<Pod> = Api::namespaced(client.clone(), JOBS);
@@ -195,6 +203,7 @@ async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<(String, String)>)
     ];
     // Trainers seen so far (one is created after the watch starts).
     let mut created = BTreeSet::new();
+    let trainer_pods = ListParams::default().labels("app=trainer");
     loop {
         let node_states: BTreeMap<String, UpgradeState> =
             match nodes.list(&ListParams::default()).await {
@@ -248,30 +257,33 @@ async fn watch(client: Client, seen: Arc<Seen>, trainers: Vec<(String, String)>)
             }
         }
         if !seen.trainers_ended.load(Ordering::SeqCst) {
-            for (t, node) in &trainers {
+            for node in &trainer_nodes {
                 let state = node_states.get(node).copied();
                 if state.is_some_and(|s| past_waiting.contains(&s))
                     && !seen.trainers_ended.load(Ordering::SeqCst)
                 {
                     seen.violation(format!(
-                        "{node} left wait-for-jobs-required ({state:?}) while {t} lived"
+                        "{node} left wait-for-jobs-required ({state:?}) while its trainer lived"
                     ));
                 }
             }
         }
-        if !seen.trainers_ended.load(Ordering::SeqCst) {
-            for (t, _) in &trainers {
-                match jobs.get_opt(t).await {
-                    Ok(Some(p)) if p.metadata.deletion_timestamp.is_none() => {
-                        created.insert(t.clone());
-                    }
-                    // Gone (or going) after it was seen: deleted.
-                    Ok(_) if created.contains(t) && !seen.trainers_ended.load(Ordering::SeqCst) => {
-                        seen.trainer_deleted.store(true, Ordering::SeqCst);
-                    }
-                    _ => {}
-                }
+        if !seen.trainers_ended.load(Ordering::SeqCst)
+            && let Ok(list) = jobs.list(&trainer_pods).await
+        {
+            let live: BTreeSet<String> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .map(ResourceExt::name_any)
+                .collect();
+            // Gone (or going) after it was seen: deleted.
+            if created.iter().any(|t| !live.contains(t))
+                && !seen.trainers_ended.load(Ordering::SeqCst)
+            {
+                seen.trainer_deleted.store(true, Ordering::SeqCst);
             }
+            created.extend(live);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -578,11 +590,10 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         t0.elapsed()
     );
 
-    // Workloads: trainers (GPU, app=trainer) on gpu-node-1 and gpu-node-5 (trainer-1 only
-    // just before the version change, below); a GPU inference pod of a ReplicaSet and a CPU
-    // pod on gpu-node-3.
+    // Workloads: trainers (GPU, app=trainer) on gpu-node-1 (a Job's, created just before the
+    // version change, below) and gpu-node-5 (a bare pod); a GPU inference pod of a ReplicaSet
+    // and a CPU pod on gpu-node-3.
     let jobs: Api<Pod> = Api::namespaced(client.clone(), JOBS);
-    let trainers = ["trainer-1", "trainer-5"];
     let trainer_nodes = ["gpu-node-1", "gpu-node-5"];
     jobs.create(
         &PostParams::default(),
@@ -621,42 +632,43 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let watcher = tokio::spawn(watch(
         client.clone(),
         seen.clone(),
-        trainers
-            .iter()
-            .zip(trainer_nodes)
-            .map(|(t, n)| (t.to_string(), n.to_string()))
-            .collect(),
+        trainer_nodes.iter().map(|n| n.to_string()).collect(),
     ));
     // Let the watcher record the first driver pods.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // trainer-1, tolerating everything, created just before the version change: still Pending
-    // (its image pulling) when its node starts waiting. kwok starts every pod at once, so the
-    // test puts it back to Pending once kwok made it Ready (kwok's start stage takes only
-    // pods that are not Ready, so it stays Pending until the test runs it).
+    // The trainer Job, its pod bound to gpu-node-1 and tolerating everything, created just
+    // before the version change: still Pending (its image pulling: testcluster's pending
+    // hold) when its node starts waiting; kept running until the test ends the job
+    // (testcluster's running hold: its simulated kubelet completes a Job's pod at once).
     let mut trainer = bare_pod("trainer-1", "gpu-node-1", json!({"app": "trainer"}), true)?;
     if let Some(spec) = trainer.spec.as_mut() {
         spec.tolerations = Some(vec![serde_json::from_value(json!({"operator": "Exists"}))?]);
+        spec.restart_policy = Some("Never".into());
     }
-    jobs.create(&PostParams::default(), &trainer).await?;
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "trainer-1"},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {"app": "trainer"},
+                "annotations": {HOLD_PENDING: "image pulling", HOLD_RUNNING: "until the job ends"}},
+            "spec": serde_json::to_value(&trainer.spec)?}}
+    }))?;
+    Api::<Job>::namespaced(client.clone(), JOBS)
+        .create(&PostParams::default(), &job)
+        .await?;
+    let trainer_1 = cluster
+        .wait_for("the trainer Job's pod", TIMEOUT, || async {
+            let l = jobs
+                .list(&ListParams::default().labels("job-name=trainer-1"))
+                .await?;
+            Ok(l.items
+                .first()
+                .map(ResourceExt::name_any)
+                .ok_or_else(|| "no pod yet".to_string()))
+        })
+        .await?;
     let phase = async |name: &str| -> anyhow::Result<Option<String>> {
         Ok(jobs.get(name).await?.status.and_then(|s| s.phase))
     };
-    cluster
-        .wait_for("trainer-1 started by kwok", TIMEOUT, || async {
-            let p = phase("trainer-1").await?;
-            Ok(if p.as_deref() == Some("Running") {
-                Ok(())
-            } else {
-                Err(format!("{p:?}"))
-            })
-        })
-        .await?;
-    jobs.patch_status(
-        "trainer-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Pending"}})),
-    )
-    .await?;
 
     // 1. Version change with parallel 2, 25% unavailable, waiting for trainers forever.
     let mark = seen.mark();
@@ -688,11 +700,28 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     .await?;
     let waiting = events_about(&client, "gpu-node-1", "pod(s) matching app=trainer").await?;
     assert!(!waiting.is_empty(), "no waiting Event on gpu-node-1");
-    assert_eq!(phase("trainer-1").await?.as_deref(), Some("Pending"));
-    // trainer-1 starts, its status written a few times: gpu-node-1 keeps waiting.
+    assert_eq!(phase(&trainer_1).await?.as_deref(), Some("Pending"));
+    // The trainer starts (its image pulled: the hold released, the simulated kubelet runs
+    // it), its status written a few times more: gpu-node-1 keeps waiting.
+    jobs.patch(
+        &trainer_1,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {HOLD_PENDING: null}}})),
+    )
+    .await?;
+    cluster
+        .wait_for("the trainer running", TIMEOUT, || async {
+            let p = phase(&trainer_1).await?;
+            Ok(if p.as_deref() == Some("Running") {
+                Ok(())
+            } else {
+                Err(format!("{p:?}"))
+            })
+        })
+        .await?;
     for ready in ["False", "True", "False", "True"] {
         jobs.patch_status(
-            "trainer-1",
+            &trainer_1,
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [
                 {"type": "Initialized", "status": "True"},
@@ -737,18 +766,23 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         !seen.trainer_deleted.load(Ordering::SeqCst),
         "a trainer pod was deleted"
     );
-    for t in trainers {
-        jobs.patch_status(
-            t,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
-        )
-        .await?;
-    }
+    // The job ends (the simulated kubelet completes its pod once the hold is released); the
+    // bare trainer's status says it ended.
+    jobs.patch(
+        &trainer_1,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {HOLD_RUNNING: null}}})),
+    )
+    .await?;
+    jobs.patch_status(
+        "trainer-5",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await?;
     wait_all_done(cluster, &client, &rev2, &[]).await?;
-    assert!(
-        jobs.get_opt("trainer-1").await?.is_some() && jobs.get_opt("trainer-5").await?.is_some()
-    );
+    assert_eq!(phase(&trainer_1).await?.as_deref(), Some("Succeeded"));
+    assert!(jobs.get_opt("trainer-5").await?.is_some());
     assert_eq!(
         seen.max_cordoned.load(Ordering::SeqCst),
         2,
