@@ -222,7 +222,7 @@ pub fn active_of(all: &[Arc<DynamicObject>]) -> Option<&Arc<DynamicObject>> {
 }
 
 /// Every node (slimmed): from `store` when set (waiting at most
-/// [`crate::reconcile::LIVE_READY_LIMIT`] once for its first list), else listed in pages
+/// [`crate::watch::LIVE_READY_LIMIT`] once for its first list), else listed in pages
 /// ([`crate::nodes::list_nodes`]). Used by the ClusterPolicy and the NVIDIADriver reconcilers.
 ///
 /// # Errors
@@ -233,9 +233,8 @@ pub async fn nodes_from(
 ) -> crate::Result<Vec<Arc<SlimNode>>> {
     match store {
         Some(store) => {
-            let _ =
-                tokio::time::timeout(crate::reconcile::LIVE_READY_LIMIT, store.wait_until_ready())
-                    .await;
+            let _ = tokio::time::timeout(crate::watch::LIVE_READY_LIMIT, store.wait_until_ready())
+                .await;
             Ok(store.state())
         }
         None => Ok(crate::nodes::list_nodes(client)

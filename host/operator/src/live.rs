@@ -36,8 +36,20 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
+use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kube::ResourceExt as _;
+use kube::runtime::reflector::ObjectRef;
+
 use crate::Result;
 use crate::apply::Applier;
+
+/// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
+/// every DaemonSet [`crate::nvidiadriver::render`] produces); `None` without the label.
+pub fn owner_of(ds: &DaemonSet) -> Option<ObjectRef<NVIDIADriver>> {
+    ds.labels()
+        .get(NVIDIADRIVER_LABEL)
+        .map(|cr| ObjectRef::new(cr))
+}
 
 /// The metadata of one labelled object as its store holds it.
 pub type Meta = PartialObjectMeta<DynamicObject>;
@@ -463,7 +475,7 @@ pub fn foreign_of(d: &DaemonSet) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
 /// over NVIDIA's), the watch event that shows it carries the whole object again.
 fn trim_daemonset(d: &mut DaemonSet) {
     let managed = d.metadata.managed_fields.take();
-    let ours = labelled(&d.metadata) || crate::nvidiadriver::owner_of(d).is_some();
+    let ours = labelled(&d.metadata) || owner_of(d).is_some();
     if ours {
         let foreign =
             kiln_core::drift::foreign(&managed.unwrap_or_default(), crate::apply::FIELD_MANAGER);
@@ -478,7 +490,7 @@ fn trim_daemonset(d: &mut DaemonSet) {
 
 /// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
 fn is_driver(ds: &DaemonSet) -> bool {
-    ds.metadata.name.as_deref() == Some(crate::upgrade::DRIVER_DAEMONSET) && labelled(&ds.metadata)
+    ds.metadata.name.as_deref() == Some(crate::watch::DRIVER_DAEMONSET) && labelled(&ds.metadata)
 }
 
 /// `m` (of kind `ar`) as the plan sees it.
@@ -693,9 +705,9 @@ mod tests {
                 .daemonset("gpu-operator", "nvidia-gpu-driver-ubuntu22.04-pool-a")
                 .is_none()
         );
-        assert!(!is_driver(&ds(crate::upgrade::DRIVER_DAEMONSET, &[])));
+        assert!(!is_driver(&ds(crate::watch::DRIVER_DAEMONSET, &[])));
         assert!(is_driver(&ds(
-            crate::upgrade::DRIVER_DAEMONSET,
+            crate::watch::DRIVER_DAEMONSET,
             &[(STATE_LABEL, "driver")]
         )));
     }

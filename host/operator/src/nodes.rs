@@ -17,10 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use kiln_core::context::{ContainerRuntime, NodeOs};
-use kiln_core::labels::{
-    DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelPatch, LabelPolicy, MIG_CAPABLE, MIG_CONFIG,
-    NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, plan_node_labels,
-};
+use kiln_core::labels::{LabelPatch, LabelPolicy, apply_patch, plan_node_labels};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Map, Value};
@@ -28,7 +25,7 @@ use serde_json::{Map, Value};
 use crate::live::Wake;
 use crate::metrics::Metrics;
 pub use crate::node::SlimNode;
-use crate::node::Sym;
+use crate::node::{Sym, is_upgrade_key, reads_label};
 use crate::store::NamedWriter;
 use crate::{Error, Result};
 
@@ -111,12 +108,6 @@ pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
             _ => return Ok(nodes),
         }
     }
-}
-
-/// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,
-/// requested, start times; [`kiln_core::upgrade`]), kept by [`SlimNode`] for the upgrade loop.
-pub fn is_upgrade_key(key: &str) -> bool {
-    key.starts_with("nvidia.com/gpu-driver-upgrade")
 }
 
 /// A hash of what the driver upgrade reads of a node: its upgrade labels and annotations
@@ -369,25 +360,6 @@ pub async fn label_nodes(
         summary.nfd_present |= node.has_nfd();
     }
     Ok(summary)
-}
-
-/// Whether the operator reads node label `key`: NFD labels (GPU PCI presence, OS and kernel
-/// facts), `nvidia.com/gpu.present`, the deploy/opt-out labels, the workload config, MIG
-/// capability and config, the GPU product and the vGPU host driver version. Everything else —
-/// GFD's `nvidia.com/gfd.timestamp` (rewritten every minute), its counts, memory and CUDA
-/// labels — changes nothing the operator decides.
-pub fn reads_label(key: &str) -> bool {
-    key.starts_with(NFD_PREFIX)
-        || key.starts_with(DEPLOY_PREFIX)
-        || [
-            GPU_PRESENT,
-            WORKLOAD_CONFIG,
-            MIG_CAPABLE,
-            MIG_CONFIG,
-            GPU_PRODUCT,
-            VGPU_HOST_DRIVER_VERSION,
-        ]
-        .contains(&key)
 }
 
 #[cfg(test)]

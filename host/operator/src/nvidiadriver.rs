@@ -56,6 +56,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apply::{Applier, key_of};
+use crate::live::owner_of;
 use crate::node::{InternedLabels, SlimNode};
 use crate::{Error, Result, facts, is_not_found, readiness};
 
@@ -404,14 +405,6 @@ pub fn daemonset_feed() -> (
         watcher::Event::Init | watcher::Event::InitApply(_) => {}
     };
     (feed, DaemonSetFeed { changes, listed })
-}
-
-/// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
-/// every DaemonSet [`render`] produces); `None` without the label.
-pub fn owner_of(ds: &DaemonSet) -> Option<ObjectRef<NVIDIADriver>> {
-    ds.labels()
-        .get(NVIDIADRIVER_LABEL)
-        .map(|cr| ObjectRef::new(cr))
 }
 
 /// The controller's error policy: retry after 10 s.

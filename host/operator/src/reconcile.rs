@@ -40,10 +40,6 @@ use crate::nodes::{NodeFacts, label_nodes};
 use crate::status::policy_resource;
 use crate::{Error, Result, facts, readiness};
 
-/// How long a reconcile waits for the caches of labelled objects to list once; past it, the
-/// reconcile goes on with what they hold (deleting less, never more).
-pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
-
 /// One state's render: disabled, failed (with the error text) or its objects.
 enum Rendered {
     Disabled,
@@ -239,7 +235,7 @@ async fn full_reconcile(
         renders.push((state, rendered, t0.elapsed()));
     }
     let live = ctx.live().await?;
-    if !live.ready(LIVE_READY_LIMIT).await {
+    if !live.ready(crate::watch::LIVE_READY_LIMIT).await {
         tracing::warn!(
             "the caches of labelled objects have not listed yet; deleting only what they hold"
         );

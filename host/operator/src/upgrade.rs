@@ -51,11 +51,10 @@ use crate::context::Context;
 use crate::metrics::{Metrics, UpgradeCensus};
 use crate::node::SlimNode;
 use crate::readiness::{PodWatches, SlimPod};
+use crate::watch::DRIVER_DAEMONSET;
 use crate::{Error, Result, is_not_found};
 use kiln_core::labels::LabelLookup as _;
 
-/// The ClusterPolicy's driver DaemonSet (assets/state-driver).
-pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
 /// A repeated progress Event (a wait) on a node is published at most this often.
 pub const PROGRESS_EVENT_EVERY: Duration = Duration::from_secs(300);
 /// Pass interval while an upgrade is under way (time-based steps: wait timeouts, validation).
@@ -778,7 +777,7 @@ async fn cluster_policy_pass(
         return Ok(false);
     };
     let live = ctx.live().await?;
-    let _ = live.ready(crate::reconcile::LIVE_READY_LIMIT).await;
+    let _ = live.ready(crate::watch::LIVE_READY_LIMIT).await;
     let Some(ds) = live.daemonset(&scope.namespace, &scope.daemonset) else {
         tracing::debug!(daemonset = %scope.daemonset, "no driver DaemonSet yet");
         set_metrics(metrics, None);

@@ -37,6 +37,14 @@ pub const WATCH_TIMEOUT_S: u32 = 3600;
 /// watcher reconnects.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(295);
 
+/// How long a reconcile waits for the caches of labelled objects to list once; past it, the
+/// reconcile goes on with what they hold (deleting less, never more).
+pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
+
+/// The ClusterPolicy's driver DaemonSet (assets/state-driver): the one DaemonSet whose pod
+/// template the shared DaemonSet watch keeps ([`crate::live`]) and the driver upgrade rolls.
+pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
+
 /// The base watcher configuration of every watch kiln opens (label and field selectors are
 /// added by the caller): kube-runtime's defaults (bookmarks on, pages of 500) with a
 /// [`WATCH_TIMEOUT_S`] timeout.
