@@ -21,30 +21,26 @@
 //!   computed as minimal diffs).
 
 pub mod apply;
-pub mod context;
+pub mod cluster;
+pub mod controllers;
 pub mod crd;
 pub mod drift;
 mod error;
-pub mod events;
-pub mod eviction;
-pub mod facts;
 pub mod leader;
 pub mod lifecycle;
-pub mod live;
 pub mod memory;
-pub mod metrics;
-pub mod node;
-pub mod nodes;
-pub mod nvidiadriver;
-pub mod psa;
-pub mod readiness;
-pub mod reconcile;
 pub mod run;
+pub mod signals;
 pub mod status;
-pub mod store;
-pub mod timeline;
-pub mod upgrade;
-pub mod watch;
+
+// The modules by the paths the CLI, the tests and the benches name them (one level up from
+// where they live).
+pub use cluster::{facts, live, node, readiness, store, watch};
+pub use controllers::driver as nvidiadriver;
+pub use controllers::policy::{context, nodes, psa, reconcile};
+pub use controllers::upgrade;
+pub use controllers::upgrade::eviction;
+pub use signals::{events, metrics, timeline};
 
 pub use context::{Config, Context};
 pub(crate) use error::is_not_found;

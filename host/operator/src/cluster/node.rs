@@ -1,5 +1,5 @@
 //! The operator's copy of a Node ([`SlimNode`], the node store's type,
-//! [`crate::store::NamedStore`]): decoded straight from the API server's JSON into what the
+//! [`crate::cluster::store::NamedStore`]): decoded straight from the API server's JSON into what the
 //! operator reads ([`WatchedNode`] is the watch's type), with label keys and values interned
 //! and each distinct label set held once ([`InternedLabels`]: the nodes of a pool share one),
 //! so a 5,000-node store holds 1.8 MiB (376 bytes a node with 28 labels, `cargo bench -p
@@ -9,7 +9,7 @@
 //!
 //! | kept | read by |
 //! |---|---|
-//! | name, uid, `resourceVersion`, `creationTimestamp` | everything; the driver upgrade's read-your-writes; the readiness timeline ([`crate::timeline`]) |
+//! | name, uid, `resourceVersion`, `creationTimestamp` | everything; the driver upgrade's read-your-writes; the readiness timeline ([`crate::signals::timeline`]) |
 //! | the GPUs GFD's labels promise, the allocatable GPUs (two numbers) | the timeline's gauges |
 //! | labels, except `nvidia.com/*` labels kiln does not read ([`kept_label`]) | labelling, readiness coverage (a DaemonSet's `nodeSelector` may name any non-NVIDIA label), the driver upgrade |
 //! | `nvidia.com/gpu-driver-upgrade*` annotations | the driver upgrade |
@@ -223,7 +223,7 @@ impl LabelLookup for InternedLabels {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(from = "WireNode")]
 pub struct SlimNode {
-    /// `metadata.name` (also its key in the node store, [`crate::store::NamedStore`]).
+    /// `metadata.name` (also its key in the node store, [`crate::cluster::store::NamedStore`]).
     name: Arc<str>,
     uid: Option<Box<str>>,
     resource_version: Option<Box<str>>,
@@ -363,6 +363,32 @@ impl SlimNode {
     }
 }
 
+/// The driver upgrade reads the store's copy as it is ([`kiln_core::upgrade::NodeFacts::from_node`]).
+impl LabelLookup for SlimNode {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.label(key)
+    }
+}
+
+/// What the driver upgrade reads of a node, from the store's copy (no `Node` is built).
+impl kiln_core::upgrade::UpgradeNode for SlimNode {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.upgrade_annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+    fn unschedulable(&self) -> bool {
+        self.unschedulable.unwrap_or(false)
+    }
+    fn ready(&self) -> bool {
+        self.ready.as_deref().is_none_or(|s| s == "True")
+    }
+}
+
 impl From<Node> for SlimNode {
     fn from(node: Node) -> Self {
         let ready = node
@@ -401,17 +427,17 @@ impl From<Node> for SlimNode {
     }
 }
 
-/// A Node as the node watch decodes it ([`crate::store::Watched`]).
-pub type WatchedNode = crate::store::Watched<SlimNode>;
+/// A Node as the node watch decodes it ([`crate::cluster::store::Watched`]).
+pub type WatchedNode = crate::cluster::store::Watched<SlimNode>;
 
-impl crate::store::WatchedKind for SlimNode {
+impl crate::cluster::store::WatchedKind for SlimNode {
     type Raw = WireNode;
     type Scope = k8s_openapi::ClusterResourceScope;
     const KIND: &'static str = "Node";
     const PLURAL: &'static str = "nodes";
 
-    fn split(w: WireNode) -> (crate::store::Identity, SlimNode) {
-        let id = crate::store::Identity {
+    fn split(w: WireNode) -> (crate::cluster::store::Identity, SlimNode) {
+        let id = crate::cluster::store::Identity {
             name: w.metadata.name.clone(),
             namespace: None,
             resource_version: w.metadata.resource_version.clone(),
@@ -420,7 +446,7 @@ impl crate::store::WatchedKind for SlimNode {
     }
 }
 
-impl crate::store::Keyed for SlimNode {
+impl crate::cluster::store::Keyed for SlimNode {
     fn key(&self) -> Arc<str> {
         self.name.clone()
     }

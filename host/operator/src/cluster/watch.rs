@@ -24,6 +24,8 @@
 
 use std::time::Duration;
 
+use kiln_core::spec::ClusterPolicy;
+use kube::api::ApiResource;
 use kube::runtime::watcher;
 
 /// Server-side lifetime of each watch kiln opens, in seconds (`timeoutSeconds`): 3,600, so an
@@ -42,8 +44,16 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(295);
 pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
 
 /// The ClusterPolicy's driver DaemonSet (assets/state-driver): the one DaemonSet whose pod
-/// template the shared DaemonSet watch keeps ([`crate::live`]) and the driver upgrade rolls.
+/// template the shared DaemonSet watch keeps ([`crate::cluster::live`]) and the driver upgrade rolls.
 pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
+
+/// The ClusterPolicy API resource (`nvidia.com/v1`, `clusterpolicies`). The controller
+/// watches policies as [`kube::api::DynamicObject`]s: their exact JSON is what [`kiln_render::Policy`]
+/// parses and checks (a typed copy serializes defaults the CRD's schema refuses), and a policy
+/// the typed spec cannot hold still gets a status naming its fault.
+pub fn policy_resource() -> ApiResource {
+    ApiResource::erase::<ClusterPolicy>(&())
+}
 
 /// The base watcher configuration of every watch kiln opens (label and field selectors are
 /// added by the caller): kube-runtime's defaults (bookmarks on, pages of 500) with a

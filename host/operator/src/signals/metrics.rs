@@ -24,7 +24,7 @@
 //! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `drift`, `label`, `status`) |
 //! | `kiln_leader` | gauge | – (1 while this replica leads; always 1 without leader election) |
 //! | `kiln_node_ready_seconds` | histogram | `stage` ([`Stage`]): seconds from a GPU node's `creationTimestamp` to the stage |
-//! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::node::expected_gpus`] |
+//! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::cluster::node::expected_gpus`] |
 //! | `kiln_node_gpus_allocatable` | gauge | `node`: allocatable `nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*` |
 //!
 //! NVIDIA's operator metrics (`controllers/operator_metrics.go`, v26.7), same names, types and
@@ -76,13 +76,13 @@ use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use crate::node::Sym;
+use crate::cluster::node::Sym;
 
 type Labels = Vec<(String, String)>;
 type HistFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// One step of a GPU node's way to running GPU workloads (the `stage` label of
-/// `kiln_node_ready_seconds`; measured by [`crate::timeline`]), in the order they usually happen.
+/// `kiln_node_ready_seconds`; measured by [`crate::signals::timeline`]), in the order they usually happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
     /// `nvidia.com/gpu.present=true`.

@@ -12,7 +12,7 @@
 //! | `driver_ready` | the node's validator pod finished init container `driver-validation` (exit 0) | its `finishedAt` |
 //! | `toolkit_ready` | … `toolkit-validation` | its `finishedAt` |
 //! | `validated` | the validator pod is Ready (every check passed) | the `Ready` condition's `lastTransitionTime` |
-//! | `gpu_allocatable` | the node's allocatable GPUs ([`crate::node::allocatable_gpus`]) are above 0 | when the operator saw it |
+//! | `gpu_allocatable` | the node's allocatable GPUs ([`crate::cluster::node::allocatable_gpus`]) are above 0 | when the operator saw it |
 //!
 //! A stage is measured once per node (the first time it is reached), so a validator restart or
 //! a driver upgrade does not add samples; a node that stops being a GPU node and becomes one
@@ -21,14 +21,14 @@
 //! them, or they predate kiln — and the stages they reach later are measured; nodes that join
 //! later are measured in full. A node fully ready at startup gets no Event.
 //!
-//! Per node with a GPU count label, `kiln_node_gpus_expected` ([`crate::node::expected_gpus`]) and
-//! `kiln_node_gpus_allocatable` ([`crate::node::allocatable_gpus`]) are exported; the chart's PrometheusRule
+//! Per node with a GPU count label, `kiln_node_gpus_expected` ([`crate::cluster::node::expected_gpus`]) and
+//! `kiln_node_gpus_allocatable` ([`crate::cluster::node::allocatable_gpus`]) are exported; the chart's PrometheusRule
 //! alerts when the second stays below the first.
 //!
-//! IO: the node watch's events ([`crate::nodes::follow_nodes`] hands on each node's
+//! IO: the node watch's events ([`crate::controllers::policy::nodes::follow_nodes`] hands on each node's
 //! [`NodeFacts`] when they change) and the events of the driver upgrade's watch of the
 //! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
-//! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
+//! [`crate::cluster::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
 //! and only while the pod's node is still reaching its stages: no watch of its own. At rest,
 //! with every GPU node ready, the timeline holds each node's interned name in two sets (57–62
 //! bytes a GPU node at 5,000, `cargo bench -p kiln-operator --bench node_memory`; 596 when it
@@ -39,18 +39,18 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 
-use crate::events::Events;
+use crate::signals::events::Events;
 use kube::runtime::watcher;
 
+use crate::cluster::node::{SlimNode, Sym};
+use crate::cluster::readiness::{PodEvent, SlimPod};
 use crate::memory::shrink_if_sparse;
-use crate::metrics::Metrics;
-pub use crate::metrics::Stage;
-use crate::node::{SlimNode, Sym};
-use crate::readiness::PodEvent;
+use crate::signals::metrics::Metrics;
+pub use crate::signals::metrics::Stage;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
 pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
@@ -75,9 +75,9 @@ pub struct NodeFacts {
     pub gpu: bool,
     /// Whether it carries `nvidia.com/gpu.present=true`.
     pub labelled: bool,
-    /// [`crate::node::expected_gpus`] of its labels.
+    /// [`crate::cluster::node::expected_gpus`] of its labels.
     pub expected: Option<i64>,
-    /// [`crate::node::allocatable_gpus`] of its status.
+    /// [`crate::cluster::node::allocatable_gpus`] of its status.
     pub allocatable: i64,
 }
 
@@ -108,32 +108,15 @@ pub struct ValidatorFacts {
 }
 
 /// Reads [`ValidatorFacts`] from a validator pod; `now` stands in for a missing timestamp.
-pub fn validator_facts(pod: &Pod, now: Timestamp) -> ValidatorFacts {
-    let node = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .unwrap_or_default()
-        .into();
-    let status = pod.status.as_ref();
+pub fn validator_facts(pod: &SlimPod, now: Timestamp) -> ValidatorFacts {
     let finished = |name: &str| {
-        status
-            .and_then(|s| s.init_container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .find(|c| c.name == name)
-            .and_then(|c| c.state.as_ref()?.terminated.as_ref())
-            .filter(|t| t.exit_code == 0)
-            .map(|t| t.finished_at.as_ref().map_or(now, |f| f.0))
+        pod.init_terminated(name)
+            .filter(|(code, _)| *code == 0)
+            .map(|(_, at)| at.map_or(now, |f| f.0))
     };
-    let validated = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready" && c.status == "True")
-        .map(|c| c.last_transition_time.as_ref().map_or(now, |t| t.0));
+    let validated = pod.ready_since().map(|at| at.map_or(now, |t| t.0));
     ValidatorFacts {
-        node,
+        node: pod.node_name().unwrap_or_default().into(),
         // A Ready pod has passed every init container, even when their statuses are gone.
         driver: finished(DRIVER_VALIDATION).or(validated),
         toolkit: finished(TOOLKIT_VALIDATION).or(validated),
@@ -166,9 +149,9 @@ pub enum Update {
     Gpus {
         /// Node name.
         node: Sym,
-        /// [`crate::node::expected_gpus`].
+        /// [`crate::cluster::node::expected_gpus`].
         expected: i64,
-        /// [`crate::node::allocatable_gpus`].
+        /// [`crate::cluster::node::allocatable_gpus`].
         allocatable: i64,
     },
     /// Remove the node's GPU gauges.
@@ -521,8 +504,8 @@ enum Input {
 pub const NODE_EVENTS: usize = 1024;
 
 /// Keep the timeline metrics and Events (see the module docs) from `nodes` (the node watch's
-/// events, [`crate::nodes::NodeWatch::timeline`]) and `pods` (the validator pod watch's events,
-/// [`crate::readiness::PodWatches::tap_matching`]; that watch retries on errors with
+/// events, [`crate::controllers::policy::nodes::NodeWatch::timeline`]) and `pods` (the validator pod watch's events,
+/// [`crate::cluster::readiness::PodWatches::tap_matching`]; that watch retries on errors with
 /// kube-runtime's default backoff). Runs until both end; run it as a task while this replica
 /// leads.
 pub async fn run(
@@ -555,7 +538,7 @@ pub async fn run(
                 watcher::Event::InitApply(p) | watcher::Event::Apply(p) => tracker.pod_on(
                     p.name(),
                     p.node_name().unwrap_or_default(),
-                    || validator_facts(&p.to_pod(), now),
+                    || validator_facts(&p, now),
                     now,
                 ),
                 watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
@@ -692,26 +675,21 @@ mod tests {
                      "state": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:45Z"}}}
                 ]}
         });
-        let full: Pod = serde_json::from_value(json.clone()).unwrap();
         // As the shared validator pod watch holds it.
-        let slim = serde_json::from_value::<crate::readiness::SlimPod>(json)
-            .unwrap()
-            .to_pod();
-        for pod in [full, slim] {
-            let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
-            let f = validator_facts(&pod, now);
-            assert_eq!(f.node, "gpu-node-1");
-            assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
-            assert_eq!(f.toolkit, None, "a failed validation is not ready");
-            assert_eq!(f.validated, None);
-            // A Ready pod has passed every validation.
-            let mut ready = pod.clone();
-            ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
-            ready.status.as_mut().unwrap().init_container_statuses = None;
-            let f = validator_facts(&ready, now);
-            let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
-            assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
-        }
+        let pod: SlimPod = serde_json::from_value(json.clone()).unwrap();
+        let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
+        let f = validator_facts(&pod, now);
+        assert_eq!(f.node, "gpu-node-1");
+        assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
+        assert_eq!(f.toolkit, None, "a failed validation is not ready");
+        assert_eq!(f.validated, None);
+        // A Ready pod has passed every validation.
+        let mut ready = json;
+        ready["status"]["conditions"][0]["status"] = "True".into();
+        ready["status"]["initContainerStatuses"] = serde_json::Value::Null;
+        let f = validator_facts(&serde_json::from_value(ready).unwrap(), now);
+        let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
+        assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
     }
 
     #[test]
