@@ -8,6 +8,18 @@
 //!                                          └─► status (kiln_core::status) + Events on change
 //! ```
 //!
+//! Layers, each importing only those below it (no import circle between modules or folders):
+//!
+//! ```text
+//!   run            starts each part once, in order
+//!   controllers/   policy (ClusterPolicy), driver (NVIDIADriver), upgrade (rolling driver
+//!                  upgrades); policy and driver never import each other
+//!   drift, status  removing other managers' additions; status writes (with their Events)
+//!   signals/       metrics, Events, the per-node readiness timeline
+//!   cluster/       watches, stores, decoders, wake-ups, and the reads of them (view)
+//!   apply, memory, leader, lifecycle, crd, error
+//! ```
+//!
 //! Pure decisions (labels, readiness, singleton, status) live in `kiln-core`; this crate does
 //! the IO. Guarantees:
 //! - a failing state (plugin fault) never blocks later states and keeps its last applied objects;
