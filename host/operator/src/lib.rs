@@ -14,6 +14,7 @@
 //!   run            starts each part once, in order
 //!   controllers/   policy (ClusterPolicy), driver (NVIDIADriver), upgrade (rolling driver
 //!                  upgrades); policy and driver never import each other
+//!   context        the context the ClusterPolicy reconciler and the upgrade loop share
 //!   drift, status  removing other managers' additions; status writes (with their Events)
 //!   signals/       metrics, Events, the per-node readiness timeline
 //!   cluster/       watches, stores, decoders, wake-ups, and the reads of them (view)
@@ -34,6 +35,7 @@
 
 pub mod apply;
 pub mod cluster;
+pub mod context;
 pub mod controllers;
 pub mod crd;
 pub mod drift;
@@ -49,7 +51,7 @@ pub mod status;
 // where they live).
 pub use cluster::{facts, live, node, readiness, store, watch};
 pub use controllers::driver as nvidiadriver;
-pub use controllers::policy::{context, nodes, psa, reconcile};
+pub use controllers::policy::{nodes, psa, reconcile};
 pub use controllers::upgrade;
 pub use controllers::upgrade::eviction;
 pub use signals::{events, metrics, timeline};

@@ -3,12 +3,12 @@
 //! Triggers (no fixed polling at steady state), all read from caches the watches fill (kube
 //! reflector stores; the node and pod stores are [`crate::cluster::store`]'s name-keyed ones):
 //! - the ClusterPolicy itself (any change; one watch fills the policy cache the controller and
-//!   the NVIDIADriver reconciler read, [`crate::controllers::policy::context::Caches::policies`]);
+//!   the NVIDIADriver reconciler read, [`crate::context::Caches::policies`]);
 //! - labelled objects ([`crate::cluster::live`]): a DaemonSet status change re-judges readiness from the
 //!   cache; an object deleted behind kiln's back is re-applied;
 //! - node changes of what the operator reads ([`crate::controllers::policy::nodes::watch_nodes`]: a new GPU node,
 //!   an opt-out label, not GFD's timestamp): that node is labelled, then readiness is judged
-//!   again (a full reconcile only when [`crate::controllers::policy::nodes::NodeFacts`] change);
+//!   again (a full reconcile only when [`crate::cluster::facts::NodeFacts`] change);
 //! - pods of `OnDelete` DaemonSets ([`crate::cluster::readiness::PodWatches`]);
 //! - a ClusterPolicy deleted → every ClusterPolicy (the next oldest becomes active).
 
@@ -20,7 +20,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::{Controller, watcher};
 
-use crate::controllers::policy::context::{Config, Context};
+use crate::context::{Config, Context};
 use crate::controllers::policy::reconcile::{error_policy, reconcile};
 use crate::leader::{self, Elector, LeaseConfig};
 use crate::signals::metrics::{Metrics, MetricsAuth, MetricsAuthorizer, router};

@@ -297,6 +297,31 @@ pub(crate) async fn read_references(
     }
 }
 
+/// The node facts a render depends on (the transform context's runtime and GPU node OS) and
+/// whether any GPU node exists (DaemonSets are applied only then). A node event that changes
+/// them asks for a full reconcile; any other relevant node event only re-judges readiness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Container runtime of the GPU nodes ([`container_runtime`]).
+    pub runtime: ContainerRuntime,
+    /// GPU node OS ([`gpu_node_os`]).
+    pub os: Option<NodeOs>,
+    /// Whether any node carries `nvidia.com/gpu.present=true`.
+    pub any_gpu: bool,
+}
+
+impl NodeFacts {
+    /// The facts of `nodes`.
+    pub fn of(nodes: &[&SlimNode]) -> Self {
+        let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
+        NodeFacts {
+            runtime: container_runtime(&gpu),
+            os: gpu_node_os(&gpu),
+            any_gpu: !gpu.is_empty(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

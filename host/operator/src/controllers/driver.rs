@@ -121,7 +121,7 @@ pub type Fresh = (String, Option<i64>, u64);
 
 /// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
 /// reconcile reads nothing from the API server however many nodes there are). A store not set
-/// (tests) falls back to listing, as [`crate::controllers::policy::context::Caches`] does.
+/// (tests) falls back to listing, as [`crate::context::Caches`] does.
 #[derive(Default)]
 pub struct DriverCaches {
     /// The node store the ClusterPolicy reconciler's node watch fills. It keeps the labels
@@ -132,7 +132,7 @@ pub struct DriverCaches {
     /// The ClusterPolicies (the policy controller's store).
     pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
     /// Every NVIDIADriver: the controller's own store, set by [`run`] (shared with the
-    /// ClusterPolicy reconciler's [`crate::controllers::policy::context::Caches::drivers`]).
+    /// ClusterPolicy reconciler's [`crate::context::Caches::drivers`]).
     pub drivers: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>>,
     /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
     pub pods: Option<Arc<readiness::PodWatches>>,

@@ -1,9 +1,8 @@
-//! The ClusterPolicy reconciler: its shared context and caches ([`context`]), the reconcile
+//! The ClusterPolicy reconciler (its context and caches: [`crate::context`]): the reconcile
 //! ([`reconcile`]), node labelling and the node watch ([`nodes`]) and the pod security
 //! admission hook ([`psa`]), and the hand-off of the driver to NVIDIADriver CRs
 //! ([`handoff`]).
 
-pub mod context;
 pub mod handoff;
 pub mod nodes;
 pub mod psa;

@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
-use kiln_core::context::{ContainerRuntime, NodeOs};
 use kiln_core::labels::{LabelPatch, LabelPolicy, apply_patch, plan_node_labels};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -28,31 +27,6 @@ use crate::cluster::node::{Sym, is_upgrade_key, reads_label};
 use crate::cluster::store::NamedWriter;
 use crate::signals::metrics::Metrics;
 use crate::{Error, Result};
-
-/// The node facts a render depends on (the transform context's runtime and GPU node OS) and
-/// whether any GPU node exists (DaemonSets are applied only then). A node event that changes
-/// them asks for a full reconcile; any other relevant node event only re-judges readiness.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeFacts {
-    /// Container runtime of the GPU nodes ([`crate::cluster::facts::container_runtime`]).
-    pub runtime: ContainerRuntime,
-    /// GPU node OS ([`crate::cluster::facts::gpu_node_os`]).
-    pub os: Option<NodeOs>,
-    /// Whether any node carries `nvidia.com/gpu.present=true`.
-    pub any_gpu: bool,
-}
-
-impl NodeFacts {
-    /// The facts of `nodes`.
-    pub fn of(nodes: &[&SlimNode]) -> Self {
-        let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
-        NodeFacts {
-            runtime: crate::cluster::facts::container_runtime(&gpu),
-            os: crate::cluster::facts::gpu_node_os(&gpu),
-            any_gpu: !gpu.is_empty(),
-        }
-    }
-}
 
 /// GPU node count and NFD presence of `nodes` (for status), nothing patched.
 pub fn summary(nodes: &[&SlimNode]) -> NodeSummary {

@@ -1,5 +1,5 @@
 //! One reconcile of one ClusterPolicy (upstream `gpu-operator.md` §2.2, with kiln's choices).
-//! Every read comes from a cache ([`crate::controllers::policy::context::Caches`]): the ClusterPolicies, the nodes,
+//! Every read comes from a cache ([`crate::context::Caches`]): the ClusterPolicies, the nodes,
 //! the labelled objects and their DaemonSets.
 //!
 //! 1. A non-active policy (not the oldest) gets `ignored` written, naming the active one, and
@@ -34,10 +34,11 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
+use crate::cluster::facts::NodeFacts;
 use crate::cluster::node::SlimNode;
 use crate::cluster::{facts, readiness};
-use crate::controllers::policy::context::{Context, Kept, Last, metadata_digest};
-use crate::controllers::policy::nodes::{NodeFacts, label_nodes};
+use crate::context::{Context, Kept, Last, metadata_digest};
+use crate::controllers::policy::nodes::label_nodes;
 use crate::status::policy_resource;
 use crate::{Error, Result};
 

@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 use crate::cluster::node::SlimNode;
 use crate::cluster::readiness::{PodWatches, SlimPod};
 use crate::cluster::watch::DRIVER_DAEMONSET;
-use crate::controllers::policy::context::Context;
+use crate::context::Context;
 use crate::signals::metrics::{Metrics, UpgradeCensus};
 use crate::{Error, Result, is_not_found};
 use kiln_core::labels::LabelLookup;

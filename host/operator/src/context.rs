@@ -141,7 +141,7 @@ pub struct Last {
     /// live in an annotation, and a metadata change does not bump the generation.
     pub metadata: u64,
     /// The node facts the render used.
-    pub facts: crate::controllers::policy::nodes::NodeFacts,
+    pub facts: crate::cluster::facts::NodeFacts,
     /// Per state, in order.
     pub states: Vec<(State, Kept)>,
     /// The shadowing note for the Ready condition, if any.
