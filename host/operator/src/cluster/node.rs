@@ -328,8 +328,9 @@ impl SlimNode {
         }
     }
 
-    /// The node as a k8s-openapi [`Node`] holding just what this one keeps, for rules that
-    /// take a `Node` (the driver upgrade's node facts).
+    /// The node as a k8s-openapi [`Node`] holding just what this one keeps (what it would
+    /// send back: [`SlimNode::from`] of it is this node again). No rule needs it: the driver
+    /// upgrade reads a `SlimNode` through [`kiln_core::upgrade::UpgradeNode`].
     pub fn to_node(&self) -> Node {
         Node {
             metadata: ObjectMeta {

@@ -430,7 +430,9 @@ pub const POD_PAGE: u32 = 100;
 /// driver pod costs 425 bytes and a validator pod (five init containers) 593, measured by
 /// `cargo bench -p kiln-operator --bench node_memory` (1,361 and 1,572 in kube's `Store` with
 /// an `ObjectMeta` each and labels per pod): these stores hold two pods a GPU node.
-/// [`SlimPod::to_pod`] gives the rules that read a `Pod` one.
+/// The rules read it as it is: [`kiln_core::readiness::PodFacts`] (readiness),
+/// [`kiln_core::upgrade::DriverPod`] (the driver upgrade), [`kiln_core::labels::LabelLookup`]
+/// (selectors); no `Pod` is built from it.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {

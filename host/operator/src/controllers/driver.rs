@@ -29,8 +29,8 @@
 //!
 //! Pure rules are in [`kiln_core::spec::nvidiadriver`]; this module does the IO. The
 //! ClusterPolicy side (its driver DaemonSet deleted with Orphan propagation, its readiness
-//! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
-//! [`crate::controllers::policy::handoff::policy_driver_result`].
+//! including the CRs') is [`kiln_core::plan::hands_off`] with [`crate::apply::orphan`]
+//! and [`crate::controllers::policy::handoff::policy_driver_result`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
