@@ -69,18 +69,9 @@ pub const OS_ID_LABEL: &str = "feature.node.kubernetes.io/system-os_release.ID";
 /// NFD label with the OS version (`22.04`, `9.4`, …).
 pub const OS_VERSION_LABEL: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
 
+/// `NodeOs::from_labels` (reading a node's NFD labels) is defined beside the label rules in
+/// [`crate::labels`], so this module of plain facts imports no rule module.
 impl NodeOs {
-    /// A node's OS from its NFD labels ([`OS_ID_LABEL`], [`OS_VERSION_LABEL`]); `rhel`, `rocky`
-    /// and `ol` keep only the major version (upstream rule). `None` without both labels.
-    pub fn from_labels(labels: &impl crate::labels::LabelLookup) -> Option<NodeOs> {
-        let id = labels.label(OS_ID_LABEL)?.to_string();
-        let mut version_id = labels.label(OS_VERSION_LABEL)?.to_string();
-        if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
-            version_id = version_id.split('.').next().unwrap_or_default().to_string();
-        }
-        Some(NodeOs { id, version_id })
-    }
-
     /// The upstream OS tag appended to driver images: ID + VERSION_ID, e.g. `ubuntu22.04`.
     pub fn tag(&self) -> String {
         format!("{}{}", self.id, self.version_id)

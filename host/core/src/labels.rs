@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::context::{NodeOs, OS_ID_LABEL, OS_VERSION_LABEL};
 use crate::spec::{ClusterPolicySpec, SandboxMode, Workload};
 
 /// Node labels, key → value.
@@ -33,6 +34,20 @@ impl LabelLookup for Labels {
 impl<T: LabelLookup + ?Sized> LabelLookup for &T {
     fn label(&self, key: &str) -> Option<&str> {
         (**self).label(key)
+    }
+}
+
+/// Reading a node's OS facts from its labels (the type is [`crate::context`]'s).
+impl NodeOs {
+    /// A node's OS from its NFD labels ([`OS_ID_LABEL`], [`OS_VERSION_LABEL`]); `rhel`, `rocky`
+    /// and `ol` keep only the major version (upstream rule). `None` without both labels.
+    pub fn from_labels(labels: &impl LabelLookup) -> Option<NodeOs> {
+        let id = labels.label(OS_ID_LABEL)?.to_string();
+        let mut version_id = labels.label(OS_VERSION_LABEL)?.to_string();
+        if matches!(id.as_str(), "rhel" | "rocky" | "ol") {
+            version_id = version_id.split('.').next().unwrap_or_default().to_string();
+        }
+        Some(NodeOs { id, version_id })
     }
 }
 

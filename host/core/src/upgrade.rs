@@ -57,6 +57,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::intstr::IntOrPercent;
+use crate::labels::LabelLookup;
 use crate::spec::{DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec};
 
 /// Node label holding the upgrade state (upstream `nvidia.com/%s-driver-upgrade-state`, driver `gpu`).
@@ -331,38 +332,140 @@ pub struct DriverPodFacts {
 }
 
 impl DriverPodFacts {
-    /// Read from a driver pod, given its DaemonSet's current revision hash and template digest
-    /// (`None` for an orphaned pod).
-    pub fn from_pod(pod: &Pod, desired: Option<(&str, Option<&str>)>) -> DriverPodFacts {
-        let meta = &pod.metadata;
-        let status = pod.status.as_ref();
-        let containers = status
-            .and_then(|s| s.container_statuses.as_deref())
-            .unwrap_or_default();
-        let inits = status
-            .and_then(|s| s.init_container_statuses.as_deref())
-            .unwrap_or_default();
-        let hash = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(REVISION_HASH_LABEL))
-            .map(String::as_str);
-        let digest = pod.spec.as_ref().and_then(config_digest);
+    /// Read from a driver pod (a k8s-openapi [`Pod`] or a caller's compact copy, [`DriverPod`]),
+    /// given its DaemonSet's current revision hash and template digest (`None` for an
+    /// orphaned pod).
+    pub fn from_pod(pod: &impl DriverPod, desired: Option<(&str, Option<&str>)>) -> DriverPodFacts {
+        let hash = pod.label(REVISION_HASH_LABEL);
+        let digest = pod.config_digest();
+        let mut containers = pod.containers().peekable();
+        let has_containers = containers.peek().is_some();
+        let mut all_ready = true;
+        let mut crash_looping = false;
+        for (ready, restarts) in containers {
+            all_ready &= ready;
+            crash_looping |= !ready && restarts > MAX_DRIVER_RESTARTS;
+        }
+        crash_looping |= pod
+            .init_containers()
+            .any(|(ready, restarts)| !ready && restarts > MAX_DRIVER_RESTARTS);
         DriverPodFacts {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
+            namespace: pod.namespace().unwrap_or_default().to_string(),
+            name: pod.name().to_string(),
             orphaned: desired.is_none(),
             current_revision: desired.is_some_and(|(h, _)| hash == Some(h)),
             same_digest: desired.is_some_and(|(_, d)| d.is_some() && digest == d),
-            ready: status.and_then(|s| s.phase.as_deref()) == Some("Running")
-                && !containers.is_empty()
-                && containers.iter().all(|c| c.ready),
-            terminating: meta.deletion_timestamp.is_some(),
-            crash_looping: containers
-                .iter()
-                .chain(inits)
-                .any(|c| !c.ready && c.restart_count > MAX_DRIVER_RESTARTS),
+            ready: pod.phase() == Some("Running") && has_containers && all_ready,
+            terminating: pod.terminating(),
+            crash_looping,
         }
+    }
+}
+
+/// What [`DriverPodFacts::from_pod`] reads of a driver pod: implemented by k8s-openapi's
+/// [`Pod`] and by a caller's compact copy of one (the operator's pod store), so no full `Pod`
+/// is built to judge a node. Labels are read through [`LabelLookup`].
+pub trait DriverPod: LabelLookup {
+    /// `metadata.name` (empty when it has none).
+    fn name(&self) -> &str;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> Option<&str>;
+    /// Whether it has a `metadata.deletionTimestamp`.
+    fn terminating(&self) -> bool;
+    /// `status.phase` (`Running`, …).
+    fn phase(&self) -> Option<&str>;
+    /// The `DRIVER_CONFIG_DIGEST` its spec carries ([`config_digest`]).
+    fn config_digest(&self) -> Option<&str>;
+    /// `(ready, restartCount)` of each `status.containerStatuses` entry.
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)>;
+    /// `(ready, restartCount)` of each `status.initContainerStatuses` entry.
+    fn init_containers(&self) -> impl Iterator<Item = (bool, i32)>;
+}
+
+impl LabelLookup for Pod {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+impl DriverPod for Pod {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+    fn terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref()?.phase.as_deref()
+    }
+    fn config_digest(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(config_digest)
+    }
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> {
+        let s = self.status.as_ref();
+        s.and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (c.ready, c.restart_count))
+    }
+    fn init_containers(&self) -> impl Iterator<Item = (bool, i32)> {
+        let s = self.status.as_ref();
+        s.and_then(|s| s.init_container_statuses.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (c.ready, c.restart_count))
+    }
+}
+
+/// What [`NodeFacts::from_node`] reads of a node: implemented by k8s-openapi's [`Node`] and by
+/// a caller's compact copy of one (the operator's node store), so no full `Node` is built on
+/// an upgrade pass. Labels are read through [`LabelLookup`].
+pub trait UpgradeNode: LabelLookup {
+    /// `metadata.name` (empty when it has none).
+    fn name(&self) -> &str;
+    /// The value of annotation `key` (the driver upgrade's annotations are all it reads).
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// `spec.unschedulable` (absent: `false`).
+    fn unschedulable(&self) -> bool;
+    /// Every `Ready` condition has status `True` (upstream: a node without one counts as
+    /// ready).
+    fn ready(&self) -> bool;
+}
+
+impl LabelLookup for Node {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+impl UpgradeNode for Node {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+    fn unschedulable(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+    }
+    fn ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.type_ == "Ready")
+            .all(|c| c.status == "True")
     }
 }
 
@@ -402,32 +505,23 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
-    /// Read the node's own part (labels, annotations, cordon, Ready); the driver, pods and
-    /// validator are the caller's to fill in.
-    pub fn from_node(node: &Node) -> NodeFacts {
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        let ann = node.metadata.annotations.clone().unwrap_or_default();
-        let secs = |k: &str| ann.get(k).and_then(|v| v.trim().parse::<i64>().ok());
+    /// Read the node's own part (labels, annotations, cordon, Ready) from a k8s-openapi
+    /// [`Node`] or a caller's compact copy ([`UpgradeNode`]); the driver, pods and validator
+    /// are the caller's to fill in.
+    pub fn from_node(node: &impl UpgradeNode) -> NodeFacts {
+        let secs = |k: &str| {
+            node.annotation(k)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+        };
         NodeFacts {
-            name: node.metadata.name.clone().unwrap_or_default(),
-            state: UpgradeState::from_label(labels.get(STATE_LABEL).map(String::as_str)),
-            skip: labels.get(SKIP_LABEL).map(String::as_str) == Some("true"),
-            requested: ann.get(UPGRADE_REQUESTED).map(String::as_str) == Some("true"),
-            safe_load_wait: ann.contains_key(SAFE_LOAD_ANNOTATION),
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-            ready: node
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|c| c.type_ == "Ready")
-                .all(|c| c.status == "True"),
-            initially_unschedulable: ann.contains_key(INITIAL_UNSCHEDULABLE),
+            name: node.name().to_string(),
+            state: UpgradeState::from_label(node.label(STATE_LABEL)),
+            skip: node.label(SKIP_LABEL) == Some("true"),
+            requested: node.annotation(UPGRADE_REQUESTED) == Some("true"),
+            safe_load_wait: node.annotation(SAFE_LOAD_ANNOTATION).is_some(),
+            unschedulable: node.unschedulable(),
+            ready: node.ready(),
+            initially_unschedulable: node.annotation(INITIAL_UNSCHEDULABLE).is_some(),
             wait_start: secs(WAIT_FOR_COMPLETION_START),
             deletion_start: secs(POD_DELETION_START),
             drain_start: secs(DRAIN_START),
@@ -507,15 +601,16 @@ impl Selector {
         self
     }
 
-    /// Whether `labels` satisfy every requirement.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    /// Whether `labels` (the API's map or any [`LabelLookup`]) satisfy every requirement.
+    pub fn matches(&self, labels: &impl LabelLookup) -> bool {
+        let has = |vs: &[String], x: &str| vs.iter().any(|v| v == x);
         self.0.iter().all(|r| match r {
-            Requirement::Eq(k, v) => labels.get(k) == Some(v),
-            Requirement::NotEq(k, v) => labels.get(k) != Some(v),
-            Requirement::In(k, vs) => labels.get(k).is_some_and(|x| vs.contains(x)),
-            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|x| !vs.contains(x)),
-            Requirement::Exists(k) => labels.contains_key(k),
-            Requirement::NotExists(k) => !labels.contains_key(k),
+            Requirement::Eq(k, v) => labels.label(k) == Some(v.as_str()),
+            Requirement::NotEq(k, v) => labels.label(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => labels.label(k).is_some_and(|x| has(vs, x)),
+            Requirement::NotIn(k, vs) => labels.label(k).is_none_or(|x| !has(vs, x)),
+            Requirement::Exists(k) => labels.label(k).is_some(),
+            Requirement::NotExists(k) => labels.label(k).is_none(),
         })
     }
 }

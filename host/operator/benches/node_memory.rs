@@ -291,12 +291,7 @@ fn timeline(nodes: &kiln_operator::store::NamedStore<SlimNode>, n: usize) {
     tracker.end_list(Source::Nodes, now);
     for pod in pods.state() {
         let node = pod.node_name().unwrap_or_default();
-        tracker.pod_on(
-            pod.name(),
-            node,
-            || validator_facts(&pod.to_pod(), now),
-            now,
-        );
+        tracker.pod_on(pod.name(), node, || validator_facts(&pod, now), now);
     }
     tracker.end_list(Source::Pods, now);
     let held = HELD.load(Ordering::Relaxed) - base;

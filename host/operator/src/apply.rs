@@ -4,7 +4,7 @@
 //! last applied and the live object's marker (`metadata.generation` when the kind has one,
 //! else `resourceVersion`). An object whose desired form and live marker are both unchanged is
 //! not applied again, so a reconcile at steady state sends no PATCH. What to delete is decided
-//! from the cluster ([`crate::live`], [`kiln_core::plan::plan`]); [`Applier::delete`] only sends
+//! from the cluster ([`crate::cluster::live`], [`kiln_core::plan::plan`]); [`Applier::delete`] only sends
 //! the request.
 //!
 //! Server-side apply never removes a field another manager added (a sidecar, an env var, a
@@ -13,7 +13,7 @@
 //! [`Applier::correct`] removes it with one JSON patch guarded by the `resourceVersion` it was
 //! computed from. The live object is one the operator holds already, never read for this: the
 //! answer of the apply that just ran, or the DaemonSet cache's copy (whose managed fields are
-//! reduced to the drift, [`crate::live`]) when nothing needed applying. What a correction
+//! reduced to the drift, [`crate::cluster::live`]) when nothing needed applying. What a correction
 //! could not remove (fields the server defaults again, or an admission webhook puts back) is
 //! remembered per object and value, so the operator does not fight over it.
 
@@ -392,6 +392,29 @@ impl Applier {
 
 fn namespaced(caps: &ApiCapabilities) -> bool {
     matches!(caps.scope, Scope::Namespaced)
+}
+
+/// Delete the handed-off DaemonSets `keys` with `propagationPolicy: Orphan`: the DaemonSet
+/// goes, its driver pods stay (upstream: they keep the driver loaded until the NVIDIADriver's
+/// DaemonSet replaces them). Returns how many were deleted by this call.
+///
+/// # Errors
+/// [`Error::Kube`] naming the DaemonSet when a request fails (NotFound is not an error).
+pub async fn orphan(client: &Client, keys: &[ObjKey]) -> Result<u64> {
+    let mut deleted = 0;
+    for key in keys.iter().filter(|k| k.kind == "DaemonSet") {
+        let ns = key.namespace.as_deref().unwrap_or_default();
+        let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), ns);
+        match api.delete(&key.name, &DeleteParams::orphan()).await {
+            Ok(_) => {
+                tracing::info!(object = %key, "deleted, pods orphaned (driver handed to NVIDIADriver)");
+                deleted += 1;
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(Error::kube(format!("delete (orphan) {key}"), e)),
+        }
+    }
+    Ok(deleted)
 }
 
 #[cfg(test)]

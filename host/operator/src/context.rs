@@ -4,22 +4,22 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::node::SlimNode;
+use crate::cluster::node::SlimNode;
 use kiln_core::State;
 use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::DynamicObject;
 use kube::runtime::events::Reporter;
 
-use crate::events::Events;
+use crate::signals::events::Events;
 use kube::runtime::reflector::Store;
 
 use crate::apply::Applier;
-use crate::live::Wake;
-use crate::metrics::Metrics;
+use crate::cluster::live::Wake;
+use crate::cluster::store::NamedStore;
+use crate::signals::metrics::Metrics;
 use crate::status::StatusWriter;
-use crate::store::NamedStore;
 
 /// How the operator runs (from the CLI flags / environment).
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct Config {
     /// Address of the `/metrics`, `/healthz`, `/readyz` server (e.g. `0.0.0.0:8080`).
     pub metrics_addr: String,
     /// Who may read `/metrics` (default: callers the API server authorizes).
-    pub metrics_auth: crate::metrics::MetricsAuth,
+    pub metrics_auth: crate::signals::metrics::MetricsAuth,
     /// Take part in leader election on the Lease `kiln-operator` in [`Config::namespace`].
     pub leader_election: bool,
     /// This replica's identity in the Lease (default: hostname or a random id).
@@ -39,7 +39,7 @@ pub struct Config {
     /// Image overrides for the fallback images, `ENV` → image.
     pub images: Vec<(String, String)>,
     /// How long a driver upgrade waits in `validation-required` for the validator before the
-    /// node is `upgrade-failed` (upstream 600 s; [`crate::upgrade`]).
+    /// node is `upgrade-failed` (upstream 600 s; [`crate::controllers::upgrade`]).
     pub upgrade_validation_timeout: std::time::Duration,
 }
 
@@ -49,22 +49,15 @@ impl Default for Config {
             namespace: "gpu-operator".into(),
             plugins_dir: None,
             metrics_addr: "0.0.0.0:8080".into(),
-            metrics_auth: crate::metrics::MetricsAuth::default(),
+            metrics_auth: crate::signals::metrics::MetricsAuth::default(),
             leader_election: false,
-            identity: default_identity(),
+            identity: crate::leader::default_identity(),
             images: Vec::new(),
             upgrade_validation_timeout: std::time::Duration::from_secs(
                 kiln_core::upgrade::VALIDATION_TIMEOUT_SECONDS.unsigned_abs(),
             ),
         }
     }
-}
-
-/// `$POD_NAME`, else `$HOSTNAME`, else `kiln-<pid>`.
-pub fn default_identity() -> String {
-    std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| format!("kiln-{}", std::process::id()))
 }
 
 /// The cluster handle: the API client, server-side apply (with its discovery cache), the
@@ -81,8 +74,8 @@ pub struct Cluster {
 }
 
 /// The caches reconciles read instead of the API server: the ClusterPolicies (the controller's
-/// store), the nodes (slimmed, [`crate::nodes::watch_nodes`]), the labelled objects
-/// ([`crate::live`]), each state's last render, and what the last full reconcile of each
+/// store), the nodes (slimmed, [`crate::controllers::policy::nodes::watch_nodes`]), the labelled objects
+/// ([`crate::cluster::live`]), each state's last render, and what the last full reconcile of each
 /// policy decided ([`Last`]). Stores not set (tests, before `run` wires them) fall back to
 /// reads from the API server.
 #[derive(Default)]
@@ -91,7 +84,7 @@ pub struct Caches {
     nodes: OnceLock<NamedStore<SlimNode>>,
     /// The labelled objects in the cluster (what kiln applied, found again after a restart);
     /// started by the first reconcile ([`Context::live`]) unless set before.
-    live: tokio::sync::OnceCell<Arc<crate::live::LiveCache>>,
+    live: tokio::sync::OnceCell<Arc<crate::cluster::live::LiveCache>>,
     /// Each state's last render and its inputs (unchanged inputs call no plugin).
     pub renders: crate::memory::RenderCache,
     /// What the last full reconcile of each policy (by name) decided.
@@ -101,21 +94,21 @@ pub struct Caches {
     pub labels: Arc<Mutex<Option<LabelPolicy>>>,
     /// Wakes the controller (a no-op until `run` wires a channel).
     pub wake: Wake,
-    /// When the last reconcile of the active policy started ([`crate::reconcile::RECONCILE_EVERY`]).
+    /// When the last reconcile of the active policy started ([`crate::controllers::policy::reconcile::RECONCILE_EVERY`]).
     pub paced: Mutex<Option<std::time::Instant>>,
     /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
     /// set; else readiness lists them) and of the validator pods (started by `run` with the
     /// readiness timeline's tap).
-    pub pods: OnceLock<Arc<crate::readiness::PodWatches>>,
+    pub pods: OnceLock<Arc<crate::cluster::readiness::PodWatches>>,
     /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
     /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).
-    pub config_maps: OnceLock<Arc<crate::facts::ConfigMapCache>>,
-    /// Every DaemonSet of the operator namespace ([`crate::live::start_daemonsets`], set by
+    pub config_maps: OnceLock<Arc<crate::cluster::facts::ConfigMapCache>>,
+    /// Every DaemonSet of the operator namespace ([`crate::cluster::live::start_daemonsets`], set by
     /// `run` and shared with the NVIDIADriver controller); else the labelled objects' cache
     /// starts that watch itself.
     pub daemonsets: OnceLock<Store<k8s_openapi::api::apps::v1::DaemonSet>>,
     /// The NVIDIADriver CRs (the NVIDIADriver controller's store, shared with
-    /// [`crate::nvidiadriver::DriverCaches::drivers`] and set when that controller starts): a
+    /// [`crate::controllers::driver::DriverCaches::drivers`] and set when that controller starts): a
     /// policy that hands the driver off judges the CRs' readiness from it. Not set (no
     /// NVIDIADriver CRD, tests): listed.
     pub drivers: Arc<OnceLock<Store<kiln_core::spec::nvidiadriver::NVIDIADriver>>>,
@@ -127,7 +120,7 @@ pub enum Kept {
     /// Disabled (its objects deleted).
     Disabled,
     /// Handed to NVIDIADriver CRs (`driver.useNvidiaDriverCRD`): its DaemonSets deleted with
-    /// Orphan propagation; readiness is the CRs' ([`crate::nvidiadriver::policy_driver_result`]).
+    /// Orphan propagation; readiness is the CRs' ([`crate::controllers::policy::handoff::policy_driver_result`]).
     HandedOff,
     /// The chain or an apply failed, with the error text.
     Failed(String),
@@ -148,7 +141,7 @@ pub struct Last {
     /// live in an annotation, and a metadata change does not bump the generation.
     pub metadata: u64,
     /// The node facts the render used.
-    pub facts: crate::nodes::NodeFacts,
+    pub facts: crate::cluster::facts::NodeFacts,
     /// Per state, in order.
     pub states: Vec<(State, Kept)>,
     /// The shadowing note for the Ready condition, if any.
@@ -187,62 +180,6 @@ impl Caches {
     /// The node store, when set.
     pub fn nodes(&self) -> Option<&NamedStore<SlimNode>> {
         self.nodes.get()
-    }
-}
-
-/// Every ClusterPolicy: from `store` when set (the policy controller's), else listed. Used by
-/// the ClusterPolicy and the NVIDIADriver reconcilers alike.
-///
-/// # Errors
-/// [`crate::Error::Kube`] when listing fails (no store only).
-pub async fn policies_from(
-    store: Option<&Store<DynamicObject>>,
-    client: &Client,
-) -> crate::Result<Vec<Arc<DynamicObject>>> {
-    if let Some(store) = store {
-        return Ok(store.state());
-    }
-    Ok(
-        Api::<DynamicObject>::all_with(client.clone(), &crate::status::policy_resource())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| crate::Error::kube("list clusterpolicies", e))?
-            .items
-            .into_iter()
-            .map(Arc::new)
-            .collect(),
-    )
-}
-
-/// The active ClusterPolicy among `all` ([`kiln_core::singleton::active_policy`]: the oldest).
-pub fn active_of(all: &[Arc<DynamicObject>]) -> Option<&Arc<DynamicObject>> {
-    let active = kiln_core::singleton::active_policy(all.iter().map(|p| &p.metadata))?;
-    all.iter()
-        .find(|p| p.metadata.name.as_deref() == Some(active))
-}
-
-/// Every node (slimmed): from `store` when set (waiting at most
-/// [`crate::reconcile::LIVE_READY_LIMIT`] once for its first list), else listed in pages
-/// ([`crate::nodes::list_nodes`]). Used by the ClusterPolicy and the NVIDIADriver reconcilers.
-///
-/// # Errors
-/// [`crate::Error::Kube`] when listing fails (no store only).
-pub async fn nodes_from(
-    store: Option<&NamedStore<SlimNode>>,
-    client: &Client,
-) -> crate::Result<Vec<Arc<SlimNode>>> {
-    match store {
-        Some(store) => {
-            let _ =
-                tokio::time::timeout(crate::reconcile::LIVE_READY_LIMIT, store.wait_until_ready())
-                    .await;
-            Ok(store.state())
-        }
-        None => Ok(crate::nodes::list_nodes(client)
-            .await?
-            .into_iter()
-            .map(Arc::new)
-            .collect()),
     }
 }
 
@@ -303,16 +240,16 @@ impl Context {
 
     /// Use `live` as the cache of labelled objects instead of starting reflectors (tests);
     /// `false` when one is set already.
-    pub fn set_live(&self, live: crate::live::LiveCache) -> bool {
+    pub fn set_live(&self, live: crate::cluster::live::LiveCache) -> bool {
         self.caches.live.set(Arc::new(live)).is_ok()
     }
 
     /// The cache of labelled objects, starting its reflectors on first use
-    /// ([`crate::live::LiveCache::start`]).
+    /// ([`crate::cluster::live::LiveCache::start`]).
     ///
     /// # Errors
     /// [`crate::Error::Kube`] when discovering the watched kinds fails.
-    pub async fn live(&self) -> crate::Result<&crate::live::LiveCache> {
+    pub async fn live(&self) -> crate::Result<&crate::cluster::live::LiveCache> {
         Ok(self.shared_live().await?)
     }
 
@@ -321,11 +258,11 @@ impl Context {
     ///
     /// # Errors
     /// As [`Context::live`].
-    pub async fn shared_live(&self) -> crate::Result<&Arc<crate::live::LiveCache>> {
+    pub async fn shared_live(&self) -> crate::Result<&Arc<crate::cluster::live::LiveCache>> {
         self.caches
             .live
             .get_or_try_init(|| async {
-                crate::live::LiveCache::start(
+                crate::cluster::live::LiveCache::start(
                     &self.client,
                     &self.applier,
                     &self.config.namespace,

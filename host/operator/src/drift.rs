@@ -1,6 +1,6 @@
 //! Removing additive drift from an object a controller applied, and the Event naming what went:
-//! one rule for both controllers (the ClusterPolicy's states, [`crate::reconcile`], and each
-//! NVIDIADriver's objects, [`crate::nvidiadriver`]).
+//! one rule for both controllers (the ClusterPolicy's states, [`crate::controllers::policy::reconcile`], and each
+//! NVIDIADriver's objects, [`crate::controllers::driver`]).
 //!
 //! ```text
 //! live object kiln holds (apply answer, or the DaemonSet cache's copy)
@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The live object is never read for this ([`crate::apply`]'s module docs): [`held`] makes it
-//! from an apply's answer, [`crate::live::foreign_of`] from a cached DaemonSet.
+//! from an apply's answer, [`crate::cluster::live::foreign_of`] from a cached DaemonSet.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use crate::Result;
 use crate::apply::{Applier, ObjKey};
-use crate::events::Events;
-use crate::metrics::Metrics;
+use crate::signals::events::Events;
+use crate::signals::metrics::Metrics;
 
 /// The longest note of a `DriftRemoved` Event, in bytes (the API server refuses notes over
 /// 1 KiB).

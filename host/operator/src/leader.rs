@@ -34,6 +34,13 @@ use tokio::time::Instant;
 
 use crate::{Error, Result};
 
+/// `$POD_NAME`, else `$HOSTNAME`, else `kiln-<pid>`.
+pub fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("kiln-{}", std::process::id()))
+}
+
 /// Lease settings.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {

@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kiln_core::spec::{ClusterPolicy, ClusterPolicyStatus};
+use kiln_core::spec::ClusterPolicyStatus;
 use kiln_core::status::{Verdict, make_status, needs_write, transition};
+use kube::api::DynamicObject;
 use kube::api::{Api, Patch, PatchParams};
-use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 
+pub use crate::cluster::watch::policy_resource;
 use crate::{Error, Result};
 
 /// Kubernetes caps an Event note at 1 KiB.
@@ -26,7 +27,7 @@ const CONDITION_MESSAGE_LIMIT: usize = 16 << 10;
 /// the status this writer wrote last (the cache may not have seen that write yet).
 pub struct StatusWriter {
     client: Client,
-    recorder: crate::events::Events,
+    recorder: crate::signals::events::Events,
     namespace: String,
     /// Per policy name: `resourceVersion` after our last write, and what was written.
     written: Mutex<HashMap<String, (String, ClusterPolicyStatus)>>,
@@ -48,14 +49,6 @@ fn later(a: Option<&str>, b: &str) -> bool {
     }
 }
 
-/// The ClusterPolicy API resource (`nvidia.com/v1`, `clusterpolicies`). The controller
-/// watches policies as [`DynamicObject`]s: their exact JSON is what [`kiln_render::Policy`]
-/// parses and checks (a typed copy serializes defaults the CRD's schema refuses), and a policy
-/// the typed spec cannot hold still gets a status naming its fault.
-pub fn policy_resource() -> ApiResource {
-    ApiResource::erase::<ClusterPolicy>(&())
-}
-
 /// The status a policy object carries (`None` when absent or not a ClusterPolicy status).
 pub fn status_of(policy: &DynamicObject) -> Option<ClusterPolicyStatus> {
     policy
@@ -67,7 +60,7 @@ pub fn status_of(policy: &DynamicObject) -> Option<ClusterPolicyStatus> {
 impl StatusWriter {
     /// A writer over `client`, publishing Events through `recorder`; `namespace` is the
     /// operator namespace (written into the status).
-    pub fn new(client: Client, recorder: crate::events::Events, namespace: &str) -> Self {
+    pub fn new(client: Client, recorder: crate::signals::events::Events, namespace: &str) -> Self {
         StatusWriter {
             client,
             recorder,

@@ -1,5 +1,5 @@
 //! The operator's copy of a Node ([`SlimNode`], the node store's type,
-//! [`crate::store::NamedStore`]): decoded straight from the API server's JSON into what the
+//! [`crate::cluster::store::NamedStore`]): decoded straight from the API server's JSON into what the
 //! operator reads ([`WatchedNode`] is the watch's type), with label keys and values interned
 //! and each distinct label set held once ([`InternedLabels`]: the nodes of a pool share one),
 //! so a 5,000-node store holds 1.8 MiB (376 bytes a node with 28 labels, `cargo bench -p
@@ -9,7 +9,7 @@
 //!
 //! | kept | read by |
 //! |---|---|
-//! | name, uid, `resourceVersion`, `creationTimestamp` | everything; the driver upgrade's read-your-writes; the readiness timeline ([`crate::timeline`]) |
+//! | name, uid, `resourceVersion`, `creationTimestamp` | everything; the driver upgrade's read-your-writes; the readiness timeline ([`crate::signals::timeline`]) |
 //! | the GPUs GFD's labels promise, the allocatable GPUs (two numbers) | the timeline's gauges |
 //! | labels, except `nvidia.com/*` labels kiln does not read ([`kept_label`]) | labelling, readiness coverage (a DaemonSet's `nodeSelector` may name any non-NVIDIA label), the driver upgrade |
 //! | `nvidia.com/gpu-driver-upgrade*` annotations | the driver upgrade |
@@ -30,7 +30,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kiln_core::labels::{LabelLookup, Labels, has_gpu_pci_labels, has_nfd_labels, is_gpu_node};
 use serde::Deserialize;
 
-use crate::nodes::{is_upgrade_key, reads_label};
+use kiln_core::labels::{
+    DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, MIG_CAPABLE, MIG_CONFIG, NFD_PREFIX,
+    VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG,
+};
 
 /// An interned string: one allocation per distinct text, shared by every node holding it
 /// (freed when the last holder drops it).
@@ -46,6 +49,78 @@ pub fn sym(s: Option<String>) -> Option<Sym> {
 /// DaemonSet's `nodeSelector` may name any of them; readiness counts the nodes it matches).
 pub fn kept_label(key: &str) -> bool {
     reads_label(key) || is_upgrade_key(key) || !key.starts_with("nvidia.com/")
+}
+
+/// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,
+/// requested, start times; [`kiln_core::upgrade`]), kept by [`SlimNode`] for the upgrade loop.
+pub fn is_upgrade_key(key: &str) -> bool {
+    key.starts_with("nvidia.com/gpu-driver-upgrade")
+}
+
+/// Whether the operator reads node label `key`: NFD labels (GPU PCI presence, OS and kernel
+/// facts), `nvidia.com/gpu.present`, the deploy/opt-out labels, the workload config, MIG
+/// capability and config, the GPU product and the vGPU host driver version. Everything else —
+/// GFD's `nvidia.com/gfd.timestamp` (rewritten every minute), its counts, memory and CUDA
+/// labels — changes nothing the operator decides.
+pub fn reads_label(key: &str) -> bool {
+    key.starts_with(NFD_PREFIX)
+        || key.starts_with(DEPLOY_PREFIX)
+        || [
+            GPU_PRESENT,
+            WORKLOAD_CONFIG,
+            MIG_CAPABLE,
+            MIG_CONFIG,
+            GPU_PRODUCT,
+            VGPU_HOST_DRIVER_VERSION,
+        ]
+        .contains(&key)
+}
+
+/// GFD's label: physical GPUs of the node's model (MIG devices with the `single` strategy).
+pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
+/// GFD's label: replicas per GPU (1 without sharing, 0 for MIG-enabled GPUs).
+pub const GPU_REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
+
+/// The GPUs a node should offer by its GFD labels: `nvidia.com/gpu.count` ×
+/// `nvidia.com/gpu.replicas` (replicas default 1), plus for each MIG profile of the `mixed`
+/// strategy `nvidia.com/mig-<profile>.count` × `nvidia.com/mig-<profile>.replicas`. `None` when
+/// the node has none of these count labels (GFD has not labelled it), or a count is not a
+/// number. Time-slicing and MPS replicas multiply (each replica is one allocatable unit).
+pub fn expected_gpus(labels: &BTreeMap<String, String>) -> Option<i64> {
+    let num = |key: &str| labels.get(key).map(|v| v.trim().parse::<i64>().ok());
+    let mut total: Option<i64> = None;
+    let mut add = |count: Option<Option<i64>>, replicas: Option<Option<i64>>| -> Option<()> {
+        let Some(count) = count else { return Some(()) };
+        let replicas = replicas.unwrap_or(Some(1))?;
+        *total.get_or_insert(0) += count?.max(0) * replicas.max(0);
+        Some(())
+    };
+    add(num(GPU_COUNT_LABEL), num(GPU_REPLICAS_LABEL))?;
+    for key in labels.keys() {
+        if let Some(profile) = key
+            .strip_prefix("nvidia.com/mig-")
+            .and_then(|k| k.strip_suffix(".count"))
+        {
+            let replicas = num(&format!("nvidia.com/mig-{profile}.replicas"));
+            add(num(key), replicas)?;
+        }
+    }
+    total
+}
+
+/// Allocatable GPU units of a node: the sum of `nvidia.com/gpu`, `nvidia.com/gpu.shared` (the
+/// renamed time-sliced resource) and every `nvidia.com/mig-*` resource. Values that are not
+/// plain integers count 0.
+pub fn allocatable_gpus(allocatable: &BTreeMap<String, Quantity>) -> i64 {
+    allocatable
+        .iter()
+        .filter(|(k, _)| {
+            *k == "nvidia.com/gpu"
+                || *k == "nvidia.com/gpu.shared"
+                || k.starts_with("nvidia.com/mig-")
+        })
+        .filter_map(|(_, q)| q.0.trim().parse::<i64>().ok())
+        .sum()
 }
 
 /// The label every node carries with a value of its own (its name, mostly): kept beside a
@@ -148,7 +223,7 @@ impl LabelLookup for InternedLabels {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(from = "WireNode")]
 pub struct SlimNode {
-    /// `metadata.name` (also its key in the node store, [`crate::store::NamedStore`]).
+    /// `metadata.name` (also its key in the node store, [`crate::cluster::store::NamedStore`]).
     name: Arc<str>,
     uid: Option<Box<str>>,
     resource_version: Option<Box<str>>,
@@ -156,9 +231,9 @@ pub struct SlimNode {
     /// The driver-upgrade annotations ([`is_upgrade_key`]; `None` when it has none).
     upgrade_annotations: Option<BTreeMap<String, String>>,
     labels: InternedLabels,
-    /// [`crate::timeline::expected_gpus`] of all its labels (GFD's counts are not kept).
+    /// [`expected_gpus`] of all its labels (GFD's counts are not kept).
     expected_gpus: Option<i64>,
-    /// [`crate::timeline::allocatable_gpus`] of `status.allocatable`.
+    /// [`allocatable_gpus`] of `status.allocatable`.
     allocatable_gpus: i64,
     runtime: Option<Sym>,
     unschedulable: Option<bool>,
@@ -185,12 +260,12 @@ impl SlimNode {
         self.created.as_ref()
     }
 
-    /// The GPUs its GFD labels promise ([`crate::timeline::expected_gpus`]).
+    /// The GPUs its GFD labels promise ([`expected_gpus`]).
     pub fn expected_gpus(&self) -> Option<i64> {
         self.expected_gpus
     }
 
-    /// Its allocatable GPU units ([`crate::timeline::allocatable_gpus`]).
+    /// Its allocatable GPU units ([`allocatable_gpus`]).
     pub fn allocatable_gpus(&self) -> i64 {
         self.allocatable_gpus
     }
@@ -253,8 +328,9 @@ impl SlimNode {
         }
     }
 
-    /// The node as a k8s-openapi [`Node`] holding just what this one keeps, for rules that
-    /// take a `Node` (the driver upgrade's node facts).
+    /// The node as a k8s-openapi [`Node`] holding just what this one keeps (what it would
+    /// send back: [`SlimNode::from`] of it is this node again). No rule needs it: the driver
+    /// upgrade reads a `SlimNode` through [`kiln_core::upgrade::UpgradeNode`].
     pub fn to_node(&self) -> Node {
         Node {
             metadata: ObjectMeta {
@@ -285,6 +361,32 @@ impl SlimNode {
                 ..NodeStatus::default()
             }),
         }
+    }
+}
+
+/// The driver upgrade reads the store's copy as it is ([`kiln_core::upgrade::NodeFacts::from_node`]).
+impl LabelLookup for SlimNode {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.label(key)
+    }
+}
+
+/// What the driver upgrade reads of a node, from the store's copy (no `Node` is built).
+impl kiln_core::upgrade::UpgradeNode for SlimNode {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.upgrade_annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+    fn unschedulable(&self) -> bool {
+        self.unschedulable.unwrap_or(false)
+    }
+    fn ready(&self) -> bool {
+        self.ready.as_deref().is_none_or(|s| s == "True")
     }
 }
 
@@ -326,17 +428,17 @@ impl From<Node> for SlimNode {
     }
 }
 
-/// A Node as the node watch decodes it ([`crate::store::Watched`]).
-pub type WatchedNode = crate::store::Watched<SlimNode>;
+/// A Node as the node watch decodes it ([`crate::cluster::store::Watched`]).
+pub type WatchedNode = crate::cluster::store::Watched<SlimNode>;
 
-impl crate::store::WatchedKind for SlimNode {
+impl crate::cluster::store::WatchedKind for SlimNode {
     type Raw = WireNode;
     type Scope = k8s_openapi::ClusterResourceScope;
     const KIND: &'static str = "Node";
     const PLURAL: &'static str = "nodes";
 
-    fn split(w: WireNode) -> (crate::store::Identity, SlimNode) {
-        let id = crate::store::Identity {
+    fn split(w: WireNode) -> (crate::cluster::store::Identity, SlimNode) {
+        let id = crate::cluster::store::Identity {
             name: w.metadata.name.clone(),
             namespace: None,
             resource_version: w.metadata.resource_version.clone(),
@@ -345,7 +447,7 @@ impl crate::store::WatchedKind for SlimNode {
     }
 }
 
-impl crate::store::Keyed for SlimNode {
+impl crate::cluster::store::Keyed for SlimNode {
     fn key(&self) -> Arc<str> {
         self.name.clone()
     }
@@ -415,12 +517,8 @@ impl From<WireNode> for SlimNode {
             resource_version: w.metadata.resource_version.map(String::into_boxed_str),
             created: w.metadata.creation_timestamp,
             upgrade_annotations: (!annotations.is_empty()).then_some(annotations),
-            expected_gpus: crate::timeline::expected_gpus(&labels),
-            allocatable_gpus: w
-                .status
-                .allocatable
-                .as_ref()
-                .map_or(0, crate::timeline::allocatable_gpus),
+            expected_gpus: expected_gpus(&labels),
+            allocatable_gpus: w.status.allocatable.as_ref().map_or(0, allocatable_gpus),
             gpu: is_gpu_node(&labels),
             pci_gpu: has_gpu_pci_labels(&labels),
             nfd: has_nfd_labels(&labels),
@@ -441,6 +539,65 @@ impl From<WireNode> for SlimNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn expected_gpus_from_gfd_labels() {
+        assert_eq!(expected_gpus(&labels(&[])), None);
+        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "8")])), Some(8));
+        // Time-slicing: 4 GPUs × 10 replicas = 40 allocatable units.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "4"),
+                (GPU_REPLICAS_LABEL, "10")
+            ])),
+            Some(40)
+        );
+        // MIG-enabled GPUs in the full-GPU labeler: replicas 0.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "2"),
+                (GPU_REPLICAS_LABEL, "0")
+            ])),
+            Some(0)
+        );
+        // mixed: full GPUs plus each profile's devices.
+        assert_eq!(
+            expected_gpus(&labels(&[
+                (GPU_COUNT_LABEL, "1"),
+                ("nvidia.com/mig-1g.10gb.count", "7"),
+                ("nvidia.com/mig-3g.40gb.count", "2"),
+                ("nvidia.com/mig-3g.40gb.replicas", "2"),
+                ("nvidia.com/mig-1g.10gb.memory", "9856"),
+            ])),
+            Some(1 + 7 + 4)
+        );
+        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "many")])), None);
+    }
+
+    #[test]
+    fn allocatable_sums_gpu_shared_and_mig() {
+        let q = |v: &str| Quantity(v.into());
+        let a: BTreeMap<String, Quantity> = [
+            ("cpu", q("32")),
+            ("nvidia.com/gpu", q("2")),
+            ("nvidia.com/gpu.shared", q("8")),
+            ("nvidia.com/mig-1g.10gb", q("7")),
+            ("nvidia.com/gpu.memory", q("100")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(allocatable_gpus(&a), 17);
+        assert_eq!(allocatable_gpus(&BTreeMap::new()), 0);
+    }
+
     use serde_json::json;
 
     fn wire() -> serde_json::Value {

@@ -24,6 +24,8 @@
 
 use std::time::Duration;
 
+use kiln_core::spec::ClusterPolicy;
+use kube::api::ApiResource;
 use kube::runtime::watcher;
 
 /// Server-side lifetime of each watch kiln opens, in seconds (`timeoutSeconds`): 3,600, so an
@@ -36,6 +38,22 @@ pub const WATCH_TIMEOUT_S: u32 = 3600;
 /// awaits a response (a watch gets a bookmark about every 60 s) fails the request, and the
 /// watcher reconnects.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(295);
+
+/// How long a reconcile waits for the caches of labelled objects to list once; past it, the
+/// reconcile goes on with what they hold (deleting less, never more).
+pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
+
+/// The ClusterPolicy's driver DaemonSet (assets/state-driver): the one DaemonSet whose pod
+/// template the shared DaemonSet watch keeps ([`crate::cluster::live`]) and the driver upgrade rolls.
+pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
+
+/// The ClusterPolicy API resource (`nvidia.com/v1`, `clusterpolicies`). The controller
+/// watches policies as [`kube::api::DynamicObject`]s: their exact JSON is what [`kiln_render::Policy`]
+/// parses and checks (a typed copy serializes defaults the CRD's schema refuses), and a policy
+/// the typed spec cannot hold still gets a status naming its fault.
+pub fn policy_resource() -> ApiResource {
+    ApiResource::erase::<ClusterPolicy>(&())
+}
 
 /// The base watcher configuration of every watch kiln opens (label and field selectors are
 /// added by the caller): kube-runtime's defaults (bookmarks on, pages of 500) with a

@@ -1,5 +1,5 @@
 //! DaemonSet readiness: judge a DaemonSet (from the store of the namespace's shared DaemonSet
-//! watch, [`crate::live::start_daemonsets`]) with [`kiln_core::readiness::daemonset_readiness`];
+//! watch, [`crate::cluster::live::start_daemonsets`]) with [`kiln_core::readiness::daemonset_readiness`];
 //! a DaemonSet ready by upstream's rules is still not ready while it covers fewer nodes than its
 //! selector matches ([`kiln_core::plan::uncovered_nodes`]). `OnDelete` DaemonSets also need
 //! their pods and ControllerRevisions: from watches on the DaemonSet's selector ([`PodWatches`],
@@ -8,10 +8,6 @@
 //! upgrade loop only and feeds the readiness timeline ([`PodWatches::tap_matching`]).
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod,
-    PodCondition, PodSpec, PodStatus,
-};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +23,8 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::live::Wake;
-use crate::node::{InternedLabels, Sym, sym};
+use crate::cluster::live::Wake;
+use crate::cluster::node::{InternedLabels, Sym, sym};
 use crate::{Error, Result};
 
 /// How long a first readiness check of an `OnDelete` DaemonSet waits for its new pod and
@@ -145,9 +141,12 @@ fn spawn_revision_watch(
 ) -> (Store<ControllerRevision>, tokio::task::JoinHandle<()>) {
     let writer = reflector::store::Writer::<ControllerRevision>::default();
     let store = writer.as_reader();
-    let stream = watcher(api, crate::watch::config().labels(&signals.selector))
-        .default_backoff()
-        .modify(|o: &mut ControllerRevision| *o = slim_revision(std::mem::take(o)));
+    let stream = watcher(
+        api,
+        crate::cluster::watch::config().labels(&signals.selector),
+    )
+    .default_backoff()
+    .modify(|o: &mut ControllerRevision| *o = slim_revision(std::mem::take(o)));
     let task = tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
         signals.seen(&ev);
         futures::future::ready(())
@@ -165,9 +164,13 @@ fn spawn_pod_watch(
 ) -> (PodStore, tokio::task::JoinHandle<()>) {
     let mut writer = PodStoreWriter::default();
     let store = writer.as_reader();
-    let stream = watcher(api, crate::watch::config().labels(&signals.selector)).default_backoff();
+    let stream = watcher(
+        api,
+        crate::cluster::watch::config().labels(&signals.selector),
+    )
+    .default_backoff();
     let task = tokio::spawn(stream.for_each(move |ev| {
-        let ev = ev.map(|ev| crate::store::map_event(ev, |p| Arc::new(p.object)));
+        let ev = ev.map(|ev| crate::cluster::store::map_event(ev, |p| Arc::new(p.object)));
         if let Ok(ev) = &ev {
             writer.apply(ev);
             if let Some(tap) = &mut tap {
@@ -414,7 +417,7 @@ pub const POD_PAGE: u32 = 100;
 /// A pod as the operator's pod stores hold it ([`PodWatches`], [`PodStore`]): what the
 /// `OnDelete` rule and the driver upgrade read ([`kiln_core::readiness::daemonset_readiness`],
 /// [`kiln_core::upgrade::DriverPodFacts`], the validator's readiness) and the readiness
-/// timeline ([`crate::timeline::validator_facts`]), and nothing else — name, namespace, labels,
+/// timeline ([`crate::signals::timeline::validator_facts`]), and nothing else — name, namespace, labels,
 /// owner references, deletion timestamp, the node it is bound to, its `DRIVER_CONFIG_DIGEST`,
 /// phase, the `Ready` condition with its transition time and each container's name, ready
 /// flag, restart count and, when it terminated, exit code and finish time.
@@ -427,7 +430,9 @@ pub const POD_PAGE: u32 = 100;
 /// driver pod costs 425 bytes and a validator pod (five init containers) 593, measured by
 /// `cargo bench -p kiln-operator --bench node_memory` (1,361 and 1,572 in kube's `Store` with
 /// an `ObjectMeta` each and labels per pod): these stores hold two pods a GPU node.
-/// [`SlimPod::to_pod`] gives the rules that read a `Pod` one.
+/// The rules read it as it is: [`kiln_core::readiness::PodFacts`] (readiness),
+/// [`kiln_core::upgrade::DriverPod`] (the driver upgrade), [`kiln_core::labels::LabelLookup`]
+/// (selectors); no `Pod` is built from it.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {
@@ -476,17 +481,17 @@ struct SlimContainerStatus {
     terminated: Option<(i32, Option<Time>)>,
 }
 
-/// A pod as the pod watches decode it ([`crate::store::Watched`]).
-pub type WirePod = crate::store::Watched<SlimPod>;
+/// A pod as the pod watches decode it ([`crate::cluster::store::Watched`]).
+pub type WirePod = crate::cluster::store::Watched<SlimPod>;
 
-impl crate::store::WatchedKind for SlimPod {
+impl crate::cluster::store::WatchedKind for SlimPod {
     type Raw = RawPod;
     type Scope = k8s_openapi::NamespaceResourceScope;
     const KIND: &'static str = "Pod";
     const PLURAL: &'static str = "pods";
 
-    fn split(p: RawPod) -> (crate::store::Identity, SlimPod) {
-        let id = crate::store::Identity {
+    fn split(p: RawPod) -> (crate::cluster::store::Identity, SlimPod) {
+        let id = crate::cluster::store::Identity {
             name: p.metadata.name.clone(),
             namespace: p.metadata.namespace.clone(),
             resource_version: p.metadata.resource_version.clone(),
@@ -605,6 +610,40 @@ impl kiln_core::readiness::PodFacts for SlimPod {
     }
 }
 
+/// Labels of a watched pod (selectors match them as they are).
+impl kiln_core::labels::LabelLookup for SlimPod {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.label(key)
+    }
+}
+
+/// What the driver upgrade reads of a driver pod, from the store's copy (no `Pod` is built).
+impl kiln_core::upgrade::DriverPod for SlimPod {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+    fn terminating(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+    fn phase(&self) -> Option<&str> {
+        self.phase.as_deref()
+    }
+    fn config_digest(&self) -> Option<&str> {
+        self.digest.as_deref()
+    }
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> {
+        self.containers.iter().map(|c| (c.ready, c.restart_count))
+    }
+    fn init_containers(&self) -> impl Iterator<Item = (bool, i32)> {
+        self.init_containers
+            .iter()
+            .map(|c| (c.ready, c.restart_count))
+    }
+}
+
 fn slim_statuses(v: Option<Vec<WireContainerStatus>>) -> Box<[SlimContainerStatus]> {
     v.into_iter()
         .flatten()
@@ -690,97 +729,52 @@ impl SlimPod {
         self.deletion_timestamp.is_some()
     }
 
-    /// The pod the rules read: this one's fields in a `Pod` (the digest as the environment of
-    /// one container; container statuses without images, their state only when terminated).
-    pub fn to_pod(&self) -> Pod {
-        let statuses = |v: &[SlimContainerStatus]| {
-            (!v.is_empty()).then(|| {
-                v.iter()
-                    .map(|c| ContainerStatus {
-                        name: c.name.to_string(),
-                        ready: c.ready,
-                        restart_count: c.restart_count,
-                        state: c.terminated.as_ref().map(|(code, at)| ContainerState {
-                            terminated: Some(ContainerStateTerminated {
-                                exit_code: *code,
-                                finished_at: at.clone(),
-                                ..ContainerStateTerminated::default()
-                            }),
-                            ..ContainerState::default()
-                        }),
-                        ..ContainerStatus::default()
-                    })
-                    .collect()
-            })
-        };
-        let containers = self
-            .digest
+    /// Whether one of its owner references has uid `uid`.
+    pub fn owned_by(&self, uid: &str) -> bool {
+        self.owners.iter().any(|o| &*o.uid == uid)
+    }
+
+    /// Whether it has no owner reference.
+    pub fn has_owners(&self) -> bool {
+        !self.owners.is_empty()
+    }
+
+    /// Not terminating, `Running`, and its `Ready` condition `True`.
+    pub fn is_ready(&self) -> bool {
+        self.deletion_timestamp.is_none()
+            && self.phase.as_deref() == Some("Running")
+            && self.ready.as_ref().is_some_and(|c| &*c.status == "True")
+    }
+
+    /// The `Ready` condition's `lastTransitionTime` when its status is `True`.
+    pub fn ready_since(&self) -> Option<Option<&Time>> {
+        self.ready
             .as_ref()
-            .map(|d| {
-                vec![Container {
-                    env: Some(vec![EnvVar {
-                        name: kiln_core::driver_digest::ENV.to_string(),
-                        value: Some(d.to_string()),
-                        ..EnvVar::default()
-                    }]),
-                    ..Container::default()
-                }]
-            })
-            .unwrap_or_default();
-        let owners = self
-            .owners
+            .filter(|c| &*c.status == "True")
+            .map(|c| c.last_transition_time.as_ref())
+    }
+
+    /// The exit code and finish time of init container `name`, once it terminated.
+    pub fn init_terminated(&self, name: &str) -> Option<(i32, Option<&Time>)> {
+        self.init_containers
             .iter()
-            .map(|o| OwnerReference {
-                api_version: o.api_version.to_string(),
-                kind: o.kind.to_string(),
-                name: o.name.to_string(),
-                uid: o.uid.to_string(),
-                controller: o.controller,
-                block_owner_deletion: o.block_owner_deletion,
-            })
-            .collect::<Vec<_>>();
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(self.name.to_string()),
-                namespace: self.namespace.as_ref().map(|n| n.to_string()),
-                deletion_timestamp: self.deletion_timestamp.clone(),
-                labels: (!self.labels.is_empty()).then(|| self.labels.to_map()),
-                owner_references: (!owners.is_empty()).then_some(owners),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: self.node_name.as_ref().map(|n| n.to_string()),
-                containers,
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: self.phase.as_ref().map(|p| p.to_string()),
-                conditions: self.ready.as_ref().map(|c| {
-                    vec![PodCondition {
-                        type_: "Ready".to_string(),
-                        status: c.status.to_string(),
-                        last_transition_time: c.last_transition_time.clone(),
-                        ..PodCondition::default()
-                    }]
-                }),
-                container_statuses: statuses(&self.containers),
-                init_container_statuses: statuses(&self.init_containers),
-                ..PodStatus::default()
-            }),
-        }
+            .find(|c| &*c.name == name)?
+            .terminated
+            .as_ref()
+            .map(|(code, at)| (*code, at.as_ref()))
     }
 }
 
 /// A pod watch event as [`PodStore`] and a watch's tap see it.
 pub type PodEvent = watcher::Event<Arc<SlimPod>>;
 
-/// The pods of one pod watch, by name ([`crate::store`]: why not kube's `Store`).
-pub type PodStore = crate::store::NamedStore<SlimPod>;
+/// The pods of one pod watch, by name ([`crate::cluster::store`]: why not kube's `Store`).
+pub type PodStore = crate::cluster::store::NamedStore<SlimPod>;
 
 /// Applies a pod watch's events to its [`PodStore`].
-pub type PodStoreWriter = crate::store::NamedWriter<SlimPod>;
+pub type PodStoreWriter = crate::cluster::store::NamedWriter<SlimPod>;
 
-impl crate::store::Keyed for SlimPod {
+impl crate::cluster::store::Keyed for SlimPod {
     fn key(&self) -> Arc<str> {
         self.name.clone()
     }
@@ -820,6 +814,7 @@ pub fn as_daemonset(name: &str, live: &DynamicObject) -> Result<DaemonSet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use kiln_core::upgrade::DriverPodFacts;
 
     /// A client whose API server lists one validator pod and refuses every watch (the
@@ -947,36 +942,24 @@ mod tests {
         let full: Pod = serde_json::from_value(driver_pod()).unwrap();
         let slim: SlimPod = serde_json::from_value(driver_pod()).unwrap();
         assert_eq!(slim.digest.as_deref(), Some("3379408550"));
-        let pod = slim.to_pod();
         for desired in [
             Some(("abc", Some("3379408550"))),
             Some(("new", Some("1"))),
             None,
         ] {
             assert_eq!(
-                DriverPodFacts::from_pod(&pod, desired),
+                DriverPodFacts::from_pod(&slim, desired),
                 DriverPodFacts::from_pod(&full, desired)
             );
         }
-        let facts = DriverPodFacts::from_pod(&pod, Some(("abc", Some("3379408550"))));
+        let facts = DriverPodFacts::from_pod(&slim, Some(("abc", Some("3379408550"))));
         assert!(facts.current_revision && facts.same_digest && facts.crash_looping && !facts.ready);
+        assert_eq!(slim.node_name(), Some("gpu-node-1"));
+        assert!(slim.is_ready(), "Running with Ready=True");
+        assert!(slim.owned_by("ds1") && slim.has_owners());
         assert_eq!(
-            pod.spec.as_ref().unwrap().node_name.as_deref(),
-            Some("gpu-node-1")
-        );
-        let conditions = pod.status.as_ref().unwrap().conditions.as_ref().unwrap();
-        assert_eq!(conditions.len(), 1);
-        assert_eq!(
-            (conditions[0].type_.as_str(), conditions[0].status.as_str()),
-            ("Ready", "True")
-        );
-        assert_eq!(
-            pod.metadata.owner_references.as_ref().unwrap()[0].uid,
-            "ds1"
-        );
-        assert_eq!(
-            pod.metadata.labels.as_ref().unwrap()["controller-revision-hash"],
-            "abc"
+            kiln_core::labels::LabelLookup::label(&slim, "controller-revision-hash"),
+            Some("abc")
         );
     }
 

@@ -23,8 +23,8 @@
 //! | `kiln_plugin_call_duration_seconds` | histogram | `state` (time of the state's plugin chain) |
 //! | `kiln_writes_total` | counter | `kind` (`apply`, `delete`, `drift`, `label`, `status`) |
 //! | `kiln_leader` | gauge | – (1 while this replica leads; always 1 without leader election) |
-//! | `kiln_node_ready_seconds` | histogram | `stage` ([`crate::timeline::Stage`]): seconds from a GPU node's `creationTimestamp` to the stage |
-//! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::timeline::expected_gpus`] |
+//! | `kiln_node_ready_seconds` | histogram | `stage` ([`Stage`]): seconds from a GPU node's `creationTimestamp` to the stage |
+//! | `kiln_node_gpus_expected` | gauge | `node`: `nvidia.com/gpu.count` × `nvidia.com/gpu.replicas` (+ MIG profiles), [`crate::cluster::node::expected_gpus`] |
 //! | `kiln_node_gpus_allocatable` | gauge | `node`: allocatable `nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*` |
 //!
 //! NVIDIA's operator metrics (`controllers/operator_metrics.go`, v26.7), same names, types and
@@ -76,10 +76,53 @@ use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use crate::node::Sym;
+use crate::cluster::node::Sym;
 
 type Labels = Vec<(String, String)>;
 type HistFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// One step of a GPU node's way to running GPU workloads (the `stage` label of
+/// `kiln_node_ready_seconds`; measured by [`crate::signals::timeline`]), in the order they usually happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// `nvidia.com/gpu.present=true`.
+    Labelled,
+    /// Driver validation passed.
+    DriverReady,
+    /// Container toolkit validation passed.
+    ToolkitReady,
+    /// Every validation passed (validator pod Ready).
+    Validated,
+    /// Allocatable `nvidia.com/gpu*` above 0.
+    GpuAllocatable,
+}
+
+impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 5] = [
+        Stage::Labelled,
+        Stage::DriverReady,
+        Stage::ToolkitReady,
+        Stage::Validated,
+        Stage::GpuAllocatable,
+    ];
+
+    /// The `stage` label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::Labelled => "labelled",
+            Stage::DriverReady => "driver_ready",
+            Stage::ToolkitReady => "toolkit_ready",
+            Stage::Validated => "validated",
+            Stage::GpuAllocatable => "gpu_allocatable",
+        }
+    }
+
+    /// Its position in [`Stage::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// The label set of the per-node GPU gauges, `node="<name>"`.
 struct NodeLabel<'a>(&'a str);
@@ -278,7 +321,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(node_gpus.clone()));
         // Every stage's series exists from the start (count 0).
-        for stage in crate::timeline::Stage::ALL {
+        for stage in Stage::ALL {
             let _ = node_ready.get_or_create(&label("stage", stage.name()));
         }
         // Every error series exists from the start at 0, so `rate()` and alerts see them

@@ -12,7 +12,7 @@
 //! | `driver_ready` | the node's validator pod finished init container `driver-validation` (exit 0) | its `finishedAt` |
 //! | `toolkit_ready` | … `toolkit-validation` | its `finishedAt` |
 //! | `validated` | the validator pod is Ready (every check passed) | the `Ready` condition's `lastTransitionTime` |
-//! | `gpu_allocatable` | the node's allocatable GPUs ([`allocatable_gpus`]) are above 0 | when the operator saw it |
+//! | `gpu_allocatable` | the node's allocatable GPUs ([`crate::cluster::node::allocatable_gpus`]) are above 0 | when the operator saw it |
 //!
 //! A stage is measured once per node (the first time it is reached), so a validator restart or
 //! a driver upgrade does not add samples; a node that stops being a GPU node and becomes one
@@ -21,36 +21,36 @@
 //! them, or they predate kiln — and the stages they reach later are measured; nodes that join
 //! later are measured in full. A node fully ready at startup gets no Event.
 //!
-//! Per node with a GPU count label, `kiln_node_gpus_expected` ([`expected_gpus`]) and
-//! `kiln_node_gpus_allocatable` ([`allocatable_gpus`]) are exported; the chart's PrometheusRule
+//! Per node with a GPU count label, `kiln_node_gpus_expected` ([`crate::cluster::node::expected_gpus`]) and
+//! `kiln_node_gpus_allocatable` ([`crate::cluster::node::allocatable_gpus`]) are exported; the chart's PrometheusRule
 //! alerts when the second stays below the first.
 //!
-//! IO: the node watch's events ([`crate::nodes::follow_nodes`] hands on each node's
+//! IO: the node watch's events ([`crate::controllers::policy::nodes::follow_nodes`] hands on each node's
 //! [`NodeFacts`] when they change) and the events of the driver upgrade's watch of the
 //! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
-//! [`crate::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
+//! [`crate::cluster::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
 //! and only while the pod's node is still reaching its stages: no watch of its own. At rest,
 //! with every GPU node ready, the timeline holds each node's interned name in two sets (57–62
 //! bytes a GPU node at 5,000, `cargo bench -p kiln-operator --bench node_memory`; 596 when it
 //! kept every node's facts and every validator pod's).
 //! The decisions are [`Tracker`]'s, with no IO.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 
-use crate::events::Events;
+use crate::signals::events::Events;
 use kube::runtime::watcher;
 
+use crate::cluster::node::{SlimNode, Sym};
+use crate::cluster::readiness::{PodEvent, SlimPod};
 use crate::memory::shrink_if_sparse;
-use crate::metrics::Metrics;
-use crate::node::{SlimNode, Sym};
-use crate::readiness::PodEvent;
+use crate::signals::metrics::Metrics;
+pub use crate::signals::metrics::Stage;
 
 /// Label selector of the validator pods (`state-operator-validation`'s DaemonSet template).
 pub use kiln_core::upgrade::VALIDATOR_SELECTOR;
@@ -60,52 +60,6 @@ pub const DRIVER_VALIDATION: &str = "driver-validation";
 pub const TOOLKIT_VALIDATION: &str = "toolkit-validation";
 /// Reason of the Event published when a node reached every stage.
 pub const READY_REASON: &str = "GPUNodeReady";
-
-/// GFD's label: physical GPUs of the node's model (MIG devices with the `single` strategy).
-pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
-/// GFD's label: replicas per GPU (1 without sharing, 0 for MIG-enabled GPUs).
-pub const GPU_REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
-
-/// One step of a GPU node's way to running GPU workloads, in the order they usually happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    /// `nvidia.com/gpu.present=true`.
-    Labelled,
-    /// Driver validation passed.
-    DriverReady,
-    /// Container toolkit validation passed.
-    ToolkitReady,
-    /// Every validation passed (validator pod Ready).
-    Validated,
-    /// Allocatable `nvidia.com/gpu*` above 0.
-    GpuAllocatable,
-}
-
-impl Stage {
-    /// Every stage, in order.
-    pub const ALL: [Stage; 5] = [
-        Stage::Labelled,
-        Stage::DriverReady,
-        Stage::ToolkitReady,
-        Stage::Validated,
-        Stage::GpuAllocatable,
-    ];
-
-    /// The `stage` label value.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Stage::Labelled => "labelled",
-            Stage::DriverReady => "driver_ready",
-            Stage::ToolkitReady => "toolkit_ready",
-            Stage::Validated => "validated",
-            Stage::GpuAllocatable => "gpu_allocatable",
-        }
-    }
-
-    const fn index(self) -> usize {
-        self as usize
-    }
-}
 
 /// What the timeline keeps of a Node.
 #[derive(Debug, Clone, PartialEq, Hash)]
@@ -121,9 +75,9 @@ pub struct NodeFacts {
     pub gpu: bool,
     /// Whether it carries `nvidia.com/gpu.present=true`.
     pub labelled: bool,
-    /// [`expected_gpus`] of its labels.
+    /// [`crate::cluster::node::expected_gpus`] of its labels.
     pub expected: Option<i64>,
-    /// [`allocatable_gpus`] of its status.
+    /// [`crate::cluster::node::allocatable_gpus`] of its status.
     pub allocatable: i64,
 }
 
@@ -140,48 +94,6 @@ pub fn node_facts(node: &SlimNode) -> NodeFacts {
     }
 }
 
-/// The GPUs a node should offer by its GFD labels: `nvidia.com/gpu.count` ×
-/// `nvidia.com/gpu.replicas` (replicas default 1), plus for each MIG profile of the `mixed`
-/// strategy `nvidia.com/mig-<profile>.count` × `nvidia.com/mig-<profile>.replicas`. `None` when
-/// the node has none of these count labels (GFD has not labelled it), or a count is not a
-/// number. Time-slicing and MPS replicas multiply (each replica is one allocatable unit).
-pub fn expected_gpus(labels: &BTreeMap<String, String>) -> Option<i64> {
-    let num = |key: &str| labels.get(key).map(|v| v.trim().parse::<i64>().ok());
-    let mut total: Option<i64> = None;
-    let mut add = |count: Option<Option<i64>>, replicas: Option<Option<i64>>| -> Option<()> {
-        let Some(count) = count else { return Some(()) };
-        let replicas = replicas.unwrap_or(Some(1))?;
-        *total.get_or_insert(0) += count?.max(0) * replicas.max(0);
-        Some(())
-    };
-    add(num(GPU_COUNT_LABEL), num(GPU_REPLICAS_LABEL))?;
-    for key in labels.keys() {
-        if let Some(profile) = key
-            .strip_prefix("nvidia.com/mig-")
-            .and_then(|k| k.strip_suffix(".count"))
-        {
-            let replicas = num(&format!("nvidia.com/mig-{profile}.replicas"));
-            add(num(key), replicas)?;
-        }
-    }
-    total
-}
-
-/// Allocatable GPU units of a node: the sum of `nvidia.com/gpu`, `nvidia.com/gpu.shared` (the
-/// renamed time-sliced resource) and every `nvidia.com/mig-*` resource. Values that are not
-/// plain integers count 0.
-pub fn allocatable_gpus(allocatable: &BTreeMap<String, Quantity>) -> i64 {
-    allocatable
-        .iter()
-        .filter(|(k, _)| {
-            *k == "nvidia.com/gpu"
-                || *k == "nvidia.com/gpu.shared"
-                || k.starts_with("nvidia.com/mig-")
-        })
-        .filter_map(|(_, q)| q.0.trim().parse::<i64>().ok())
-        .sum()
-}
-
 /// What the timeline keeps of a validator pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ValidatorFacts {
@@ -196,32 +108,15 @@ pub struct ValidatorFacts {
 }
 
 /// Reads [`ValidatorFacts`] from a validator pod; `now` stands in for a missing timestamp.
-pub fn validator_facts(pod: &Pod, now: Timestamp) -> ValidatorFacts {
-    let node = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .unwrap_or_default()
-        .into();
-    let status = pod.status.as_ref();
+pub fn validator_facts(pod: &SlimPod, now: Timestamp) -> ValidatorFacts {
     let finished = |name: &str| {
-        status
-            .and_then(|s| s.init_container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .find(|c| c.name == name)
-            .and_then(|c| c.state.as_ref()?.terminated.as_ref())
-            .filter(|t| t.exit_code == 0)
-            .map(|t| t.finished_at.as_ref().map_or(now, |f| f.0))
+        pod.init_terminated(name)
+            .filter(|(code, _)| *code == 0)
+            .map(|(_, at)| at.map_or(now, |f| f.0))
     };
-    let validated = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready" && c.status == "True")
-        .map(|c| c.last_transition_time.as_ref().map_or(now, |t| t.0));
+    let validated = pod.ready_since().map(|at| at.map_or(now, |t| t.0));
     ValidatorFacts {
-        node,
+        node: pod.node_name().unwrap_or_default().into(),
         // A Ready pod has passed every init container, even when their statuses are gone.
         driver: finished(DRIVER_VALIDATION).or(validated),
         toolkit: finished(TOOLKIT_VALIDATION).or(validated),
@@ -254,9 +149,9 @@ pub enum Update {
     Gpus {
         /// Node name.
         node: Sym,
-        /// [`expected_gpus`].
+        /// [`crate::cluster::node::expected_gpus`].
         expected: i64,
-        /// [`allocatable_gpus`].
+        /// [`crate::cluster::node::allocatable_gpus`].
         allocatable: i64,
     },
     /// Remove the node's GPU gauges.
@@ -609,8 +504,8 @@ enum Input {
 pub const NODE_EVENTS: usize = 1024;
 
 /// Keep the timeline metrics and Events (see the module docs) from `nodes` (the node watch's
-/// events, [`crate::nodes::NodeWatch::timeline`]) and `pods` (the validator pod watch's events,
-/// [`crate::readiness::PodWatches::tap_matching`]; that watch retries on errors with
+/// events, [`crate::controllers::policy::nodes::NodeWatch::timeline`]) and `pods` (the validator pod watch's events,
+/// [`crate::cluster::readiness::PodWatches::tap_matching`]; that watch retries on errors with
 /// kube-runtime's default backoff). Runs until both end; run it as a task while this replica
 /// leads.
 pub async fn run(
@@ -643,7 +538,7 @@ pub async fn run(
                 watcher::Event::InitApply(p) | watcher::Event::Apply(p) => tracker.pod_on(
                     p.name(),
                     p.node_name().unwrap_or_default(),
-                    || validator_facts(&p.to_pod(), now),
+                    || validator_facts(&p, now),
                     now,
                 ),
                 watcher::Event::InitDone => tracker.end_list(Source::Pods, now),
@@ -703,13 +598,6 @@ async fn apply(metrics: &Metrics, recorder: &Events, update: Update) {
 mod tests {
     use super::*;
 
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
     fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
@@ -751,57 +639,6 @@ mod tests {
     }
 
     #[test]
-    fn expected_gpus_from_gfd_labels() {
-        assert_eq!(expected_gpus(&labels(&[])), None);
-        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "8")])), Some(8));
-        // Time-slicing: 4 GPUs × 10 replicas = 40 allocatable units.
-        assert_eq!(
-            expected_gpus(&labels(&[
-                (GPU_COUNT_LABEL, "4"),
-                (GPU_REPLICAS_LABEL, "10")
-            ])),
-            Some(40)
-        );
-        // MIG-enabled GPUs in the full-GPU labeler: replicas 0.
-        assert_eq!(
-            expected_gpus(&labels(&[
-                (GPU_COUNT_LABEL, "2"),
-                (GPU_REPLICAS_LABEL, "0")
-            ])),
-            Some(0)
-        );
-        // mixed: full GPUs plus each profile's devices.
-        assert_eq!(
-            expected_gpus(&labels(&[
-                (GPU_COUNT_LABEL, "1"),
-                ("nvidia.com/mig-1g.10gb.count", "7"),
-                ("nvidia.com/mig-3g.40gb.count", "2"),
-                ("nvidia.com/mig-3g.40gb.replicas", "2"),
-                ("nvidia.com/mig-1g.10gb.memory", "9856"),
-            ])),
-            Some(1 + 7 + 4)
-        );
-        assert_eq!(expected_gpus(&labels(&[(GPU_COUNT_LABEL, "many")])), None);
-    }
-
-    #[test]
-    fn allocatable_sums_gpu_shared_and_mig() {
-        let q = |v: &str| Quantity(v.into());
-        let a: BTreeMap<String, Quantity> = [
-            ("cpu", q("32")),
-            ("nvidia.com/gpu", q("2")),
-            ("nvidia.com/gpu.shared", q("8")),
-            ("nvidia.com/mig-1g.10gb", q("7")),
-            ("nvidia.com/gpu.memory", q("100")),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        assert_eq!(allocatable_gpus(&a), 17);
-        assert_eq!(allocatable_gpus(&BTreeMap::new()), 0);
-    }
-
-    #[test]
     fn node_facts_read_labels_status_and_creation() {
         let node: SlimNode = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "gpu-node-1", "uid": "u1",
@@ -838,26 +675,21 @@ mod tests {
                      "state": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:45Z"}}}
                 ]}
         });
-        let full: Pod = serde_json::from_value(json.clone()).unwrap();
         // As the shared validator pod watch holds it.
-        let slim = serde_json::from_value::<crate::readiness::SlimPod>(json)
-            .unwrap()
-            .to_pod();
-        for pod in [full, slim] {
-            let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
-            let f = validator_facts(&pod, now);
-            assert_eq!(f.node, "gpu-node-1");
-            assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
-            assert_eq!(f.toolkit, None, "a failed validation is not ready");
-            assert_eq!(f.validated, None);
-            // A Ready pod has passed every validation.
-            let mut ready = pod.clone();
-            ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
-            ready.status.as_mut().unwrap().init_container_statuses = None;
-            let f = validator_facts(&ready, now);
-            let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
-            assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
-        }
+        let pod: SlimPod = serde_json::from_value(json.clone()).unwrap();
+        let now: Timestamp = "2027-01-15T08:01:00Z".parse().unwrap();
+        let f = validator_facts(&pod, now);
+        assert_eq!(f.node, "gpu-node-1");
+        assert_eq!(f.driver, Some("2027-01-15T08:00:40Z".parse().unwrap()));
+        assert_eq!(f.toolkit, None, "a failed validation is not ready");
+        assert_eq!(f.validated, None);
+        // A Ready pod has passed every validation.
+        let mut ready = json;
+        ready["status"]["conditions"][0]["status"] = "True".into();
+        ready["status"]["initContainerStatuses"] = serde_json::Value::Null;
+        let f = validator_facts(&serde_json::from_value(ready).unwrap(), now);
+        let at = Some("2027-01-15T08:00:05Z".parse().unwrap());
+        assert_eq!((f.driver, f.toolkit, f.validated), (at, at, at));
     }
 
     #[test]

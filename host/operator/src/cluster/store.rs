@@ -1,5 +1,5 @@
 //! Name-keyed stores for the objects the operator keeps one of per node: the node store
-//! ([`crate::node::SlimNode`]) and the pod stores ([`crate::readiness::SlimPod`]).
+//! ([`crate::cluster::node::SlimNode`]) and the pod stores ([`crate::cluster::readiness::SlimPod`]).
 //!
 //! A watch's events are applied as kube-runtime's reflector applies them (a relist is
 //! gathered, then replaces the whole set; the store is ready once the first list is in), but

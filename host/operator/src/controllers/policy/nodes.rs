@@ -16,46 +16,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
-use kiln_core::context::{ContainerRuntime, NodeOs};
-use kiln_core::labels::{
-    DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelPatch, LabelPolicy, MIG_CAPABLE, MIG_CONFIG,
-    NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, apply_patch, plan_node_labels,
-};
+use kiln_core::labels::{LabelPatch, LabelPolicy, apply_patch, plan_node_labels};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value};
 
-use crate::live::Wake;
-use crate::metrics::Metrics;
-pub use crate::node::SlimNode;
-use crate::node::Sym;
-use crate::store::NamedWriter;
+use crate::cluster::live::Wake;
+pub use crate::cluster::node::SlimNode;
+use crate::cluster::node::{Sym, is_upgrade_key, reads_label};
+use crate::cluster::store::NamedWriter;
+use crate::signals::metrics::Metrics;
 use crate::{Error, Result};
-
-/// The node facts a render depends on (the transform context's runtime and GPU node OS) and
-/// whether any GPU node exists (DaemonSets are applied only then). A node event that changes
-/// them asks for a full reconcile; any other relevant node event only re-judges readiness.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeFacts {
-    /// Container runtime of the GPU nodes ([`crate::facts::container_runtime`]).
-    pub runtime: ContainerRuntime,
-    /// GPU node OS ([`crate::facts::gpu_node_os`]).
-    pub os: Option<NodeOs>,
-    /// Whether any node carries `nvidia.com/gpu.present=true`.
-    pub any_gpu: bool,
-}
-
-impl NodeFacts {
-    /// The facts of `nodes`.
-    pub fn of(nodes: &[&SlimNode]) -> Self {
-        let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
-        NodeFacts {
-            runtime: crate::facts::container_runtime(&gpu),
-            os: crate::facts::gpu_node_os(&gpu),
-            any_gpu: !gpu.is_empty(),
-        }
-    }
-}
 
 /// GPU node count and NFD presence of `nodes` (for status), nothing patched.
 pub fn summary(nodes: &[&SlimNode]) -> NodeSummary {
@@ -85,38 +56,6 @@ pub fn merge_patch_body(patch: &LabelPatch) -> Value {
         .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
         .collect();
     serde_json::json!({"metadata": {"labels": labels}})
-}
-
-/// Nodes per list request: bounds the size of one response body (and so the process's peak
-/// heap) however large the cluster is.
-pub const NODE_PAGE: u32 = 100;
-
-/// List every node, [`NODE_PAGE`] at a time, keeping of each only what the operator reads
-/// ([`SlimNode`]); the caller labels them and derives cluster facts from them.
-///
-/// # Errors
-/// [`Error::Kube`] when a page fails.
-pub async fn list_nodes(client: &Client) -> Result<Vec<SlimNode>> {
-    let api: Api<crate::node::WatchedNode> = Api::all(client.clone());
-    let mut nodes = Vec::new();
-    let mut params = ListParams::default().limit(NODE_PAGE);
-    loop {
-        let page = api
-            .list(&params)
-            .await
-            .map_err(|e| Error::kube("list nodes", e))?;
-        nodes.extend(page.items.into_iter().map(|w| w.object));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(nodes),
-        }
-    }
-}
-
-/// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,
-/// requested, start times; [`kiln_core::upgrade`]), kept by [`SlimNode`] for the upgrade loop.
-pub fn is_upgrade_key(key: &str) -> bool {
-    key.starts_with("nvidia.com/gpu-driver-upgrade")
 }
 
 /// A hash of what the driver upgrade reads of a node: its upgrade labels and annotations
@@ -177,16 +116,16 @@ pub struct NodeWatch {
     /// Counts label writes.
     pub metrics: Arc<Metrics>,
     /// Where each node's readiness-timeline facts go when they change
-    /// ([`crate::timeline::run`]); `None`: nowhere.
+    /// ([`crate::signals::timeline::run`]); `None`: nowhere.
     pub timeline: Option<futures::channel::mpsc::Sender<TimelineEvent>>,
     /// Told when the nodes' pools may have changed (the NVIDIADriver controller,
-    /// [`crate::nvidiadriver::run`]): a node added or deleted, or any label the store keeps
-    /// ([`crate::node::kept_label`]) changed; `None`: nobody.
+    /// [`crate::controllers::driver::run`]): a node added or deleted, or any label the store keeps
+    /// ([`crate::cluster::node::kept_label`]) changed; `None`: nobody.
     pub pools: Option<futures::channel::mpsc::UnboundedSender<()>>,
 }
 
 /// A node watch event as the readiness timeline reads it.
-pub type TimelineEvent = kube::runtime::watcher::Event<crate::timeline::NodeFacts>;
+pub type TimelineEvent = kube::runtime::watcher::Event<crate::signals::timeline::NodeFacts>;
 
 /// A hash of what kiln reads of a node: the labels [`reads_label`] keeps and the container
 /// runtime (a change of anything else, GFD's timestamp or a heartbeat, wakes nothing).
@@ -217,11 +156,11 @@ pub async fn watch_nodes(w: NodeWatch, writer: NamedWriter<SlimNode>) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
     let stream = watcher(
-        Api::<crate::node::WatchedNode>::all(w.client.clone()),
-        crate::watch::config(),
+        Api::<crate::cluster::node::WatchedNode>::all(w.client.clone()),
+        crate::cluster::watch::config(),
     )
     .default_backoff()
-    .map(|ev| ev.map(|ev| crate::store::map_event(ev, |w| w.object)));
+    .map(|ev| ev.map(|ev| crate::cluster::store::map_event(ev, |w| w.object)));
     follow_nodes(w, writer, stream).await;
 }
 
@@ -255,7 +194,7 @@ where
     };
     let mut events = std::pin::pin!(stream.map(|ev| {
         ev.map(|ev| {
-            let ev = crate::store::map_event(ev, Arc::new);
+            let ev = crate::cluster::store::map_event(ev, Arc::new);
             writer.apply(&ev);
             ev
         })
@@ -264,7 +203,7 @@ where
         match ev {
             Err(e) => tracing::warn!(error = %e, "node watch"),
             Ok(watcher::Event::InitApply(n)) => {
-                let facts = crate::timeline::node_facts(&n);
+                let facts = crate::signals::timeline::node_facts(&n);
                 let (name, f) = (facts.name.clone(), hash_of(&facts));
                 timeline(watcher::Event::InitApply(facts)).await;
                 seen.insert(
@@ -283,7 +222,7 @@ where
                 seen.clear();
             }
             Ok(watcher::Event::Delete(n)) => {
-                let facts = crate::timeline::node_facts(&n);
+                let facts = crate::signals::timeline::node_facts(&n);
                 seen.remove(&facts.name);
                 timeline(watcher::Event::Delete(facts)).await;
                 w.wake.reconcile();
@@ -293,7 +232,7 @@ where
             Ok(watcher::Event::Apply(n)) => {
                 let (h, u, p) = (relevant_hash(&n), upgrade_hash(&n), hash_of(n.labels()));
                 // One interning of the name a node event: the timeline's facts carry it.
-                let facts = crate::timeline::node_facts(&n);
+                let facts = crate::signals::timeline::node_facts(&n);
                 let (name, f) = (facts.name.clone(), hash_of(&facts));
                 let before = seen.insert(name.clone(), (h, u, f, p));
                 if before.is_none_or(|(_, _, bf, _)| bf != f) {
@@ -369,25 +308,6 @@ pub async fn label_nodes(
         summary.nfd_present |= node.has_nfd();
     }
     Ok(summary)
-}
-
-/// Whether the operator reads node label `key`: NFD labels (GPU PCI presence, OS and kernel
-/// facts), `nvidia.com/gpu.present`, the deploy/opt-out labels, the workload config, MIG
-/// capability and config, the GPU product and the vGPU host driver version. Everything else —
-/// GFD's `nvidia.com/gfd.timestamp` (rewritten every minute), its counts, memory and CUDA
-/// labels — changes nothing the operator decides.
-pub fn reads_label(key: &str) -> bool {
-    key.starts_with(NFD_PREFIX)
-        || key.starts_with(DEPLOY_PREFIX)
-        || [
-            GPU_PRESENT,
-            WORKLOAD_CONFIG,
-            MIG_CAPABLE,
-            MIG_CONFIG,
-            GPU_PRODUCT,
-            VGPU_HOST_DRIVER_VERSION,
-        ]
-        .contains(&key)
 }
 
 #[cfg(test)]

@@ -29,8 +29,8 @@
 //!
 //! Pure rules are in [`kiln_core::spec::nvidiadriver`]; this module does the IO. The
 //! ClusterPolicy side (its driver DaemonSet deleted with Orphan propagation, its readiness
-//! including the CRs') is [`kiln_core::plan::hands_off`] with [`orphan`] and
-//! [`policy_driver_result`].
+//! including the CRs') is [`kiln_core::plan::hands_off`] with [`crate::apply::orphan`]
+//! and [`crate::controllers::policy::handoff::policy_driver_result`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -39,14 +39,14 @@ use std::time::Duration;
 
 use futures::{StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ManagedFieldsEntry, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use kiln_core::State;
 use kiln_core::plan::{ObjectKey, desired_object};
 use kiln_core::spec::nvidiadriver::{
     NVIDIADRIVER_LABEL, NVIDIADriver, NvidiaDriverSpec, NvidiaDriverState, NvidiaDriverStatus,
     node_pools_for, overlaps,
 };
-use kiln_core::status::{ConditionSpec, StateResult, set_condition};
+use kiln_core::status::{ConditionSpec, set_condition};
 use kiln_render::{Policy, Renderer};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -56,8 +56,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apply::{Applier, key_of};
-use crate::node::{InternedLabels, SlimNode};
-use crate::{Error, Result, facts, is_not_found, readiness};
+use crate::cluster::live::owner_of;
+use crate::cluster::node::{InternedLabels, SlimNode};
+use crate::cluster::{facts, readiness};
+use crate::{Error, Result, is_not_found};
 
 /// Condition reasons of an NVIDIADriver's status.
 pub mod reasons {
@@ -86,9 +88,9 @@ pub struct DriverContext {
     pub applier: Applier,
     /// Publishes the `DriftRemoved` Events ([`crate::drift::remove_drift`]); `run` shares the
     /// ClusterPolicy reconciler's.
-    pub recorder: crate::events::Events,
+    pub recorder: crate::signals::events::Events,
     /// Counts drift corrections (writes of kind `drift`), when set (`run` sets the operator's).
-    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    pub metrics: Option<Arc<crate::signals::metrics::Metrics>>,
     /// Renders `state-driver`.
     pub renderer: Renderer,
     /// Operator namespace (where driver DaemonSets go).
@@ -100,7 +102,7 @@ pub struct DriverContext {
     /// The upgrade controller: each CR's DaemonSets roll through it with the CR's own
     /// `upgradePolicy` ([`NvidiaDriverSpec::upgrade_policy`]; `None` here: driver pods are
     /// replaced only when deleted).
-    pub upgrader: Option<Arc<crate::upgrade::Upgrader>>,
+    pub upgrader: Option<Arc<crate::controllers::upgrade::Upgrader>>,
     /// What a reconcile reads instead of the API server.
     pub caches: DriverCaches,
     /// Each CR's last successful render (its desired objects, owners set), the inputs it came
@@ -123,10 +125,10 @@ pub type Fresh = (String, Option<i64>, u64);
 #[derive(Default)]
 pub struct DriverCaches {
     /// The node store the ClusterPolicy reconciler's node watch fills. It keeps the labels
-    /// [`crate::node::kept_label`] keeps, so a pool's `nodeSelector` matches any label except
+    /// [`crate::cluster::node::kept_label`] keeps, so a pool's `nodeSelector` matches any label except
     /// the `nvidia.com/` ones GFD writes that kiln does not read: a driver pool chosen by what
     /// the driver itself makes GFD report would be circular.
-    pub nodes: Option<crate::store::NamedStore<SlimNode>>,
+    pub nodes: Option<crate::cluster::store::NamedStore<SlimNode>>,
     /// The ClusterPolicies (the policy controller's store).
     pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
     /// Every NVIDIADriver: the controller's own store, set by [`run`] (shared with the
@@ -136,18 +138,18 @@ pub struct DriverCaches {
     pub pods: Option<Arc<readiness::PodWatches>>,
     /// Every DaemonSet of the namespace (managed fields reduced to other managers' additions;
     /// the watch `run` shares with the ClusterPolicy controller,
-    /// [`crate::live::start_daemonsets`]), of which those labelled [`NVIDIADRIVER_LABEL`]
+    /// [`crate::cluster::live::start_daemonsets`]), of which those labelled [`NVIDIADRIVER_LABEL`]
     /// count: the CRs' markers, readiness, drift and stale ones come from here.
     /// Not set (tests): every object is applied and stale ones are listed.
     pub daemonsets: std::sync::OnceLock<Store<DaemonSet>>,
-    /// The labelled objects ([`crate::live::LiveCache`], the ClusterPolicy reconciler's): the
+    /// The labelled objects ([`crate::cluster::live::LiveCache`], the ClusterPolicy reconciler's): the
     /// markers of the driver state's shared objects (service account, RBAC), which carry
     /// `kiln.dev/state=driver`. Not set: those are applied on every reconcile.
-    pub live: Option<Arc<crate::live::LiveCache>>,
-    /// The referenced ConfigMaps (the ClusterPolicy reconciler's [`crate::facts::ConfigMapCache`]):
+    pub live: Option<Arc<crate::cluster::live::LiveCache>>,
+    /// The referenced ConfigMaps (the ClusterPolicy reconciler's [`crate::cluster::facts::ConfigMapCache`]):
     /// a CR's `repoConfig`, `certConfig` or `kernelModuleConfig` is read again only when it
     /// changed. Not set: read on every reconcile.
-    pub config_maps: Option<Arc<crate::facts::ConfigMapCache>>,
+    pub config_maps: Option<Arc<crate::cluster::facts::ConfigMapCache>>,
 }
 
 impl DriverCaches {
@@ -164,12 +166,12 @@ impl DriverCaches {
     }
 
     /// The CR DaemonSet `key` when another manager added fields to it
-    /// ([`crate::live::foreign_of`]); `None` for other kinds, with no drift, or not cached.
+    /// ([`crate::cluster::live::foreign_of`]); `None` for other kinds, with no drift, or not cached.
     fn foreign_daemonset(&self, key: &ObjectKey) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
         if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
             return None;
         }
-        crate::live::foreign_of(&*self.daemonset(key)?)
+        crate::cluster::live::foreign_of(&*self.daemonset(key)?)
     }
 
     /// The CR DaemonSet `key` (labelled [`NVIDIADRIVER_LABEL`]) as the cache holds it (status
@@ -199,7 +201,7 @@ impl DriverContext {
         };
         DriverContext {
             applier: Applier::new(client.clone()),
-            recorder: crate::events::Events::new(client.clone(), reporter),
+            recorder: crate::signals::events::Events::new(client.clone(), reporter),
             metrics: None,
             client,
             renderer,
@@ -310,8 +312,8 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 /// deleted, every other one: it can end an overlap), a change of one of the CRs' DaemonSets
 /// (the CR its [`NVIDIADRIVER_LABEL`] names, [`owner_of`]; every CR each time the shared
 /// DaemonSet watch lists), and `cluster_changes` — the node watch's pool changes
-/// ([`crate::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
-/// ConfigMaps ([`crate::facts::ConfigMapCache`]), all from the operator's own watches: each
+/// ([`crate::controllers::policy::nodes::NodeWatch::pools`]), ClusterPolicy changes and changes of referenced
+/// ConfigMaps ([`crate::cluster::facts::ConfigMapCache`]), all from the operator's own watches: each
 /// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per
 /// node pool, and a reconcile with unchanged inputs sends nothing). One watch of its own, the
 /// CRs' (it fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes
@@ -321,7 +323,7 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 /// is [`DriverCaches::daemonsets`].
 pub async fn run(
     ctx: Arc<DriverContext>,
-    wake: crate::live::Wake,
+    wake: crate::cluster::live::Wake,
     cluster_changes: impl futures::Stream<Item = ()> + Send + 'static,
     daemonsets: DaemonSetFeed,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -333,7 +335,7 @@ pub async fn run(
     let memo = ctx.clone();
     let drivers = watcher(
         Api::<NVIDIADriver>::all(ctx.client.clone()),
-        crate::watch::config(),
+        crate::cluster::watch::config(),
     )
     // Managed fields are nothing kiln reads.
     .modify(|d: &mut NVIDIADriver| d.metadata.managed_fields = None)
@@ -374,7 +376,7 @@ pub async fn run(
         .await;
 }
 
-/// What the namespace's DaemonSet watch ([`crate::live::start_daemonsets`]) tells [`run`]: the
+/// What the namespace's DaemonSet watch ([`crate::cluster::live::start_daemonsets`]) tells [`run`]: the
 /// CR a changed DaemonSet belongs to ([`owner_of`]), and that the store has listed.
 pub struct DaemonSetFeed {
     /// The owning CR of each DaemonSet applied or deleted.
@@ -406,14 +408,6 @@ pub fn daemonset_feed() -> (
     (feed, DaemonSetFeed { changes, listed })
 }
 
-/// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
-/// every DaemonSet [`render`] produces); `None` without the label.
-pub fn owner_of(ds: &DaemonSet) -> Option<ObjectRef<NVIDIADriver>> {
-    ds.labels()
-        .get(NVIDIADRIVER_LABEL)
-        .map(|cr| ObjectRef::new(cr))
-}
-
 /// The controller's error policy: retry after 10 s.
 pub fn error_policy(_cr: Arc<NVIDIADriver>, err: &Error, _ctx: Arc<DriverContext>) -> Action {
     tracing::warn!(error = %err, "NVIDIADriver reconcile failed");
@@ -434,7 +428,9 @@ pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result
     };
     write_status(&ctx, &cr, &verdict).await?;
     if upgrading {
-        return Ok(Action::requeue(crate::upgrade::ACTIVE_INTERVAL));
+        return Ok(Action::requeue(
+            crate::controllers::upgrade::ACTIVE_INTERVAL,
+        ));
     }
     Ok(match verdict.state {
         NvidiaDriverState::Ready | NvidiaDriverState::Disabled => Action::await_change(),
@@ -443,68 +439,15 @@ pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result
     })
 }
 
-/// Every NVIDIADriver: from `store` (the controller's, [`DriverCaches::drivers`]) once it has
-/// listed — before that it would show none — else listed. Used by both reconcilers.
-///
-/// # Errors
-/// The listing's error (no listed store only).
-async fn drivers_from(
-    store: Option<&Store<NVIDIADriver>>,
-    client: &Client,
-) -> kube::Result<Vec<Arc<NVIDIADriver>>> {
-    if let Some(store) = store
-        && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
-    {
-        return Ok(store.state());
-    }
-    Ok(Api::<NVIDIADriver>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect())
-}
-
 /// The verdict, and whether a driver upgrade of the CR's DaemonSets is under way.
 async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict, bool)> {
     let name = cr.name_any();
     // Before any input is read: a change arriving after this makes the next reconcile read
     // them again.
     let seen = ctx.changes_seen();
-    let policies = crate::context::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
-    // No ClusterPolicy: the CR is reconciled with the CRD's policy defaults (NVIDIA v26.7.0
-    // does too), and its shared driver objects are its own.
-    let (policy, cp_owner) = match crate::context::active_of(&policies) {
-        None => (kiln_render::nvidiadriver::standalone_policy(), None),
-        Some(cp) => {
-            let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
-            let cp_name = cp.metadata.name.clone().unwrap_or_default();
-            let policy = match Policy::from_object(&cp_raw) {
-                Ok(p) => p,
-                Err(e) => {
-                    return Ok(still(DriverVerdict::new(
-                        NvidiaDriverState::NotReady,
-                        reasons::FAILED,
-                        format!("ClusterPolicy {cp_name}: {e}"),
-                    )));
-                }
-            };
-            if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
-                return Ok(still(DriverVerdict::new(
-                    NvidiaDriverState::Disabled,
-                    reasons::DISABLED,
-                    format!(
-                        "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own \
-                         driver DaemonSet runs the driver"
-                    ),
-                )));
-            }
-            let owner = cp
-                .controller_owner_ref(&crate::status::policy_resource())
-                .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
-            (policy, owner)
-        }
+    let (policy, cp_owner) = match active_policy(ctx).await? {
+        Ok(p) => p,
+        Err(verdict) => return Ok(still(verdict)),
     };
     if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
         return Ok(still(DriverVerdict::new(
@@ -513,9 +456,9 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             why,
         )));
     }
-    let nodes = crate::context::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
+    let nodes = crate::cluster::view::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
     let nodes: Vec<&InternedLabels> = nodes.iter().map(|n| n.labels()).collect();
-    let all = drivers_from(ctx.caches.drivers.get(), &ctx.client)
+    let all = crate::cluster::view::drivers_from(ctx.caches.drivers.get(), &ctx.client)
         .await
         .map_err(|e| Error::kube("list nvidiadrivers", e))?;
     let specs: Vec<(String, &NvidiaDriverSpec)> =
@@ -538,10 +481,100 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             )));
         }
     };
+    let (applied, lives, not_ready) = apply_desired(ctx, &desired, &nodes).await?;
+    delete_stale(ctx, &name, &applied).await?;
+    let mut upgrading = false;
+    if let Some(upgrader) = &ctx.upgrader {
+        for ds in &lives {
+            let scope = crate::controllers::upgrade::UpgradeScope {
+                namespace: ctx.namespace.clone(),
+                daemonset: ds.name_any(),
+                policy: Some(cr.spec.upgrade_policy()),
+                owner: cr.object_ref(&()),
+                validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
+            };
+            upgrading |= upgrader.pass(&scope, ds).await?.active;
+        }
+    }
+    let verdict = if applied.is_empty() {
+        DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::NOT_READY,
+            "no GPU node with NFD's OS labels matches the nodeSelector",
+        )
+    } else if not_ready.is_empty() {
+        DriverVerdict::new(NvidiaDriverState::Ready, reasons::READY, "")
+    } else {
+        DriverVerdict::new(
+            NvidiaDriverState::NotReady,
+            reasons::NOT_READY,
+            not_ready.join("; "),
+        )
+    };
+    Ok((verdict, upgrading))
+}
+
+/// The policy an NVIDIADriver renders with and the owner of its shared driver objects: the
+/// active ClusterPolicy's, or with no ClusterPolicy the CRD's policy defaults (NVIDIA v26.7.0
+/// does too) and no owner (the shared objects are the CR's own). `Err` holds the verdict
+/// when the active policy is invalid or does not hand the driver to NVIDIADriver CRs.
+///
+/// # Errors
+/// [`Error::Kube`] when listing the policies fails.
+async fn active_policy(
+    ctx: &DriverContext,
+) -> Result<std::result::Result<(Policy, Option<Value>), DriverVerdict>> {
+    let policies =
+        crate::cluster::view::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
+    Ok(Ok(match crate::cluster::view::active_of(&policies) {
+        None => (kiln_render::nvidiadriver::standalone_policy(), None),
+        Some(cp) => {
+            let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
+            let cp_name = cp.metadata.name.clone().unwrap_or_default();
+            let policy = match Policy::from_object(&cp_raw) {
+                Ok(p) => p,
+                Err(e) => {
+                    return Ok(Err(DriverVerdict::new(
+                        NvidiaDriverState::NotReady,
+                        reasons::FAILED,
+                        format!("ClusterPolicy {cp_name}: {e}"),
+                    )));
+                }
+            };
+            if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
+                return Ok(Err(DriverVerdict::new(
+                    NvidiaDriverState::Disabled,
+                    reasons::DISABLED,
+                    format!(
+                        "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own \
+                         driver DaemonSet runs the driver"
+                    ),
+                )));
+            }
+            let owner = cp
+                .controller_owner_ref(&crate::status::policy_resource())
+                .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
+            (policy, owner)
+        }
+    }))
+}
+
+/// Apply each of a CR's `desired` objects that the caches do not show current, remove other
+/// managers' additions, and judge each DaemonSet against the labels of every node (`nodes`).
+/// Returns the applied DaemonSets' names, the DaemonSets as applied or cached, and why those
+/// not ready are not.
+///
+/// # Errors
+/// [`Error`] from the first apply, drift patch or pod list that failed.
+async fn apply_desired(
+    ctx: &DriverContext,
+    desired: &[Value],
+    nodes: &[&InternedLabels],
+) -> Result<(BTreeSet<String>, Vec<Arc<DaemonSet>>, Vec<String>)> {
     let mut not_ready = Vec::new();
     let mut applied = BTreeSet::new();
     let mut lives: Vec<Arc<DaemonSet>> = Vec::new();
-    for obj in &desired {
+    for obj in desired {
         let key = key_of(obj)?;
         let current = ctx
             .caches
@@ -580,43 +613,14 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
                 None => readiness::PodSource::List(&ctx.client),
             };
             if let Some(why) =
-                readiness::judge_daemonset(&key.name, ds.as_deref(), 0, pods, &nodes).await?
+                readiness::judge_daemonset(&key.name, ds.as_deref(), 0, pods, nodes).await?
             {
                 not_ready.push(why);
             }
             lives.extend(ds);
         }
     }
-    delete_stale(ctx, &name, &applied).await?;
-    let mut upgrading = false;
-    if let Some(upgrader) = &ctx.upgrader {
-        for ds in &lives {
-            let scope = crate::upgrade::UpgradeScope {
-                namespace: ctx.namespace.clone(),
-                daemonset: ds.name_any(),
-                policy: Some(cr.spec.upgrade_policy()),
-                owner: cr.object_ref(&()),
-                validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
-            };
-            upgrading |= upgrader.pass(&scope, ds).await?.active;
-        }
-    }
-    let verdict = if applied.is_empty() {
-        DriverVerdict::new(
-            NvidiaDriverState::NotReady,
-            reasons::NOT_READY,
-            "no GPU node with NFD's OS labels matches the nodeSelector",
-        )
-    } else if not_ready.is_empty() {
-        DriverVerdict::new(NvidiaDriverState::Ready, reasons::READY, "")
-    } else {
-        DriverVerdict::new(
-            NvidiaDriverState::NotReady,
-            reasons::NOT_READY,
-            not_ready.join("; "),
-        )
-    };
-    Ok((verdict, upgrading))
+    Ok((applied, lives, not_ready))
 }
 
 /// A verdict with no upgrade under way.
@@ -806,115 +810,9 @@ async fn write_status(
     }
 }
 
-/// Delete the handed-off DaemonSets `keys` with `propagationPolicy: Orphan`: the DaemonSet
-/// goes, its driver pods stay (upstream: they keep the driver loaded until the NVIDIADriver's
-/// DaemonSet replaces them). Returns how many were deleted by this call.
-///
-/// # Errors
-/// [`Error::Kube`] naming the DaemonSet when a request fails (NotFound is not an error).
-pub async fn orphan(client: &Client, keys: &[ObjectKey]) -> Result<u64> {
-    let mut deleted = 0;
-    for key in keys.iter().filter(|k| k.kind == "DaemonSet") {
-        let ns = key.namespace.as_deref().unwrap_or_default();
-        let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-        match api.delete(&key.name, &DeleteParams::orphan()).await {
-            Ok(_) => {
-                tracing::info!(object = %key, "deleted, pods orphaned (driver handed to NVIDIADriver)");
-                deleted += 1;
-            }
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(Error::kube(format!("delete (orphan) {key}"), e)),
-        }
-    }
-    Ok(deleted)
-}
-
-/// The ClusterPolicy's `driver` state result while it hands the driver to NVIDIADriver CRs:
-/// ready when every NVIDIADriver is `ready`; not ready naming each one that is not (or when
-/// none exists: no driver would run). A CR whose status was not yet written counts as not
-/// ready. The CRs come from `store` (the NVIDIADriver controller's, [`DriverCaches::drivers`]:
-/// no request) when set, else they are listed; without the CRD served, not ready saying so.
-///
-/// # Errors
-/// [`Error::Kube`] when listing the CRs fails for another reason than the kind not being
-/// served.
-pub async fn policy_driver_result(
-    client: &Client,
-    store: Option<&Store<NVIDIADriver>>,
-) -> Result<StateResult> {
-    let list = match drivers_from(store, client).await {
-        Ok(l) => l,
-        Err(e) if is_not_found(&e) => {
-            return Ok(StateResult::NotReady(
-                "driver.useNvidiaDriverCRD is set but the NVIDIADriver CRD is not installed".into(),
-            ));
-        }
-        Err(e) => return Err(Error::kube("list nvidiadrivers", e)),
-    };
-    Ok(driver_result(list.iter().map(|d| &**d)))
-}
-
-/// [`policy_driver_result`] over the CRs.
-pub fn driver_result<'a>(drivers: impl IntoIterator<Item = &'a NVIDIADriver>) -> StateResult {
-    let drivers: Vec<&NVIDIADriver> = drivers.into_iter().collect();
-    if drivers.is_empty() {
-        return StateResult::NotReady(
-            "driver.useNvidiaDriverCRD is set but no NVIDIADriver exists".into(),
-        );
-    }
-    let mut waiting: Vec<String> = drivers
-        .iter()
-        .filter(|d| d.status.as_ref().map(|s| s.state) != Some(NvidiaDriverState::Ready))
-        .map(|d| {
-            let s = d.status.as_ref();
-            let state = s.map_or("notReady", |s| state_name(s.state));
-            let why = s
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Error"))
-                .map(|c: &Condition| c.message.as_str())
-                .filter(|m| !m.is_empty());
-            match why {
-                Some(m) => format!("NVIDIADriver {}: {state} ({m})", d.name_any()),
-                None => format!("NVIDIADriver {}: {state}", d.name_any()),
-            }
-        })
-        .collect();
-    waiting.sort();
-    if waiting.is_empty() {
-        StateResult::Ready
-    } else {
-        StateResult::NotReady(waiting.join("; "))
-    }
-}
-
-fn state_name(s: NvidiaDriverState) -> &'static str {
-    match s {
-        NvidiaDriverState::Ignored => "ignored",
-        NvidiaDriverState::Ready => "ready",
-        NvidiaDriverState::NotReady => "notReady",
-        NvidiaDriverState::Disabled => "disabled",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cr(name: &str, state: Option<NvidiaDriverState>, message: &str) -> NVIDIADriver {
-        let mut d = NVIDIADriver::new(name, NvidiaDriverSpec::default());
-        d.status = state.map(|state| NvidiaDriverStatus {
-            state,
-            namespace: None,
-            conditions: vec![Condition {
-                type_: "Error".into(),
-                status: "True".into(),
-                reason: "x".into(),
-                message: message.into(),
-                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-                observed_generation: None,
-            }],
-        });
-        d
-    }
 
     #[test]
     fn a_daemonset_event_wakes_the_nvidiadriver_its_label_names() {
@@ -952,25 +850,6 @@ mod tests {
         drop(out);
         // Nobody listening (no NVIDIADriver CRD): sends are dropped.
         feed(&watcher::Event::InitDone);
-    }
-
-    #[test]
-    fn policy_readiness_follows_every_nvidiadriver() {
-        assert!(
-            matches!(driver_result(std::iter::empty()), StateResult::NotReady(m) if m.contains("no NVIDIADriver"))
-        );
-        let ready = cr("a", Some(NvidiaDriverState::Ready), "");
-        assert_eq!(
-            driver_result(std::slice::from_ref(&ready)),
-            StateResult::Ready
-        );
-        let waiting = cr("b", Some(NvidiaDriverState::NotReady), "pods unavailable");
-        assert_eq!(
-            driver_result(&[ready, waiting, cr("c", None, "")]),
-            StateResult::NotReady(
-                "NVIDIADriver b: notReady (pods unavailable); NVIDIADriver c: notReady".into()
-            )
-        );
     }
 
     #[test]

@@ -6,14 +6,14 @@
 //!    nothing else happens.
 //! 2. When nothing a render depends on changed since the last full reconcile of this policy
 //!    (same uid, generation, labels and annotations, same [`NodeFacts`], no applied object deleted or changed by
-//!    someone else or carrying fields another manager added, no failed state due for a retry, no [`crate::live::Wake::full`] request),
+//!    someone else or carrying fields another manager added, no failed state due for a retry, no [`crate::cluster::live::Wake::full`] request),
 //!    only readiness and status are judged again from the caches: a DaemonSet status event or a
 //!    relabelled node costs no request but a status write when the status changes.
 //! 3. Otherwise, a full reconcile: parse the policy ([`Policy::from_object`]; an invalid one gets
 //!    `Error`/`ReconcileFailed` naming the field and nothing is deleted or applied); label the
-//!    nodes ([`crate::nodes`]); render every enabled state through its plugin chain; plan
+//!    nodes ([`crate::controllers::policy::nodes`]); render every enabled state through its plugin chain; plan
 //!    ([`kiln_core::plan::plan`]) over the renders and the cluster's labelled objects
-//!    ([`crate::live`]); for each state in order apply (skipping what the cache shows unchanged),
+//!    ([`crate::cluster::live`]); for each state in order apply (skipping what the cache shows unchanged),
 //!    remove what other field managers added to an applied object (additive drift,
 //!    [`crate::drift::remove_drift`]; an Event on the object names what went) and delete. A
 //!    failing chain keeps its last applied objects and marks only that state.
@@ -34,15 +34,13 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use crate::apply::{ObjKey, Outcome, key_of};
+use crate::cluster::facts::NodeFacts;
+use crate::cluster::node::SlimNode;
+use crate::cluster::{facts, readiness};
 use crate::context::{Context, Kept, Last, metadata_digest};
-use crate::node::SlimNode;
-use crate::nodes::{NodeFacts, label_nodes};
+use crate::controllers::policy::nodes::label_nodes;
 use crate::status::policy_resource;
-use crate::{Error, Result, facts, readiness};
-
-/// How long a reconcile waits for the caches of labelled objects to list once; past it, the
-/// reconcile goes on with what they hold (deleting less, never more).
-pub const LIVE_READY_LIMIT: Duration = Duration::from_secs(30);
+use crate::{Error, Result};
 
 /// One state's render: disabled, failed (with the error text) or its objects.
 enum Rendered {
@@ -74,7 +72,7 @@ pub async fn reconcile(policy: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<
     if let Err(e) = &res {
         ctx.metrics.error("reconcile");
         ctx.metrics
-            .reconcile_status(crate::metrics::ReconcileStatus::OperatorError);
+            .reconcile_status(crate::signals::metrics::ReconcileStatus::OperatorError);
         // The next trigger renders and applies again.
         ctx.caches
             .last
@@ -107,7 +105,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         tokio::time::sleep(wait).await;
     }
     *ctx.caches.paced.lock().expect("paced lock") = Some(Instant::now());
-    let all = crate::context::policies_from(ctx.caches.policies(), &ctx.client).await?;
+    let all = crate::cluster::view::policies_from(ctx.caches.policies(), &ctx.client).await?;
     // The freshest copy: the store's (the queued one may be older).
     let policy = all
         .iter()
@@ -130,7 +128,7 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
         .expect("last lock")
         .get(&name)
         .cloned();
-    let nodes = crate::context::nodes_from(ctx.caches.nodes(), &ctx.client).await?;
+    let nodes = crate::cluster::view::nodes_from(ctx.caches.nodes(), &ctx.client).await?;
     let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();
     if let Some(last) = last.filter(|l| {
         !full
@@ -173,6 +171,73 @@ async fn drifted(ctx: &Context) -> Result<bool> {
     }))
 }
 
+/// Each state's render through its plugin chain (disabled states are not rendered and their
+/// cached render is dropped), with the time its plugins took.
+async fn render_states(
+    ctx: &Context,
+    parsed: &Policy,
+    tctx: &TransformContext,
+) -> Vec<(State, Rendered, Duration)> {
+    let mut renders = Vec::with_capacity(State::ALL.len());
+    for state in State::ALL {
+        let t0 = Instant::now();
+        let rendered = if state.enabled(&parsed.spec) {
+            match render(ctx, state, parsed, tctx).await {
+                Ok(r) => Rendered::Objects(r),
+                Err(e) => Rendered::Failed(e),
+            }
+        } else {
+            ctx.caches.renders.forget(&state);
+            Rendered::Disabled
+        };
+        renders.push((state, rendered, t0.elapsed()));
+    }
+    renders
+}
+
+/// Carry out each state's plan: apply an enabled state, delete a disabled one's objects,
+/// orphan a state handed to NVIDIADriver CRs; a failure marks only its state. Counts each
+/// state's time and errors.
+async fn settle_states(
+    ctx: &Context,
+    renders: Vec<(State, Rendered, Duration)>,
+    plans: Vec<(State, StatePlan)>,
+    parsed: &Policy,
+) -> Vec<(State, Kept)> {
+    let mut states = Vec::with_capacity(State::ALL.len());
+    for ((state, rendered, plugin_time), (_, sp)) in renders.into_iter().zip(plans) {
+        let t0 = Instant::now();
+        let kept = match rendered {
+            Rendered::Failed(e) => Kept::Failed(e),
+            // Pods survive: the NVIDIADriver DaemonSets replace them (upstream).
+            Rendered::Disabled if hands_off(state, &parsed.spec) => {
+                match crate::apply::orphan(&ctx.client, &sp.orphan).await {
+                    Ok(n) => {
+                        ctx.metrics.writes("delete", n);
+                        Kept::HandedOff
+                    }
+                    Err(e) => Kept::Failed(e.to_string()),
+                }
+            }
+            Rendered::Disabled => match delete(ctx, &sp.delete).await {
+                Ok(()) => Kept::Disabled,
+                Err(e) => Kept::Failed(e.to_string()),
+            },
+            Rendered::Objects(_) => apply_state(ctx, &sp)
+                .await
+                .unwrap_or_else(|e| Kept::Failed(e.to_string())),
+        };
+        if let Kept::Failed(e) = &kept {
+            tracing::warn!(%state, error = %e, "state failed");
+            ctx.metrics.error(state.name());
+        }
+        ctx.metrics
+            .state_timing(state.name(), plugin_time + t0.elapsed(), plugin_time);
+        states.push((state, kept));
+    }
+    states
+}
+
 /// Render, label, plan, apply and delete; remember the outcome ([`Last`]); judge and write
 /// the status.
 async fn full_reconcile(
@@ -190,7 +255,7 @@ async fn full_reconcile(
         Err(e) => {
             tracing::warn!(policy = %name, error = %e, "invalid ClusterPolicy; nothing changed");
             ctx.metrics
-                .reconcile_status(crate::metrics::ReconcileStatus::PolicyUnavailable);
+                .reconcile_status(crate::signals::metrics::ReconcileStatus::PolicyUnavailable);
             ctx.caches.last.lock().expect("last lock").remove(&name);
             let wrote = ctx
                 .status
@@ -219,27 +284,19 @@ async fn full_reconcile(
         config_maps,
     )
     .await;
-    crate::psa::reconcile_hook(ctx, &parsed.spec, tctx.openshift_version.is_some()).await;
+    crate::controllers::policy::psa::reconcile_hook(
+        ctx,
+        &parsed.spec,
+        tctx.openshift_version.is_some(),
+    )
+    .await;
     let owner = policy
         .controller_owner_ref(&policy_resource())
         .expect("ClusterPolicy has a name");
     let owner = serde_json::to_value(&owner).expect("an OwnerReference serializes");
-    let mut renders = Vec::with_capacity(State::ALL.len());
-    for state in State::ALL {
-        let t0 = Instant::now();
-        let rendered = if state.enabled(&parsed.spec) {
-            match render(ctx, state, &parsed, &tctx).await {
-                Ok(r) => Rendered::Objects(r),
-                Err(e) => Rendered::Failed(e),
-            }
-        } else {
-            ctx.caches.renders.forget(&state);
-            Rendered::Disabled
-        };
-        renders.push((state, rendered, t0.elapsed()));
-    }
+    let renders = render_states(ctx, &parsed, &tctx).await;
     let live = ctx.live().await?;
-    if !live.ready(LIVE_READY_LIMIT).await {
+    if !live.ready(crate::cluster::watch::LIVE_READY_LIMIT).await {
         tracing::warn!(
             "the caches of labelled objects have not listed yet; deleting only what they hold"
         );
@@ -259,37 +316,7 @@ async fn full_reconcile(
         })
         .collect();
     let planned = plan(&view, &live.objects(), &owner, summary.gpu_nodes);
-    let mut states = Vec::with_capacity(State::ALL.len());
-    for ((state, rendered, plugin_time), (_, sp)) in renders.into_iter().zip(planned.states) {
-        let t0 = Instant::now();
-        let kept = match rendered {
-            Rendered::Failed(e) => Kept::Failed(e),
-            // Pods survive: the NVIDIADriver DaemonSets replace them (upstream).
-            Rendered::Disabled if hands_off(state, &parsed.spec) => {
-                match crate::nvidiadriver::orphan(&ctx.client, &sp.orphan).await {
-                    Ok(n) => {
-                        ctx.metrics.writes("delete", n);
-                        Kept::HandedOff
-                    }
-                    Err(e) => Kept::Failed(e.to_string()),
-                }
-            }
-            Rendered::Disabled => match delete(ctx, &sp.delete).await {
-                Ok(()) => Kept::Disabled,
-                Err(e) => Kept::Failed(e.to_string()),
-            },
-            Rendered::Objects(_) => apply_state(ctx, &sp)
-                .await
-                .unwrap_or_else(|e| Kept::Failed(e.to_string())),
-        };
-        if let Kept::Failed(e) = &kept {
-            tracing::warn!(%state, error = %e, "state failed");
-            ctx.metrics.error(state.name());
-        }
-        ctx.metrics
-            .state_timing(state.name(), plugin_time + t0.elapsed(), plugin_time);
-        states.push((state, kept));
-    }
+    let states = settle_states(ctx, renders, planned.states, &parsed).await;
     delete(ctx, &planned.orphans).await?;
     let failed = states.iter().any(|(_, k)| matches!(k, Kept::Failed(_)));
     let last = Last {
@@ -322,7 +349,8 @@ async fn judge_and_write(
     nodes: &[&SlimNode],
 ) -> Result<Action> {
     let live = ctx.live().await?;
-    let node_labels: Vec<&crate::node::InternedLabels> = nodes.iter().map(|n| n.labels()).collect();
+    let node_labels: Vec<&crate::cluster::node::InternedLabels> =
+        nodes.iter().map(|n| n.labels()).collect();
     let source = match ctx.caches.pods.get() {
         Some(w) => readiness::PodSource::Watches(w.as_ref()),
         None => readiness::PodSource::List(&ctx.client),
@@ -333,8 +361,11 @@ async fn judge_and_write(
         let result = match kept {
             Kept::Disabled => StateResult::Disabled,
             Kept::HandedOff => {
-                crate::nvidiadriver::policy_driver_result(&ctx.client, ctx.caches.drivers.get())
-                    .await?
+                crate::controllers::policy::handoff::policy_driver_result(
+                    &ctx.client,
+                    ctx.caches.drivers.get(),
+                )
+                .await?
             }
             Kept::Failed(e) => StateResult::Failed(e.clone()),
             Kept::Applied(daemonsets) => {
@@ -362,7 +393,7 @@ async fn judge_and_write(
         };
         results.push((*state, result));
     }
-    let summary = crate::nodes::summary(nodes);
+    let summary = crate::controllers::policy::nodes::summary(nodes);
     let mut verdict = judge(Observation {
         states: &results,
         gpu_nodes: summary.gpu_nodes,

@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 
 pub use kiln_core::context::{OS_ID_LABEL, OS_VERSION_LABEL};
 
-use crate::node::SlimNode;
+use crate::cluster::node::SlimNode;
 
 /// The container runtime of the GPU nodes, from `status.nodeInfo.containerRuntimeVersion`
 /// prefixes (`docker`, `containerd`, `cri-o`): containerd if any node uses it, else the last
@@ -133,7 +133,7 @@ impl ConfigMapCache {
     }
 
     /// The ConfigMaps' metadata as the watch holds them (the labelled-object cache's
-    /// ConfigMaps: [`crate::live::LiveCache::with_config_maps`]).
+    /// ConfigMaps: [`crate::cluster::live::LiveCache::with_config_maps`]).
     pub fn store(&self) -> Store<PartialObjectMeta<ConfigMap>> {
         self.store.clone()
     }
@@ -163,15 +163,15 @@ impl ConfigMapCache {
     /// Start the metadata watch of `namespace`'s ConfigMaps (a task on the current runtime,
     /// retrying with kube-runtime's default backoff); `on_change` runs when a wanted one
     /// ([`ConfigMapCache::wanted`]) is added, changed or deleted. The same watch serves the
-    /// ConfigMaps kiln applied ([`crate::live::LiveCache::with_config_maps`]): their events
-    /// wake `wake` as a watch of the labelled ones would ([`crate::live::LabelledEvents`]).
+    /// ConfigMaps kiln applied ([`crate::cluster::live::LiveCache::with_config_maps`]): their events
+    /// wake `wake` as a watch of the labelled ones would ([`crate::cluster::live::LabelledEvents`]).
     /// The operator's Role already lists and watches ConfigMaps there (the operand Roles grant
     /// it).
     pub fn start(
         client: &kube::Client,
         namespace: &str,
         on_change: impl Fn() + Send + 'static,
-        wake: &crate::live::Wake,
+        wake: &crate::cluster::live::Wake,
     ) -> Self {
         use futures::StreamExt;
         use kube::runtime::WatchStreamExt;
@@ -179,10 +179,10 @@ impl ConfigMapCache {
             kube::Api::namespaced(client.clone(), namespace);
         let writer = reflector::store::Writer::<PartialObjectMeta<ConfigMap>>::default();
         let store = writer.as_reader();
-        let stream = watcher::watcher(api, crate::watch::config()).default_backoff();
+        let stream = watcher::watcher(api, crate::cluster::watch::config()).default_backoff();
         let cache = Self::from_store(store);
         let wanted = cache.wanted.clone();
-        let mut labelled = crate::live::LabelledEvents::new(
+        let mut labelled = crate::cluster::live::LabelledEvents::new(
             kube::api::ApiResource::erase::<ConfigMap>(&()),
             wake.clone(),
         );
@@ -293,6 +293,31 @@ pub(crate) async fn read_references(
             Err(e) => {
                 tracing::warn!(secret = %name, %ns, error = %e, "cannot read a referenced Secret")
             }
+        }
+    }
+}
+
+/// The node facts a render depends on (the transform context's runtime and GPU node OS) and
+/// whether any GPU node exists (DaemonSets are applied only then). A node event that changes
+/// them asks for a full reconcile; any other relevant node event only re-judges readiness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Container runtime of the GPU nodes ([`container_runtime`]).
+    pub runtime: ContainerRuntime,
+    /// GPU node OS ([`gpu_node_os`]).
+    pub os: Option<NodeOs>,
+    /// Whether any node carries `nvidia.com/gpu.present=true`.
+    pub any_gpu: bool,
+}
+
+impl NodeFacts {
+    /// The facts of `nodes`.
+    pub fn of(nodes: &[&SlimNode]) -> Self {
+        let gpu: Vec<&SlimNode> = nodes.iter().copied().filter(|n| n.is_gpu()).collect();
+        NodeFacts {
+            runtime: container_runtime(&gpu),
+            os: gpu_node_os(&gpu),
+            any_gpu: !gpu.is_empty(),
         }
     }
 }

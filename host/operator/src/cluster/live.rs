@@ -36,8 +36,20 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
+use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
+use kube::ResourceExt as _;
+use kube::runtime::reflector::ObjectRef;
+
 use crate::Result;
 use crate::apply::Applier;
+
+/// The NVIDIADriver a DaemonSet belongs to: the one its [`NVIDIADRIVER_LABEL`] names (set on
+/// every DaemonSet [`crate::controllers::driver::render`] produces); `None` without the label.
+pub fn owner_of(ds: &DaemonSet) -> Option<ObjectRef<NVIDIADriver>> {
+    ds.labels()
+        .get(NVIDIADRIVER_LABEL)
+        .map(|cr| ObjectRef::new(cr))
+}
 
 /// The metadata of one labelled object as its store holds it.
 pub type Meta = PartialObjectMeta<DynamicObject>;
@@ -89,7 +101,7 @@ impl Wake {
         }
     }
 
-    /// Ask the driver upgrade loop for a pass soon ([`crate::upgrade::run_cluster_policy`]: a
+    /// Ask the driver upgrade loop for a pass soon ([`crate::controllers::upgrade::run_cluster_policy`]: a
     /// driver or validator pod, a DaemonSet, a node's upgrade state or the policy changed).
     pub fn upgrade(&self) {
         self.upgrade.notify_one();
@@ -131,7 +143,7 @@ impl Wake {
 /// One store per watched kind, with the kind it holds (a metadata watch reports every object
 /// as `PartialObjectMetadata`, so the kind comes from here), the DaemonSets as full objects
 /// from the namespace's one DaemonSet watch ([`start_daemonsets`], shared with the NVIDIADriver
-/// controller), and the ConfigMaps from the [`crate::facts::ConfigMapCache`]'s watch of every
+/// controller), and the ConfigMaps from the [`crate::cluster::facts::ConfigMapCache`]'s watch of every
 /// ConfigMap of the namespace; of these two only the labelled ones count.
 pub struct LiveCache {
     stores: Vec<(ApiResource, Store<Meta>)>,
@@ -248,7 +260,7 @@ impl LiveCache {
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
     /// does not serve, say ServiceMonitor without its CRD, is not watched). The reflectors run
     /// as tasks on the current runtime, retrying with kube-runtime's default backoff. With
-    /// `config_maps` (the [`crate::facts::ConfigMapCache`]'s store of every ConfigMap of
+    /// `config_maps` (the [`crate::cluster::facts::ConfigMapCache`]'s store of every ConfigMap of
     /// `namespace`, whose watch wakes through [`LabelledEvents`]) ConfigMaps get no watch of
     /// their own; with `shared_daemonsets` (the store of [`start_daemonsets`], started by
     /// `run` for both controllers) neither do DaemonSets, else one is started here.
@@ -288,7 +300,8 @@ impl LiveCache {
             };
             let writer = reflector::store::Writer::<Meta>::new(ar.clone());
             let store = writer.as_reader();
-            let stream = watcher(api, crate::watch::config().labels(STATE_LABEL)).default_backoff();
+            let stream =
+                watcher(api, crate::cluster::watch::config().labels(STATE_LABEL)).default_backoff();
             let name = kind.clone();
             let mut events = LabelledEvents::new(ar.clone(), wake.clone());
             tokio::spawn(reflector::reflector(writer, stream).for_each(move |ev| {
@@ -399,7 +412,7 @@ impl LiveCache {
 /// wakes the ClusterPolicy controller through [`LabelledEvents`] (a status change re-judges
 /// readiness from this store, with no request), the policy's driver DaemonSet's also the
 /// driver upgrade loop, and a listed store both; every event is passed to `also` (the
-/// NVIDIADriver controller's side, [`crate::nvidiadriver::daemonset_feed`]) after the store
+/// NVIDIADriver controller's side, [`crate::controllers::driver::daemonset_feed`]) after the store
 /// holds it. Unlabelled DaemonSets of the namespace (a site's, or NVIDIA's operator's during a
 /// migration) are held as metadata without annotations ([`trim_daemonset`]) and wake nothing
 /// here, except one that just lost the label.
@@ -413,7 +426,7 @@ pub fn start_daemonsets(
     let writer = reflector::store::Writer::<DaemonSet>::default();
     let store = writer.as_reader();
     let mut events = LabelledEvents::new(ApiResource::erase::<DaemonSet>(&()), wake.clone());
-    let stream = watcher(api, crate::watch::config())
+    let stream = watcher(api, crate::cluster::watch::config())
         .default_backoff()
         .modify(trim_daemonset);
     let wake = wake.clone();
@@ -454,16 +467,16 @@ pub fn foreign_of(d: &DaemonSet) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
 
 /// A DaemonSet as the shared store keeps it: managed fields (most of a DaemonSet's size)
 /// dropped, except, on either controller's DaemonSets (the policy's, [`labelled`], and an
-/// NVIDIADriver CR's, [`crate::nvidiadriver::owner_of`]), the fields other managers added
+/// NVIDIADriver CR's, [`crate::controllers::driver::owner_of`]), the fields other managers added
 /// and kiln does not own ([`kiln_core::drift::foreign`]: nothing at rest), which the next
 /// reconcile removes; one that is neither the policy's nor an NVIDIADriver CR's
-/// ([`crate::nvidiadriver::owner_of`]) also loses its
+/// ([`crate::controllers::driver::owner_of`]) also loses its
 /// annotations, spec and status, since every reader of the store filters on those two labels
 /// and [`LabelledEvents`] reads only labels. When such a DaemonSet gains a label (kiln applies
 /// over NVIDIA's), the watch event that shows it carries the whole object again.
 fn trim_daemonset(d: &mut DaemonSet) {
     let managed = d.metadata.managed_fields.take();
-    let ours = labelled(&d.metadata) || crate::nvidiadriver::owner_of(d).is_some();
+    let ours = labelled(&d.metadata) || owner_of(d).is_some();
     if ours {
         let foreign =
             kiln_core::drift::foreign(&managed.unwrap_or_default(), crate::apply::FIELD_MANAGER);
@@ -478,7 +491,8 @@ fn trim_daemonset(d: &mut DaemonSet) {
 
 /// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
 fn is_driver(ds: &DaemonSet) -> bool {
-    ds.metadata.name.as_deref() == Some(crate::upgrade::DRIVER_DAEMONSET) && labelled(&ds.metadata)
+    ds.metadata.name.as_deref() == Some(crate::cluster::watch::DRIVER_DAEMONSET)
+        && labelled(&ds.metadata)
 }
 
 /// `m` (of kind `ar`) as the plan sees it.
@@ -693,9 +707,12 @@ mod tests {
                 .daemonset("gpu-operator", "nvidia-gpu-driver-ubuntu22.04-pool-a")
                 .is_none()
         );
-        assert!(!is_driver(&ds(crate::upgrade::DRIVER_DAEMONSET, &[])));
+        assert!(!is_driver(&ds(
+            crate::cluster::watch::DRIVER_DAEMONSET,
+            &[]
+        )));
         assert!(is_driver(&ds(
-            crate::upgrade::DRIVER_DAEMONSET,
+            crate::cluster::watch::DRIVER_DAEMONSET,
             &[(STATE_LABEL, "driver")]
         )));
     }

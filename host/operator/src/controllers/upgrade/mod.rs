@@ -13,7 +13,7 @@
 //! ```
 //!
 //! A pass at rest reads nothing from the API server: every input is a cache, and the loop
-//! wakes only on what can start or move an upgrade ([`crate::live::Wake::upgrade`]: the driver
+//! wakes only on what can start or move an upgrade ([`crate::cluster::live::Wake::upgrade`]: the driver
 //! DaemonSet, a driver or validator pod, a node's upgrade labels/annotations/cordon/Ready, a
 //! full reconcile of the policy). Its own node patches are waited for in the store before the
 //! next pass plans (slot counting must see them).
@@ -27,6 +27,8 @@
 //! and failure on the node and on the scope's owner (`gpu-node-3: cordon-required ->
 //! wait-for-jobs-required: cordoned`); progress notes of a wait (`waiting for 2 pod(s)
 //! matching app=trainer, 41m so far`) on the node, at most every [`PROGRESS_EVENT_EVERY`].
+
+pub mod eviction;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -47,15 +49,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
+use crate::cluster::node::SlimNode;
+use crate::cluster::readiness::{PodWatches, SlimPod};
+use crate::cluster::watch::DRIVER_DAEMONSET;
 use crate::context::Context;
-use crate::metrics::{Metrics, UpgradeCensus};
-use crate::node::SlimNode;
-use crate::readiness::{PodWatches, SlimPod};
+use crate::signals::metrics::{Metrics, UpgradeCensus};
 use crate::{Error, Result, is_not_found};
-use kiln_core::labels::LabelLookup as _;
+use kiln_core::labels::LabelLookup;
 
-/// The ClusterPolicy's driver DaemonSet (assets/state-driver).
-pub const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
 /// The label every driver pod carries, the ClusterPolicy's and every NVIDIADriver's alike
 /// (their pod anti-affinity keeps one per node by it): an NVIDIADriver's upgrade finds the
 /// ClusterPolicy's driver pods left behind (orphaned) by it ([`ORPHANED_DRIVER_SELECTOR`]).
@@ -126,7 +127,7 @@ impl Default for UpgradeConfig {
             validation_timeout: Duration::from_secs(
                 upgrade::VALIDATION_TIMEOUT_SECONDS.unsigned_abs(),
             ),
-            identity: crate::context::default_identity(),
+            identity: crate::leader::default_identity(),
             namespace: "gpu-operator".into(),
         }
     }
@@ -137,10 +138,10 @@ impl Default for UpgradeConfig {
 pub struct Sources {
     /// The nodes ([`SlimNode`] keeps the upgrade labels and annotations,
     /// `spec.unschedulable` and the `Ready` condition).
-    pub nodes: crate::store::NamedStore<SlimNode>,
+    pub nodes: crate::cluster::store::NamedStore<SlimNode>,
     /// Driver pods and revisions (by the driver DaemonSet's selector) and validator pods.
     pub pods: Arc<PodWatches>,
-    /// What wakes the loop ([`crate::live::Wake::upgrade_notify`]).
+    /// What wakes the loop ([`crate::cluster::live::Wake::upgrade_notify`]).
     pub changed: Arc<Notify>,
 }
 
@@ -470,7 +471,7 @@ impl Upgrader {
     }
 
     /// Evict `pods` (`namespace/name`) as `kubectl drain` does, stating node and reason for the
-    /// chart's admission policies ([`crate::eviction`]); a refusal (PodDisruptionBudget, 429) is
+    /// chart's admission policies ([`crate::controllers::upgrade::eviction`]); a refusal (PodDisruptionBudget, 429) is
     /// logged and retried on the next pass.
     async fn evict(&self, node: &str, pods: &[String], drain: bool) -> u64 {
         let mut writes = 0;
@@ -479,11 +480,13 @@ impl Upgrader {
                 continue;
             };
             let reason = if drain {
-                crate::eviction::Reason::Drain
+                crate::controllers::upgrade::eviction::Reason::Drain
             } else {
-                crate::eviction::Reason::GpuPod
+                crate::controllers::upgrade::eviction::Reason::GpuPod
             };
-            match crate::eviction::evict(&self.client, ns, name, node, reason).await {
+            match crate::controllers::upgrade::eviction::evict(&self.client, ns, name, node, reason)
+                .await
+            {
                 Ok(_) => writes += 1,
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => {
@@ -614,47 +617,37 @@ pub fn node_facts(
         .and_then(|t| t.node_selector.clone())
         .unwrap_or_default();
     let validator = Selector::parse(&scope.validator_selector).unwrap_or_default();
-    let in_ns = |p: &Pod| p.metadata.namespace.as_deref() == Some(scope.namespace.as_str());
-    let owned = |p: &Pod| in_ns(p) && p.owner_references().iter().any(|o| o.uid == uid);
-    let (component, driver) = DRIVER_COMPONENT_LABEL;
-    let orphan = |p: &Pod| {
-        let selected = !match_labels.is_empty()
-            && match_labels
-                .iter()
-                .all(|(k, v)| p.labels().get(k) == Some(v));
-        let left_by_policy = scope.replaces_orphans()
-            && p.labels().get(component).map(String::as_str) == Some(driver);
-        in_ns(p) && p.owner_references().is_empty() && (selected || left_by_policy)
+    let ours = Ours {
+        namespace: &scope.namespace,
+        match_labels: &match_labels,
+        replaces_orphans: scope.replaces_orphans(),
     };
-    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let mut drivers: HashMap<String, DriverPodFacts> = HashMap::new();
     for p in pods.drivers {
-        let p = &p.to_pod();
-        let Some(node) = node_of(p) else { continue };
-        if owned(p) {
-            let f = DriverPodFacts::from_pod(p, desired.map(|h| (h, digest)));
+        let Some(node) = p.node_name() else { continue };
+        if ours.owned(p.namespace(), p.owned_by(&uid)) {
+            let f = DriverPodFacts::from_pod(&**p, desired.map(|h| (h, digest)));
             // Prefer the live pod over one already terminating.
             let keep = drivers
-                .get(&node)
+                .get(node)
                 .is_some_and(|d| !d.orphaned && !d.terminating && f.terminating);
             if !keep {
-                drivers.insert(node, f);
+                drivers.insert(node.to_string(), f);
             }
-        } else if orphan(p) {
+        } else if ours.orphan(p.namespace(), p.has_owners(), &**p) {
             drivers
-                .entry(node)
-                .or_insert_with(|| DriverPodFacts::from_pod(p, None));
+                .entry(node.to_string())
+                .or_insert_with(|| DriverPodFacts::from_pod(&**p, None));
         }
     }
     // Per node: whether any of its validator pods is ready.
-    let mut validators: HashMap<String, bool> = HashMap::new();
+    let mut validators: HashMap<&str, bool> = HashMap::new();
     for p in pods.validators {
-        let p = &p.to_pod();
-        if !validator.matches(&labels_of(p)) {
+        if !validator.matches(&**p) {
             continue;
         }
-        if let Some(node) = node_of(p) {
-            *validators.entry(node).or_default() |= pod_ready(p);
+        if let Some(node) = p.node_name() {
+            *validators.entry(node).or_default() |= p.is_ready();
         }
     }
     let mut out = Vec::new();
@@ -676,7 +669,7 @@ pub fn node_facts(
         if !keep {
             continue;
         }
-        let mut f = NodeFacts::from_node(&n.to_node());
+        let mut f = NodeFacts::from_node(&**n);
         // The ClusterPolicy's driver pod left on an NVIDIADriver's node: an upgrade request,
         // as upstream's node labelling makes it ([`UpgradeScope::replaces_orphans`]).
         if scope.replaces_orphans()
@@ -694,7 +687,12 @@ pub fn node_facts(
             .get(name)
             .into_iter()
             .flatten()
-            .filter(|p| !owned(p) && !orphan(p))
+            .filter(|p| {
+                let ns = p.metadata.namespace.as_deref();
+                let owners = p.owner_references();
+                !ours.owned(ns, owners.iter().any(|o| o.uid == uid))
+                    && !ours.orphan(ns, !owners.is_empty(), *p)
+            })
             .map(PodFacts::from_pod)
             .collect();
         out.push(f);
@@ -721,19 +719,34 @@ fn pod_summary(p: &Pod) -> String {
     )
 }
 
-fn labels_of(p: &Pod) -> BTreeMap<String, String> {
-    p.metadata.labels.clone().unwrap_or_default()
+/// Which pods of the operator namespace belong to a driver DaemonSet: those it owns (by uid)
+/// and orphans its selector would select (left behind by a deleted DaemonSet).
+struct Ours<'a> {
+    namespace: &'a str,
+    match_labels: &'a BTreeMap<String, String>,
+    /// An NVIDIADriver's upgrade: the ClusterPolicy's driver pods left on its nodes
+    /// ([`DRIVER_COMPONENT_LABEL`]) count as orphans too.
+    replaces_orphans: bool,
 }
 
-fn pod_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status.as_ref().is_some_and(|s| {
-            s.phase.as_deref() == Some("Running")
-                && s.conditions
-                    .iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+impl Ours<'_> {
+    /// A pod in `ns` with an owner reference of the DaemonSet's uid (`owned_by_uid`).
+    fn owned(&self, ns: Option<&str>, owned_by_uid: bool) -> bool {
+        ns == Some(self.namespace) && owned_by_uid
+    }
+
+    /// A pod in `ns` without owners whose `labels` the DaemonSet's selector matches (or, with
+    /// `replaces_orphans`, that carries [`DRIVER_COMPONENT_LABEL`]).
+    fn orphan(&self, ns: Option<&str>, has_owners: bool, labels: &impl LabelLookup) -> bool {
+        let selected = !self.match_labels.is_empty()
+            && self
+                .match_labels
+                .iter()
+                .all(|(k, v)| labels.label(k) == Some(v.as_str()));
+        let (component, driver) = DRIVER_COMPONENT_LABEL;
+        let left_by_policy = self.replaces_orphans && labels.label(component) == Some(driver);
+        ns == Some(self.namespace) && !has_owners && (selected || left_by_policy)
+    }
 }
 
 fn unix_now() -> i64 {
@@ -837,7 +850,7 @@ async fn cluster_policy_pass(
         return Ok(false);
     };
     let objects = store.state();
-    let Some(object) = crate::context::active_of(&objects) else {
+    let Some(object) = crate::cluster::view::active_of(&objects) else {
         set_metrics(metrics, None);
         return Ok(false);
     };
@@ -847,7 +860,7 @@ async fn cluster_policy_pass(
         return Ok(false);
     };
     let live = ctx.live().await?;
-    let _ = live.ready(crate::reconcile::LIVE_READY_LIMIT).await;
+    let _ = live.ready(crate::cluster::watch::LIVE_READY_LIMIT).await;
     let Some(ds) = live.daemonset(&scope.namespace, &scope.daemonset) else {
         tracing::debug!(daemonset = %scope.daemonset, "no driver DaemonSet yet");
         set_metrics(metrics, None);

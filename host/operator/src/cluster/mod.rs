@@ -1,0 +1,13 @@
+//! The operator's view of the cluster: the watches it opens ([`watch`]), the stores they fill
+//! (name-keyed ones for nodes and pods, [`store`], [`node`], [`readiness`]; kube reflector
+//! stores for the labelled objects, DaemonSets and ConfigMaps, [`live`], [`facts`]) and the
+//! wake-ups their events send ([`live::Wake`]). Everything here reads and decodes; nothing
+//! here reconciles. It imports no controller and no signal.
+
+pub mod facts;
+pub mod live;
+pub mod node;
+pub mod readiness;
+pub mod store;
+pub mod view;
+pub mod watch;
