@@ -1,15 +1,11 @@
 //! Running `testcluster/bin/helm` against a testcluster, shared by the chart tests.
-#![allow(dead_code)] // each test binary including this uses a part of it
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail, ensure};
 use kiln_testcluster::TestCluster;
 
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+pub use super::repo;
 
 /// `testcluster/bin/helm`, or an error saying how to build it.
 pub fn helm_bin() -> anyhow::Result<PathBuf> {

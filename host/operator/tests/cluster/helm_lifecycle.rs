@@ -23,8 +23,7 @@
 //! commands are run here, against the same cluster, with tokens of ServiceAccounts bound to
 //! the hook RBAC the chart renders.
 
-#[path = "support/helm.rs"]
-mod helm_support;
+use crate::support::helm as helm_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,7 +37,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_operator::lifecycle::{self, CRD_NAME, CleanupOptions, NVIDIA_DRIVER_CRD_NAME};
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -496,8 +495,8 @@ async fn helm_install_upgrade_uninstall_with_real_readiness() -> anyhow::Result<
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .try_init();
     }
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(lifecycle_scenario(cluster).await)
 }
 

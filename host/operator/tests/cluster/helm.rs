@@ -36,10 +36,8 @@
 //! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
 //!    (their owner references point at the chart's ClusterPolicy).
 
-#[path = "support/helm.rs"]
-mod helm_support;
-#[path = "support/rbac.rs"]
-mod rbac;
+use crate::support::helm as helm_support;
+use crate::support::rbac;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +53,7 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
@@ -92,8 +90,8 @@ fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_brings_the_operator_up() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 

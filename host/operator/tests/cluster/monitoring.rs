@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_testcluster::{TestCluster, exclusive, shared};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use promql_parser::parser::{self, Expr};
@@ -219,8 +219,8 @@ fn shipped_rules_and_dashboard_parse() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitoring_contract_against_a_live_operator() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = exclusive().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 

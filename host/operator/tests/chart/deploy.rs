@@ -6,10 +6,9 @@
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
 //! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
-#[path = "deploy/network_policy.rs"]
 mod network_policy;
-#[path = "support/rbac.rs"]
-mod rbac;
+
+use crate::support::rbac;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
