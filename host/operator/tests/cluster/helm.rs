@@ -65,14 +65,8 @@ const RELEASE: &str = "kiln";
 const POLICY: &str = "cluster-policy";
 const TIMEOUT: Duration = Duration::from_secs(150);
 
+/// The operator in this process, as the chart's replica `helm-test-replica` (leader election on).
 fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let host = Arc::new(kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig {
-            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
-            ..kiln_plugin_host::HostConfig::default()
-        },
-        kiln_bundled_plugins::BUNDLED,
-    )?);
     let config = kiln_operator::Config {
         namespace: NS.into(),
         metrics_addr: "127.0.0.1:0".into(),
@@ -80,12 +74,8 @@ fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>>
         identity: "helm-test-replica".into(),
         ..kiln_operator::Config::default()
     };
-    let renderer = kiln_render::Renderer::new(host);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = kiln_operator::run(client, renderer, config).await {
-            eprintln!("operator stopped: {e}");
-        }
-    }))
+    let (task, _) = crate::support::cluster::start_operator(client, Default::default(), config)?;
+    Ok(task)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
