@@ -2,7 +2,7 @@
 # Regenerates deploy/rbac/*.yaml from the chart (deploy/helm/kiln), the source of the operator's
 # RBAC, for namespace gpu-operator: `helm template` of templates/operator.yaml without the
 # Deployment, and of templates/node-patch-policy.yaml and templates/admission-policies.yaml.
-# host/operator/tests/deploy.rs fails when the copies drift. Needs testcluster/bin/helm
+# host/operator/tests/chart/deploy.rs fails when the copies drift. Needs testcluster/bin/helm
 # (`testcluster/build.sh`) or HELM=path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ render() {
   cat <<'HEAD'
 # RBAC of the kiln operator: the chart's objects (deploy/helm/kiln/templates/operator.yaml, rules
 # in files/*rules.yaml) for namespace gpu-operator, written by deploy/rbac/regenerate.sh; do not
-# edit (host/operator/tests/deploy.rs keeps them equal). Least privilege: no wildcards, no
+# edit (host/operator/tests/chart/deploy.rs keeps them equal). Least privilege: no wildcards, no
 # `escalate`, `bind`/`patch`/`delete` on RBAC objects only for the operand roles named in
 # assets/, namespaced rights in a Role in the operator namespace (Secrets included), Events in
 # `default`. See deploy/operator/README.md.

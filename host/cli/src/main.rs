@@ -1,5 +1,6 @@
 //! `kiln`: one binary, one subcommand per job.
 
+mod alloc;
 mod commands;
 
 kiln_operator::global_allocator!();
@@ -24,6 +25,17 @@ fn main() -> std::process::ExitCode {
             .flatten_event(true)
             .with_current_span(false)
             .init(),
+    }
+    let profile = cli.allocator_profile();
+    match alloc::settle(profile) {
+        Ok(()) => tracing::debug!(
+            ?profile,
+            background_thread = ?alloc::background_thread(),
+            "allocator settled"
+        ),
+        Err(errno) => {
+            tracing::warn!(errno, ?profile, "jemalloc refused the allocator settings");
+        }
     }
     cli.run()
 }

@@ -8,10 +8,11 @@
 //! "NVIDIA H100 …" ──► k8s::sanitize_label_value (Kubernetes label syntax) or skipped
 //! ```
 //!
-//! The rules and why: a hostile-input review (issue 15) found `/dev/urandom` read whole as a
-//! fixture, YAML nested 100,000 deep parsed in 39 s (libyaml is quadratic in flow depth),
-//! duplicate keys silently taking the last value (kubectl refuses them), a duration
-//! `99999999999999999999999h` panicking the agents, and label values the API server refuses.
+//! The rules and why: each refuses an input that would otherwise hang, exhaust or silently
+//! mislead an agent: a device file (`/dev/urandom`) read whole as a fixture, YAML nested
+//! thousands deep (libyaml's flow parsing is quadratic in depth), duplicate keys silently taking
+//! the last value (kubectl refuses them), a duration too large for `Duration`, and label values
+//! the API server refuses. (The review that found them, with timings: `docs/benchmarks.md`.)
 
 pub mod duration;
 mod file;

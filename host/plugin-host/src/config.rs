@@ -28,8 +28,8 @@ pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 16 << 20;
 /// the standard plugins are under 64 KiB).
 pub const MAX_FUNCTION_BODY_BYTES: usize = 1 << 20;
 /// Default bound on compiling one drop-in plugin: 120 s. Generous on purpose: a standard-size
-/// plugin (0.5 MiB) took over 30 s to compile on a loaded 2-core machine; the size bounds keep
-/// the worst case finite, the deadline keeps a load from hanging a render.
+/// plugin can take tens of seconds to compile on a loaded 2-core node (`docs/benchmarks.md`);
+/// the size bounds keep the worst case finite, the deadline keeps a load from hanging a render.
 pub const DEFAULT_COMPILE_DEADLINE: Duration = Duration::from_secs(120);
 /// Default cap on one object a plugin returns, serialized as compact JSON: 1 MiB (the API
 /// server refuses objects over about 1.5 MiB).
@@ -97,8 +97,9 @@ pub struct HostConfig {
     /// Deterministic fuel per call, or `None` (the default) for the epoch deadline alone.
     /// With `Some(n)` every call gets `n` units (see [`DEFAULT_FUEL`]) and running out fails it
     /// with [`crate::PluginError::OutOfFuel`]; instantiation counts against it. Fuel metering
-    /// is compiled into the plugins' code and costs about a third of their run time (measured
-    /// on the standard plugins), so it is opt-in; the deadline bounds every call either way.
+    /// is compiled into the plugins' code and slows every call (`cargo bench -p kiln-render`
+    /// prints the render with and without it), so it is opt-in; the deadline bounds every call
+    /// either way.
     pub fuel: Option<u64>,
     /// Wall-clock deadline per call (default 2 s, resolution [`EPOCH_TICK`]), always on.
     /// Exceeding it fails the call with [`crate::PluginError::DeadlineExceeded`].

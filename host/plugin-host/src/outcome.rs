@@ -331,8 +331,8 @@ enum Refusal {
 /// answers through the SDK's `export_operand!` path (in kiln's build, the standard bundle's
 /// `export_standard_bundle!`, which runs it per plugin), which serializes every DaemonSet section
 /// from the typed object it edited (`kiln_plugin_sdk::run_operand`), so its result parses by
-/// construction; parsing it again was 8-13 % of a full render of the sample (2.05-2.10 ->
-/// 1.89-1.93 ms of CPU, `cargo bench -p kiln-render`).
+/// construction and is not parsed again (what that parse cost: `docs/benchmarks.md`,
+/// `cargo bench -p kiln-render`).
 struct SiteGuard {
     typed_daemonset: bool,
     rbac: Vec<(&'static str, Option<Value>)>,

@@ -164,8 +164,8 @@ impl Renderer {
     /// Render every state `policy` enables, returned in apply order; each state's result is
     /// independent. States render on up to [`std::thread::available_parallelism`] scoped
     /// threads sharing the host (no state's transform reads another's output), each taking the
-    /// next state not yet started. One thread per core, not per state: warm calls are short
-    /// (0.03–0.2 ms) and more threads than cores only add scheduling and cross-core TLB flushes
+    /// next state not yet started. One thread per core, not per state: warm calls take well
+    /// under a millisecond and more threads than cores only add scheduling and cross-core TLB flushes
     /// (Wasmtime changes page protections of an instance's memory when it is discarded), while
     /// a cold start still compiles plugins on every core.
     pub fn render(

@@ -110,6 +110,24 @@ impl Cli {
         }
     }
 
+    /// The allocator settings the subcommand runs with ([`crate::alloc`]): the operator's for
+    /// the operator, the small profile for the node agents and the one-shot tools.
+    #[must_use]
+    pub fn allocator_profile(&self) -> crate::alloc::Profile {
+        match self.command {
+            Command::Operator(_) => crate::alloc::Profile::Operator,
+            Command::Exporter(_)
+            | Command::DevicePlugin(_)
+            | Command::Gfd(_)
+            | Command::Validator(_)
+            | Command::Render(_)
+            | Command::Plugin(_)
+            | Command::Crdgen(_)
+            | Command::Version(_)
+            | Command::Completion(_) => crate::alloc::Profile::Small,
+        }
+    }
+
     /// Run the chosen subcommand; errors are printed to stderr with their causes. With
     /// `KILN_CHECK_ARGS` set, print the subcommand path and the env vars it reads as JSON
     /// instead (arguments and env were already parsed; see `check_args`).

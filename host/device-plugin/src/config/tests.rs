@@ -256,7 +256,7 @@ fn from_file_names_the_file() {
     assert_eq!(e.message(), "unknown version: v9");
 }
 
-/// The hostile-input cases of issue 15 (Why-5): every one an error naming the field, none a
+/// Hostile input (`kiln_input`'s rules): every case an error naming the field, none a
 /// panic, an OOM or a silent truncation.
 #[test]
 fn out_of_range_values_are_errors_naming_the_field() {

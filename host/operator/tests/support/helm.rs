@@ -1,15 +1,13 @@
 //! Running `testcluster/bin/helm` against a testcluster, shared by the chart tests.
-#![allow(dead_code)] // each test binary including this uses a part of it
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail, ensure};
 use kiln_testcluster::TestCluster;
+use serde::Deserialize as _;
+use serde_json::Value;
 
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+pub use super::repo;
 
 /// `testcluster/bin/helm`, or an error saying how to build it.
 pub fn helm_bin() -> anyhow::Result<PathBuf> {
@@ -60,4 +58,38 @@ pub async fn helm(cluster: &TestCluster, home: &Path, args: &[&str]) -> anyhow::
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The objects of a multi-document YAML text (empty documents skipped); panics on bad YAML.
+pub fn docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .filter_map(|d| Option::<Value>::deserialize(d).expect("YAML"))
+        .collect()
+}
+
+/// `helm template kiln deploy/helm/kiln --namespace gpu-operator ARGS` (`--set …`, `-f …`,
+/// `--api-versions …`), with helm's cache/config/data in a fresh directory: the objects, or
+/// helm's error text when it fails; `None` (said on stderr) when `testcluster/bin/helm` is
+/// not built, so the chart tests pass without it.
+pub fn template(args: &[&str]) -> Option<Result<Vec<Value>, String>> {
+    if helm_bin().is_err() {
+        eprintln!("testcluster/bin/helm not built; skipping");
+        return None;
+    }
+    let home = tempfile::tempdir().expect("a temporary directory");
+    let base = [
+        "template",
+        "kiln",
+        "deploy/helm/kiln",
+        "--namespace",
+        "gpu-operator",
+    ];
+    let all: Vec<&str> = base.iter().chain(args).copied().collect();
+    let out = helm_command(None, home.path(), &all)
+        .and_then(|mut cmd| Ok(cmd.output()?))
+        .expect("helm runs");
+    if !out.status.success() {
+        return Some(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
+    }
+    Some(Ok(docs(&String::from_utf8_lossy(&out.stdout))))
 }

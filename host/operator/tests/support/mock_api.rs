@@ -8,8 +8,6 @@
 //! does), DELETE and POST; a watch (`watch=true`) and everything else is 404, so a watcher keeps
 //! what its first list held. Every request is recorded for the tests to assert on.
 
-#![allow(dead_code)] // each test binary uses a part
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -146,6 +144,33 @@ fn in_collection(key: &str, path: &str) -> bool {
 }
 
 impl Server {
+    /// Stores `obj` at its path, found from its `apiVersion`, `kind`, namespace and name
+    /// through the served kinds; panics on a kind the server does not serve.
+    pub fn insert(&mut self, obj: Value) {
+        let gv = obj["apiVersion"].as_str().unwrap_or_default();
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        let listed = discovery(gv).unwrap_or_else(|| panic!("{gv} is not served"));
+        let resource = listed["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["kind"] == kind)
+            .unwrap_or_else(|| panic!("{gv} {kind} is not served"));
+        let root = if gv == "v1" {
+            "/api/v1".to_string()
+        } else {
+            format!("/apis/{gv}")
+        };
+        let ns = match obj["metadata"]["namespace"].as_str() {
+            Some(ns) if resource["namespaced"] == true => format!("/namespaces/{ns}"),
+            _ => String::new(),
+        };
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let plural = resource["name"].as_str().unwrap_or_default();
+        self.objects
+            .insert(format!("{root}{ns}/{plural}/{name}"), obj);
+    }
+
     fn handle(
         &mut self,
         method: &Method,

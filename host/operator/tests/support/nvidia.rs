@@ -4,17 +4,13 @@
 //! `gpu-operator`), its node labels, and what to compare before and after kiln takes over
 //! (ControllerRevisions, DaemonSet generations and templates, operand pods).
 
-#![allow(dead_code)] // each test binary uses a part
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_testcluster::TestCluster;
 use kube::Client;
@@ -128,45 +124,6 @@ pub async fn create_all(client: &Client, objs: &[Value]) -> anyhow::Result<()> {
             .with_context(|| format!("create {} {}", o["kind"], o["metadata"]["name"]))?;
     }
     Ok(())
-}
-
-/// Applies a CRD document and waits until it is Established.
-pub async fn install_crd(
-    cluster: &TestCluster,
-    client: &Client,
-    crd: &Value,
-) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd["metadata"]["name"]
-        .as_str()
-        .context("CRD name")?
-        .to_string();
-    crds.patch(
-        &name,
-        &PatchParams::apply("kiln-test").force(),
-        &Patch::Apply(crd),
-    )
-    .await?;
-    cluster
-        .wait_for("CRD established", TIMEOUT, || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await?;
-                let ok = c
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if ok {
-                    Ok(())
-                } else {
-                    Err("not established".into())
-                })
-            }
-        })
-        .await
 }
 
 /// The ClusterPolicy API over raw JSON (a typed ClusterPolicy would serialize every
@@ -349,42 +306,19 @@ pub fn daemonset_names(objs: &[Value]) -> Vec<String> {
 
 /// Starts kiln's operator in this process on [`NS`], with the variant's images.
 pub fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let host = Arc::new(kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig {
-            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
-            ..kiln_plugin_host::HostConfig::default()
-        },
-        kiln_bundled_plugins::BUNDLED,
-    )?);
     let config = kiln_operator::Config {
         namespace: NS.into(),
         metrics_addr: "127.0.0.1:0".into(),
         images: images()?,
         ..kiln_operator::Config::default()
     };
-    let renderer = kiln_render::Renderer::new(host);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = kiln_operator::run(client, renderer, config).await {
-            eprintln!("operator stopped: {e}");
-        }
-    }))
+    let (task, _) = super::cluster::start_operator(client, Default::default(), config)?;
+    Ok(task)
 }
 
-/// The policy's `status.state` and conditions, one line.
+/// The policy's `status.state` and conditions, one line ([`super::cluster::policy_state`]).
 pub async fn policy_state(client: &Client, name: &str) -> anyhow::Result<(String, String)> {
-    let p = Api::<ClusterPolicy>::all(client.clone()).get(name).await?;
-    let s = p.status.unwrap_or_default();
-    let state = serde_json::to_value(s.state)?
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let msg = s
-        .conditions
-        .iter()
-        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-        .collect::<Vec<_>>()
-        .join(" | ");
-    Ok((state, msg))
+    super::cluster::policy_state(&Api::all(client.clone()), name).await
 }
 
 /// Waits until every object of `objs` carries kiln's state label and a managedFields entry
@@ -449,51 +383,4 @@ pub fn assert_undisturbed(before: &Snapshot, after: &Snapshot) {
     );
     assert_eq!(before.revisions, after.revisions, "ControllerRevisions");
     assert_eq!(before.pods, after.pods, "operand pods (name → uid)");
-}
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `testcluster/bin/helm ARGS --kubeconfig K` in the repository root with helm's
-/// cache/config/data under `home`, returning stdout and stderr; fails with both.
-pub async fn helm(
-    cluster: &TestCluster,
-    home: &std::path::Path,
-    args: &[&str],
-) -> anyhow::Result<String> {
-    let bin = repo().join("testcluster/bin/helm");
-    anyhow::ensure!(
-        bin.is_file(),
-        "{} not found: `testcluster/build.sh` builds it",
-        bin.display()
-    );
-    let mut cmd = std::process::Command::new(&bin);
-    cmd.args(args)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .current_dir(repo());
-    for (var, sub) in [
-        ("HELM_CACHE_HOME", "cache"),
-        ("HELM_CONFIG_HOME", "config"),
-        ("HELM_DATA_HOME", "data"),
-    ] {
-        cmd.env(var, home.join(sub));
-    }
-    let what = format!("helm {}", args.join(" "));
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await?
-        .with_context(|| what.clone())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    anyhow::ensure!(
-        out.status.success(),
-        "{what} failed ({}):\n{text}",
-        out.status
-    );
-    Ok(text)
 }

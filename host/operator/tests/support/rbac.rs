@@ -1,7 +1,5 @@
 //! The operand RBAC objects in `assets/` and Kubernetes' rule-covering check, shared by the
 //! `deploy` and `helm` tests.
-// Each test crate uses a part of it.
-#![allow(dead_code)]
 
 use kiln_core::State;
 use serde_json::Value;

@@ -527,12 +527,14 @@ async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_driver_upgrades() -> anyhow::Result<()> {
-    let cluster = TestCluster::start(Options {
+    let turn = crate::support::cluster::start(Options {
         nodes: GPU_NODES,
         gpu_nodes: GPU_NODES,
         ..Options::default()
-    })?;
-    let res = scenario(&cluster).await;
+    })
+    .await?;
+    let cluster = turn.cluster();
+    let res = scenario(cluster).await;
     cluster.with_logs(res)
 }
 

@@ -10,55 +10,15 @@
 //! - `psa.enabled` reaches the ClusterPolicy, and the operator may label its own namespace.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 use kiln_core::State;
 use kiln_plugin_host::{HostConfig, PluginHost};
 use kiln_render::{Policy, Renderer, defaults};
-use serde::Deserialize as _;
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `helm template` of the chart with `args` (`--set …`, `--api-versions …`): the objects, or
-/// the error text when helm fails; `None` when helm is not built.
-fn helm(args: &[&str]) -> Option<Result<Vec<Value>, String>> {
-    let helm = repo().join("testcluster/bin/helm");
-    if !helm.exists() {
-        eprintln!("testcluster/bin/helm not built; skipping");
-        return None;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let out = Command::new(&helm)
-        .args([
-            "template",
-            "kiln",
-            "deploy/helm/kiln",
-            "--namespace",
-            "gpu-operator",
-        ])
-        .args(args)
-        .current_dir(repo())
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Some(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
-    }
-    Some(Ok(docs(&String::from_utf8(out.stdout).unwrap())))
-}
-
-fn docs(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .filter_map(|d| Option::<Value>::deserialize(d).unwrap())
-        .collect()
-}
+use crate::support::helm::{docs, template as helm};
+use crate::support::repo;
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
     objects

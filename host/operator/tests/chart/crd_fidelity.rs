@@ -47,8 +47,10 @@ fn nodes(schema: &Value, path: &str, out: &mut BTreeMap<String, BTreeMap<&'stati
 }
 
 fn upstream() -> Value {
-    serde_yaml_ng::from_str(include_str!("data/nvidia-v26.7.0-clusterpolicies-crd.yaml"))
-        .expect("upstream CRD")
+    serde_yaml_ng::from_str(include_str!(
+        "../data/nvidia-v26.7.0-clusterpolicies-crd.yaml"
+    ))
+    .expect("upstream CRD")
 }
 
 #[test]
@@ -167,8 +169,10 @@ fn policies_are_read_with_the_crd_defaults() {
 
 /// NVIDIA v26.7.0's `nvidiadrivers.nvidia.com` CRD (a copy, `tests/data/`).
 fn upstream_nvidia_driver() -> Value {
-    serde_yaml_ng::from_str(include_str!("data/nvidia-v26.7.0-nvidiadrivers-crd.yaml"))
-        .expect("upstream NVIDIADriver CRD")
+    serde_yaml_ng::from_str(include_str!(
+        "../data/nvidia-v26.7.0-nvidiadrivers-crd.yaml"
+    ))
+    .expect("upstream NVIDIADriver CRD")
 }
 
 /// Accepted differences between kiln's NVIDIADriver CRD and NVIDIA's, as the lines

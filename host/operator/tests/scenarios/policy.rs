@@ -34,28 +34,10 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-#[path = "support/mock_api.rs"]
-mod mock_api;
-use mock_api::{Call, Server, calls, client};
+use crate::support::fixtures::{node, pod, policy, sample_spec};
+use crate::support::mock_api::{Call, Server, calls, client};
 
 const NS: &str = "gpu-operator";
-
-fn policy(name: &str, created: &str, spec: Value) -> Value {
-    json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-        "metadata": {"name": name, "uid": format!("uid-{name}"), "generation": 1,
-            "creationTimestamp": created},
-        "spec": spec})
-}
-
-/// The repository's sample policy spec.
-fn sample_spec() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/samples/clusterpolicy.yaml"
-    );
-    let doc: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    doc["spec"].clone()
-}
 
 /// A labelled object as the cache of labelled objects holds it.
 fn labelled(name: &str, state: &str, owned: bool) -> Meta {
@@ -119,23 +101,10 @@ fn context_with(
 fn server_with(policies: &[Value], gpu_nodes: usize) -> Arc<Mutex<Server>> {
     let mut s = Server::default();
     for p in policies {
-        let name = p["metadata"]["name"].as_str().unwrap();
-        s.objects.insert(
-            format!("/apis/nvidia.com/v1/clusterpolicies/{name}"),
-            p.clone(),
-        );
+        s.insert(p.clone());
     }
     for i in 0..gpu_nodes {
-        let name = format!("gpu-node-{i}");
-        s.objects.insert(
-            format!("/api/v1/nodes/{name}"),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
-                "labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}},
-                "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.0.0",
-                    "architecture": "amd64", "bootID": "", "kernelVersion": "6.8.0",
-                    "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "",
-                    "operatingSystem": "linux", "osImage": "", "systemUUID": ""}}}),
-        );
+        s.insert(node(&format!("gpu-node-{i}")).nfd_gpu().node_info().json());
     }
     Arc::new(Mutex::new(s))
 }
@@ -763,14 +732,13 @@ async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
     .unwrap();
     {
         let mut s = server.lock().unwrap();
-        s.objects.insert(
-            format!("/api/v1/nodes/{NODE}"),
-            json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": NODE, "resourceVersion": "1",
-                    "labels": {"nvidia.com/gpu.deploy.driver": "true",
-                        UPGRADE_STATE: "upgrade-done"}},
-                "spec": {},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+        s.insert(
+            node(NODE)
+                .resource_version("1")
+                .label("nvidia.com/gpu.deploy.driver", "true")
+                .label(UPGRADE_STATE, "upgrade-done")
+                .ready()
+                .json(),
         );
         for (rev, hash) in [(1, "old"), (2, "new")] {
             s.objects.insert(
@@ -784,20 +752,16 @@ async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
                     "revision": rev}),
             );
         }
-        s.objects.insert(
-            DRIVER.into(),
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "nvidia-driver-daemonset-a", "namespace": NS,
-                    "resourceVersion": "1",
-                    "labels": {"app": "nvidia-driver-daemonset", "controller-revision-hash": "old"},
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                        "name": "nvidia-driver-daemonset", "uid": "ds1", "controller": true}]},
-                "spec": {"nodeName": NODE,
-                    "containers": [{"name": "nvidia-driver-ctr", "env": driver_env("old")}]},
-                "status": {"phase": "Running",
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                    "containerStatuses": [{"name": "nvidia-driver-ctr", "ready": true,
-                        "restartCount": 0, "image": "driver:old", "imageID": ""}]}}),
+        s.insert(
+            pod(NS, "nvidia-driver-daemonset-a")
+                .resource_version("1")
+                .label("app", "nvidia-driver-daemonset")
+                .label("controller-revision-hash", "old")
+                .owned_by_daemon_set("nvidia-driver-daemonset", "ds1")
+                .on(NODE)
+                .container(json!({"name": "nvidia-driver-ctr", "env": driver_env("old")}))
+                .phase("Running", true, "driver:old")
+                .json(),
         );
         // Created seconds before the version change: scheduled, not started yet.
         s.objects.insert(

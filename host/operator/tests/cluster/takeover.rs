@@ -14,10 +14,10 @@
 //! exporter containers run kiln's commands, so those templates differ by design and a
 //! takeover rolls those four DaemonSets (never the driver, whose image is NVIDIA's in both).
 
-#[path = "support/nvidia.rs"]
-mod nvidia;
+use crate::support;
+use crate::support::nvidia;
 
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::api::PostParams;
 use serde_json::json;
 
@@ -25,18 +25,19 @@ const POLICY: &str = "cluster-policy";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kiln_takes_over_nvidias_objects_without_a_rollout() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 
 async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let client = cluster.client().await?;
-    nvidia::install_crd(
+    support::cluster::install_crd(
         cluster,
         &client,
         &serde_json::to_value(kiln_operator::crd::crd())?,
+        nvidia::TIMEOUT,
     )
     .await?;
     kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())

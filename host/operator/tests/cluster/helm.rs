@@ -36,10 +36,8 @@
 //! 3. `helm uninstall` removes the chart's objects, and the garbage collector the operands
 //!    (their owner references point at the chart's ClusterPolicy).
 
-#[path = "support/helm.rs"]
-mod helm_support;
-#[path = "support/rbac.rs"]
-mod rbac;
+use crate::support::helm as helm_support;
+use crate::support::rbac;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +53,7 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
@@ -67,14 +65,8 @@ const RELEASE: &str = "kiln";
 const POLICY: &str = "cluster-policy";
 const TIMEOUT: Duration = Duration::from_secs(150);
 
+/// The operator in this process, as the chart's replica `helm-test-replica` (leader election on).
 fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let host = Arc::new(kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig {
-            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
-            ..kiln_plugin_host::HostConfig::default()
-        },
-        kiln_bundled_plugins::BUNDLED,
-    )?);
     let config = kiln_operator::Config {
         namespace: NS.into(),
         metrics_addr: "127.0.0.1:0".into(),
@@ -82,18 +74,14 @@ fn start_operator(client: Client) -> anyhow::Result<tokio::task::JoinHandle<()>>
         identity: "helm-test-replica".into(),
         ..kiln_operator::Config::default()
     };
-    let renderer = kiln_render::Renderer::new(host);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = kiln_operator::run(client, renderer, config).await {
-            eprintln!("operator stopped: {e}");
-        }
-    }))
+    let (task, _) = crate::support::cluster::start_operator(client, Default::default(), config)?;
+    Ok(task)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_brings_the_operator_up() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 

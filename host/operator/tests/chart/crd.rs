@@ -1,18 +1,17 @@
 //! The committed CRD matches the Rust types, and stays compatible with upstream's; and kiln
 //! refuses exactly the ClusterPolicies the API server refuses with it (a corpus replayed against
-//! kiln, and against testcluster's API server by server-side dry-run).
+//! kiln here, and against testcluster's API server by server-side dry-run in `cluster/crd.rs`).
 //!
-//! Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test crd` (or
+//! Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test chart crd::` (or
 //! `kiln crdgen > deploy/crds/clusterpolicies.nvidia.com.yaml`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-#[path = "support/nvidia.rs"]
-mod nvidia;
+use crate::support::policy_corpus::{Case, Verdict, corpus};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -120,8 +119,10 @@ fn types(schema: &Value, path: &str, out: &mut BTreeMap<String, String>) {
 /// NVIDIA GPU Operator v26.7.0's ClusterPolicy CRD (a copy of upstream's
 /// `clusterpolicies-crd.yaml` kept in the crate's test data).
 fn upstream() -> Value {
-    serde_yaml_ng::from_str(include_str!("data/nvidia-v26.7.0-clusterpolicies-crd.yaml"))
-        .expect("upstream CRD")
+    serde_yaml_ng::from_str(include_str!(
+        "../data/nvidia-v26.7.0-clusterpolicies-crd.yaml"
+    ))
+    .expect("upstream CRD")
 }
 
 /// Every upstream spec field that kiln models keeps its name and type. Known, deliberate
@@ -182,42 +183,6 @@ fn crd_is_cluster_scoped_with_status_and_columns() {
     );
 }
 
-/// A verdict on a ClusterPolicy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Verdict {
-    Accept,
-    Reject,
-}
-
-/// One case of `data/policy-corpus.yaml` (its header explains the fields).
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Case {
-    name: String,
-    api: Verdict,
-    kiln: Option<Verdict>,
-    at: Option<String>,
-    stage: Option<String>,
-    why: Option<String>,
-    spec: Value,
-}
-
-impl Case {
-    fn object(&self) -> Value {
-        json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-               "metadata": {"name": self.name}, "spec": self.spec})
-    }
-
-    fn kiln_verdict(&self) -> Verdict {
-        self.kiln.unwrap_or(self.api)
-    }
-}
-
-fn corpus() -> Vec<Case> {
-    serde_yaml_ng::from_str(include_str!("data/policy-corpus.yaml")).expect("the corpus parses")
-}
-
 /// kiln's answer: `Policy::from_object` (what `kiln render` and the operator run), then, for a
 /// policy it accepts, the render of every state it enables; the first error.
 fn kiln_answer(case: &Case, renderer: &kiln_render::Renderer) -> Result<(), String> {
@@ -232,7 +197,7 @@ fn kiln_answer(case: &Case, renderer: &kiln_render::Renderer) -> Result<(), Stri
 /// Every case: kiln's verdict is the recorded one, a refusal names the recorded field, and kiln
 /// is stricter than the API server only where the case says why (an allowlist: an entry whose
 /// policy kiln accepts fails, as does a refusal without one). The API server's side of the
-/// record is checked live by [`the_api_server_gives_the_recorded_verdicts`].
+/// record is checked live by `cluster/crd.rs`.
 #[test]
 fn kiln_refuses_what_the_api_server_refuses() {
     let host = Arc::new(
@@ -278,55 +243,4 @@ fn kiln_refuses_what_the_api_server_refuses() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-}
-
-/// The API server (testcluster, kiln's CRD installed) gives each case's recorded verdict on a
-/// server-side dry-run create, and names the case's field where it refuses. One small cluster;
-/// nothing is stored.
-#[tokio::test]
-async fn the_api_server_gives_the_recorded_verdicts() -> anyhow::Result<()> {
-    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
-    let cluster = kiln_testcluster::TestCluster::start(kiln_testcluster::Options {
-        nodes: 1,
-        gpu_nodes: 0,
-        ..kiln_testcluster::Options::default()
-    })?;
-    let client = cluster.client().await?;
-    let crd = serde_json::to_value(kiln_operator::crd::crd())?;
-    nvidia::install_crd(&cluster, &client, &crd).await?;
-    let resource = ApiResource {
-        group: "nvidia.com".into(),
-        version: "v1".into(),
-        api_version: "nvidia.com/v1".into(),
-        kind: "ClusterPolicy".into(),
-        plural: "clusterpolicies".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client, &resource);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    let mut wrong = Vec::new();
-    for case in corpus() {
-        let obj: DynamicObject = serde_json::from_value(case.object())?;
-        match (api.create(&dry_run, &obj).await, case.api) {
-            (Ok(_), Verdict::Accept) => {}
-            (Err(kube::Error::Api(e)), Verdict::Reject) => {
-                let at = case.at.as_deref().unwrap_or_default();
-                if !e.message.contains(at) {
-                    wrong.push(format!(
-                        "{}: refused, but not at {at}: {}",
-                        case.name, e.message
-                    ));
-                }
-            }
-            (Ok(_), Verdict::Reject) => wrong.push(format!("{}: accepted", case.name)),
-            (Err(e), _) => wrong.push(format!("{}: {e}", case.name)),
-        }
-    }
-    cluster.with_logs(if wrong.is_empty() {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!("{}", wrong.join("\n")))
-    })
 }

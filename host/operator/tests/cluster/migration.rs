@@ -22,12 +22,13 @@
 //! `--take-ownership`, kiln's release removed the same way: the policy is NVIDIA's release's
 //! again with the same spec, node labels stay, and still no DaemonSet changed.
 
-#[path = "support/nvidia.rs"]
-mod nvidia;
+use crate::support;
+use crate::support::helm::helm;
+use crate::support::nvidia;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
@@ -38,8 +39,8 @@ const KILN_RELEASE: &str = "kiln";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvidia_release_migrates_to_kiln_without_a_rollout() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 
@@ -64,7 +65,7 @@ async fn remove_release(
     release: &str,
 ) -> anyhow::Result<Vec<String>> {
     let ns = nvidia::NS;
-    let manifest = nvidia::helm(
+    let manifest = helm(
         cluster,
         home,
         &["get", "manifest", release, "--namespace", ns],
@@ -117,9 +118,10 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let ns = nvidia::NS;
 
     // NVIDIA's release, its CRD and its operands.
-    let nvidia_crd: Value =
-        serde_yaml_ng::from_str(include_str!("data/nvidia-v26.7.0-clusterpolicies-crd.yaml"))?;
-    nvidia::install_crd(cluster, &client, &nvidia_crd).await?;
+    let nvidia_crd: Value = serde_yaml_ng::from_str(include_str!(
+        "../data/nvidia-v26.7.0-clusterpolicies-crd.yaml"
+    ))?;
+    support::cluster::install_crd(cluster, &client, &nvidia_crd, nvidia::TIMEOUT).await?;
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -132,7 +134,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         serde_json::to_string(&json!({"spec": nvidia::policy(POLICY)?["spec"]}))?,
     )?;
     let values = values.to_string_lossy().into_owned();
-    nvidia::helm(
+    helm(
         cluster,
         home,
         &[
@@ -174,7 +176,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         .await?;
 
     // 2. kiln's release adopts the policy as it is.
-    let out = nvidia::helm(
+    let out = helm(
         cluster,
         home,
         &[
@@ -232,9 +234,9 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
 
     // 5. kiln's CRD replaces NVIDIA's (same schema, defaults and validation).
     let kiln_crd: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
-        nvidia::repo().join("deploy/crds/clusterpolicies.nvidia.com.yaml"),
+        support::repo().join("deploy/crds/clusterpolicies.nvidia.com.yaml"),
     )?)?;
-    nvidia::install_crd(cluster, &client, &kiln_crd).await?;
+    support::cluster::install_crd(cluster, &client, &kiln_crd, nvidia::TIMEOUT).await?;
     let replaced = serde_json::to_value(policies.get(POLICY).await?)?;
     assert_eq!(
         replaced["spec"], policy["spec"],
@@ -248,7 +250,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let after = nvidia::snapshot(&client).await?;
     println!("ControllerRevisions after:\n{}", after.revision_lines());
     nvidia::assert_undisturbed(&before, &after);
-    let releases = nvidia::helm(cluster, home, &["list", "--namespace", ns, "--short"]).await?;
+    let releases = helm(cluster, home, &["list", "--namespace", ns, "--short"]).await?;
     assert_eq!(releases.trim(), KILN_RELEASE, "{releases}");
     println!(
         "migration: {} objects adopted, 0 templates changed, {} pods kept ({:.1} s)",
@@ -263,7 +265,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     // run), and still no DaemonSet changed.
     operator.abort();
     let policy_now = serde_json::to_value(policies.get(POLICY).await?)?;
-    nvidia::helm(
+    helm(
         cluster,
         home,
         &[
@@ -302,7 +304,7 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             .map(String::as_str),
         Some("true")
     );
-    let releases = nvidia::helm(cluster, home, &["list", "--namespace", ns, "--short"]).await?;
+    let releases = helm(cluster, home, &["list", "--namespace", ns, "--short"]).await?;
     assert_eq!(releases.trim(), NVIDIA_RELEASE, "{releases}");
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     nvidia::assert_undisturbed(&before, &nvidia::snapshot(&client).await?);

@@ -23,8 +23,7 @@
 //! commands are run here, against the same cluster, with tokens of ServiceAccounts bound to
 //! the hook RBAC the chart renders.
 
-#[path = "support/helm.rs"]
-mod helm_support;
+use crate::support::helm as helm_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,7 +37,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
 use kiln_operator::lifecycle::{self, CRD_NAME, CleanupOptions, NVIDIA_DRIVER_CRD_NAME};
-use kiln_testcluster::{TestCluster, shared, shared_access};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -47,6 +46,8 @@ use tokio::sync::{Mutex, oneshot};
 const NS: &str = "gpu-operator";
 const RELEASE: &str = "kiln";
 const POLICY: &str = "cluster-policy";
+/// Makes the chart's operator pods' readiness external (the stand-in kubelet reports it).
+const READINESS_ANNOTATION: &str = "operator.annotations.kiln\\.dev/testcluster-readiness=external";
 const TIMEOUT: Duration = Duration::from_secs(150);
 /// The testcluster annotation for which kwok leaves a pod's readiness to the test.
 const EXTERNAL_READINESS: &str = "kiln.dev/testcluster-readiness";
@@ -496,16 +497,40 @@ async fn helm_install_upgrade_uninstall_with_real_readiness() -> anyhow::Result<
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .try_init();
     }
-    let cluster = shared()?;
-    let _guard = shared_access().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(lifecycle_scenario(cluster).await)
 }
 
+/// The release's life, in steps on one cluster: install (two replicas, one leader, the policy
+/// `ready`), failover, upgrade (with the pre-upgrade hook's CRD apply), uninstall (with the
+/// post-delete hook's cleanup).
 async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()> {
     let home = tempfile::tempdir()?;
     let home = home.path();
     let admin = cluster.client().await?;
-    let annotation = "operator.annotations.kiln\\.dev/testcluster-readiness=external";
+    let (kubelet, kubelet_task, holder) = install_two_replicas(cluster, home, &admin).await?;
+    failover(cluster, &admin, &kubelet, &holder).await?;
+    // The hook commands with the hook RBAC the chart renders (cleanupCRD on, as set below).
+    let hooks = rendered_hooks(&["operator.cleanupCRD=true"])?;
+    upgrade_rolls_and_applies_the_crd(cluster, home, &admin, &hooks).await?;
+    uninstall_cleans_up(cluster, home, &admin, &kubelet, &hooks).await?;
+
+    kubelet_task.abort();
+    kubelet.stop_all().await;
+    Ok(())
+}
+
+/// `helm install --wait` of the chart, its two operator pods run by the stand-in kubelet: both
+/// Ready through their replicas' own `/readyz`, one holds the Lease and says so in `kiln_leader`,
+/// the chart's ClusterPolicy becomes `ready`. Returns the kubelet, its task and the leader's pod.
+async fn install_two_replicas(
+    cluster: &'static TestCluster,
+    home: &std::path::Path,
+    admin: &Client,
+) -> anyhow::Result<(Arc<Kubelet>, tokio::task::JoinHandle<()>, String)> {
+    let admin = admin.clone();
+    let annotation = READINESS_ANNOTATION;
 
     // Helm waits for the pods while this test runs them: install in the background.
     let install = {
@@ -604,9 +629,19 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
             })
         })
         .await?;
+    Ok((kubelet, kubelet_task, holder))
+}
 
-    // Failover: delete the leader's pod (its replica stops gracefully, as on SIGTERM); the
-    // Lease is released, not left to expire; another replica takes over and repairs.
+/// Failover: delete the leader's pod (its replica stops gracefully, as on SIGTERM); the
+/// Lease is released, not left to expire; another replica takes over and repairs.
+async fn failover(
+    cluster: &TestCluster,
+    admin: &Client,
+    kubelet: &Kubelet,
+    holder: &str,
+) -> anyhow::Result<()> {
+    let admin = admin.clone();
+    let holder = holder.to_string();
     let dss: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
     let victim = dss
         .list(&ListParams::default())
@@ -617,7 +652,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         .context("no operand DaemonSet")?;
     let ds_name = victim.metadata.name.clone().unwrap_or_default();
     let old_uid = victim.metadata.uid.clone();
-    print_reconcile_durations(&kubelet, &holder, "old leader").await;
+    print_reconcile_durations(kubelet, &holder, "old leader").await;
     let t0 = Instant::now();
     Api::<Pod>::namespaced(admin.clone(), NS)
         .delete(&holder, &DeleteParams::default())
@@ -664,7 +699,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     );
     let secs = |d: Option<Duration>| d.unwrap_or_default().as_secs_f64();
     print_reconcile_durations(
-        &kubelet,
+        kubelet,
         new_holder.as_deref().unwrap_or_default(),
         "new leader",
     )
@@ -679,9 +714,21 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         stopped_after.as_secs_f64(),
         secs(repaired),
     );
+    Ok(())
+}
 
-    // The hook commands with the hook RBAC the chart renders (cleanupCRD on, as set below).
-    let hooks = rendered_hooks(&["operator.cleanupCRD=true"])?;
+/// `helm upgrade --wait`: a changed pod template rolls the Deployment; every new pod must
+/// become Ready through its replica before an old one goes.
+/// Before it, the CRD is drifted as an older chart would have left it; after it, what the
+/// pre-upgrade hook runs, with the hook's rights, restores this build's CRD.
+async fn upgrade_rolls_and_applies_the_crd(
+    cluster: &TestCluster,
+    home: &std::path::Path,
+    admin: &Client,
+    hooks: &[Value],
+) -> anyhow::Result<()> {
+    let admin = admin.clone();
+    let annotation = READINESS_ANNOTATION;
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     // Drift the CRD as an older chart would have left it: no kiln printer columns.
     let mut drifted = crds.get(CRD_NAME).await?;
@@ -692,8 +739,6 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     crds.replace(CRD_NAME, &PostParams::default(), &drifted)
         .await?;
 
-    // `helm upgrade --wait`: a changed pod template rolls the Deployment; every new pod must
-    // become Ready through its replica before an old one goes.
     helm(
         cluster,
         home,
@@ -741,7 +786,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         );
     }
     // What the pre-upgrade hook runs, with the hook's rights: the CRD as this build has it.
-    let upgrader = hook_client(cluster, &admin, &hooks, "kiln-upgrade-crd").await?;
+    let upgrader = hook_client(cluster, &admin, hooks, "kiln-upgrade-crd").await?;
     lifecycle::apply_crds(&upgrader).await?;
     let columns = |crd: &CustomResourceDefinition| -> Vec<(String, String)> {
         crd.spec.versions[0]
@@ -755,8 +800,23 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     let want = columns(&kiln_operator::crd::crd());
     assert!(want.iter().any(|(n, _)| n == "Reason"), "{want:?}");
     assert_eq!(columns(&applied), want);
+    Ok(())
+}
 
-    // `helm uninstall`: the chart's objects go, the operands follow their owner.
+/// `helm uninstall`: the chart's objects go, the operands follow their owner.
+/// Then what the post-delete hook runs, with the hook's rights, relabels the nodes and deletes
+/// the CRDs.
+async fn uninstall_cleans_up(
+    cluster: &TestCluster,
+    home: &std::path::Path,
+    admin: &Client,
+    kubelet: &Kubelet,
+    hooks: &[Value],
+) -> anyhow::Result<()> {
+    let admin = admin.clone();
+    let policies: Api<ClusterPolicy> = Api::all(admin.clone());
+    let dss: Api<DaemonSet> = Api::namespaced(admin.clone(), NS);
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let labelled_before = Api::<Node>::all(admin.clone())
         .list(&ListParams::default().labels("nvidia.com/gpu.present"))
         .await?
@@ -797,7 +857,7 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
         })
         .await?;
     // What the post-delete hook runs, with the hook's rights.
-    let cleaner = hook_client(cluster, &admin, &hooks, "kiln-cleanup").await?;
+    let cleaner = hook_client(cluster, &admin, hooks, "kiln-cleanup").await?;
     let report = lifecycle::cleanup(
         &cleaner,
         &CleanupOptions {
@@ -826,9 +886,6 @@ async fn lifecycle_scenario(cluster: &'static TestCluster) -> anyhow::Result<()>
     }
     assert!(crds.get_opt(CRD_NAME).await?.is_none());
     assert!(crds.get_opt(NVIDIA_DRIVER_CRD_NAME).await?.is_none());
-
-    kubelet_task.abort();
-    kubelet.stop_all().await;
     Ok(())
 }
 

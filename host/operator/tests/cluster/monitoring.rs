@@ -12,27 +12,25 @@
 //! - the operator namespace is labelled for Pod Security Admission.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_testcluster::{TestCluster, exclusive, shared};
-use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kiln_testcluster::{Options, TestCluster};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use promql_parser::parser::{self, Expr};
 use promql_parser::util::{ExprVisitor, walk_expr};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
+use crate::support::cluster::{install_crd, policy_crd, start_operator, wait_state};
+use crate::support::fixtures::sample_policy;
+use crate::support::helm::helm_command;
+use crate::support::repo;
+
 const NS: &str = "gpu-operator";
 const TIMEOUT: Duration = Duration::from_secs(150);
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Metric names of every vector and matrix selector of a PromQL expression.
 fn selector_names(expr: &str) -> Result<BTreeSet<String>, String> {
@@ -83,16 +81,21 @@ fn shipped_rules() -> anyhow::Result<Vec<(String, Value)>> {
             out.push(("assets/state-operator-metrics".into(), asset.object.clone()));
         }
     }
-    let helm = repo().join("testcluster/bin/helm");
     let home = tempfile::tempdir()?;
-    let rendered = std::process::Command::new(&helm)
-        .args(["template", "kiln", "deploy/helm/kiln", "--namespace", NS])
-        .args(["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"])
-        .current_dir(repo())
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        .output()?;
+    let rendered = helm_command(
+        None,
+        home.path(),
+        &[
+            "template",
+            "kiln",
+            "deploy/helm/kiln",
+            "--namespace",
+            NS,
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+        ],
+    )?
+    .output()?;
     anyhow::ensure!(
         rendered.status.success(),
         "helm template: {}",
@@ -164,32 +167,6 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.split(' ').next()?.parse().ok())
 }
 
-async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("kiln-test").force(),
-        &Patch::Apply(&kiln_operator::crd::crd()),
-    )
-    .await?;
-    cluster
-        .wait_for("CRD established", TIMEOUT, || async {
-            let c = crds.get("clusterpolicies.nvidia.com").await?;
-            let ok = c
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(if ok {
-                Ok(())
-            } else {
-                Err("not established".to_string())
-            })
-        })
-        .await
-}
-
 #[test]
 fn shipped_rules_and_dashboard_parse() -> anyhow::Result<()> {
     if !repo().join("testcluster/bin/helm").exists() {
@@ -219,14 +196,14 @@ fn shipped_rules_and_dashboard_parse() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitoring_contract_against_a_live_operator() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = exclusive().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 
 async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let client = cluster.client().await?;
-    install_crd(cluster, &client).await?;
+    install_crd(cluster, &client, &policy_crd()?, TIMEOUT).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     if nss.get_opt(NS).await?.is_none() {
         nss.create(
@@ -243,48 +220,22 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let host = std::sync::Arc::new(kiln_plugin_host::PluginHost::new(
-        kiln_plugin_host::HostConfig {
-            drop_in_dir: None,
-            keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
-            ..kiln_plugin_host::HostConfig::default()
-        },
-        kiln_bundled_plugins::BUNDLED,
-    )?);
     let config = kiln_operator::Config {
         namespace: NS.into(),
         metrics_addr: addr.clone(),
         metrics_auth: kiln_operator::metrics::MetricsAuth::None,
         ..kiln_operator::Config::default()
     };
-    let op_client = client.clone();
-    let operator = tokio::spawn(async move {
-        if let Err(e) =
-            kiln_operator::run(op_client, kiln_render::Renderer::new(host), config).await
-        {
-            eprintln!("operator stopped: {e}");
-        }
-    });
+    let (operator, _) = start_operator(client.clone(), Default::default(), config)?;
 
-    let sample_policy = std::fs::read_to_string(repo().join("deploy/samples/clusterpolicy.yaml"))?;
-    let mut doc: Value = serde_yaml_ng::from_str(&sample_policy)?;
+    let mut doc = sample_policy();
     doc["metadata"] = json!({"name": "cluster-policy"});
     doc["spec"]["psa"] = json!({"enabled": true});
     Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<ClusterPolicy>(&()))
         .create(&PostParams::default(), &serde_json::from_value(doc)?)
         .await?;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
-    cluster
-        .wait_for("ClusterPolicy ready", TIMEOUT, || async {
-            let p = policies.get("cluster-policy").await?;
-            let state = serde_json::to_value(p.status.unwrap_or_default().state)?;
-            Ok(if state == "ready" {
-                Ok(())
-            } else {
-                Err(format!("{state}"))
-            })
-        })
-        .await?;
+    wait_state(cluster, &policies, "cluster-policy", "ready", TIMEOUT).await?;
 
     // A node joining now is measured at every stage and announced once.
     cluster.add_node("gpu-node-9", 1)?;

@@ -147,12 +147,14 @@ async fn driver_pods(
 
 #[tokio::test]
 async fn pools_and_orphaning_on_a_real_control_plane() -> anyhow::Result<()> {
-    let cluster = TestCluster::start(Options {
+    let turn = crate::support::cluster::start(Options {
         nodes: 4,
         gpu_nodes: 4,
         ..Options::default()
-    })?;
-    let res = scenario(&cluster).await;
+    })
+    .await?;
+    let cluster = turn.cluster();
+    let res = scenario(cluster).await;
     cluster.with_logs(res)
 }
 

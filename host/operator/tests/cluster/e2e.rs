@@ -6,57 +6,37 @@
 //! mounted; what another field manager adds to an operand DaemonSet is removed within one
 //! reconcile, with an Event, and a clean full reconcile leaves the DaemonSets untouched.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kiln_core::spec::ClusterPolicy;
-use kiln_testcluster::{TestCluster, exclusive, shared};
+use kiln_testcluster::{Options, TestCluster};
 use kube::Client;
+use kube::api::DynamicObject;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const NS: &str = "gpu-operator";
+use crate::support::cluster::{install_crd, policy_crd, policy_state, start_operator, wait_state};
+use crate::support::fixtures::{NS, sample_policy};
+
 const TIMEOUT: Duration = Duration::from_secs(150);
 
-fn sample() -> anyhow::Result<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/samples/clusterpolicy.yaml"
-    );
-    Ok(serde_yaml_ng::from_str(&std::fs::read_to_string(path)?)?)
-}
-
-async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = kiln_operator::crd::crd();
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("kiln-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    cluster
-        .wait_for("CRD established", TIMEOUT, || {
-            let crds = crds.clone();
-            async move {
-                let c = crds.get("clusterpolicies.nvidia.com").await?;
-                let ok = c
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if ok {
-                    Ok(())
-                } else {
-                    Err("not established".into())
-                })
-            }
-        })
-        .await
+/// What the steps share: the cluster, a client of it (a new one after the apiserver restart),
+/// and the sample policy under test.
+struct Run<'a> {
+    cluster: &'a TestCluster,
+    client: Client,
+    policies: Api<ClusterPolicy>,
+    /// The ClusterPolicy API over raw JSON (a typed ClusterPolicy would serialize every
+    /// defaulted field, which the CRD's patterns refuse for empty images).
+    raw_policies: Api<DynamicObject>,
+    nodes: Api<Node>,
+    /// The DaemonSets in the operator namespace.
+    dss: Api<DaemonSet>,
+    /// The sample policy's name and document (metadata reduced to the name).
+    name: String,
+    doc: Value,
 }
 
 /// A drop-in plugin named `boom` that traps on every call (plugin-host's hostile fixture
@@ -72,72 +52,6 @@ fn write_trapping_plugin(dir: &std::path::Path) -> anyhow::Result<()> {
         .replace("@NAME@", "boom");
     std::fs::write(dir.join("boom.wasm"), wat::parse_str(&text)?)?;
     Ok(())
-}
-
-/// Starts the operator in this process; returns its task and its plugin host (to look at
-/// which plugins it keeps loaded).
-fn start_operator(
-    client: Client,
-    plugins: &std::path::Path,
-) -> anyhow::Result<(
-    tokio::task::JoinHandle<()>,
-    Arc<kiln_plugin_host::PluginHost>,
-)> {
-    let cfg = kiln_plugin_host::HostConfig {
-        drop_in_dir: Some(plugins.to_path_buf()),
-        keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,
-        ..kiln_plugin_host::HostConfig::default()
-    };
-    let host = Arc::new(kiln_plugin_host::PluginHost::new(
-        cfg,
-        kiln_bundled_plugins::BUNDLED,
-    )?);
-    let renderer = kiln_render::Renderer::new(host.clone());
-    let config = kiln_operator::Config {
-        namespace: NS.into(),
-        metrics_addr: "127.0.0.1:0".into(),
-        ..kiln_operator::Config::default()
-    };
-    let task = tokio::spawn(async move {
-        if let Err(e) = kiln_operator::run(client, renderer, config).await {
-            eprintln!("operator stopped: {e}");
-        }
-    });
-    Ok((task, host))
-}
-
-async fn policy_state(api: &Api<ClusterPolicy>, name: &str) -> anyhow::Result<(String, String)> {
-    let p = api.get(name).await?;
-    let s = p.status.unwrap_or_default();
-    let state = serde_json::to_value(s.state)?
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let msg = s
-        .conditions
-        .iter()
-        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-        .collect::<Vec<_>>()
-        .join(" | ");
-    Ok((state, msg))
-}
-
-async fn wait_state(
-    cluster: &TestCluster,
-    api: &Api<ClusterPolicy>,
-    name: &str,
-    want: &str,
-) -> anyhow::Result<String> {
-    cluster
-        .wait_for(format!("ClusterPolicy {name} {want}"), TIMEOUT, || async {
-            let (state, msg) = policy_state(api, name).await?;
-            Ok(if state == want {
-                Ok(msg)
-            } else {
-                Err(format!("{state}: {msg}"))
-            })
-        })
-        .await
 }
 
 /// Sorted names of the DaemonSets in the operator namespace.
@@ -227,14 +141,15 @@ async fn snapshot(client: &Client, policy: &str) -> anyhow::Result<Vec<String>> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_end_to_end() -> anyhow::Result<()> {
-    let cluster = shared()?;
-    let _guard = exclusive().await;
+    let turn = crate::support::cluster::start(Options::default()).await?;
+    let cluster = turn.cluster();
     cluster.with_logs(scenario(cluster).await)
 }
 
+/// The steps in order, on one cluster and one operator: each leaves the policy `ready`.
 async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     let client = cluster.client().await?;
-    install_crd(cluster, &client).await?;
+    install_crd(cluster, &client, &policy_crd()?, TIMEOUT).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     if nss.get_opt(NS).await?.is_none() {
         nss.create(
@@ -245,29 +160,69 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     }
     let plugins = tempfile::tempdir()?;
     write_trapping_plugin(plugins.path())?;
-    let (operator, host) = start_operator(client.clone(), plugins.path())?;
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
-    let mut doc = sample()?;
+    let (operator, host) = start_operator(
+        client.clone(),
+        kiln_plugin_host::HostConfig {
+            drop_in_dir: Some(plugins.path().to_path_buf()),
+            ..kiln_plugin_host::HostConfig::default()
+        },
+        kiln_operator::Config {
+            namespace: NS.into(),
+            metrics_addr: "127.0.0.1:0".into(),
+            ..kiln_operator::Config::default()
+        },
+    )?;
+    let mut doc = sample_policy();
     let name = doc["metadata"]["name"]
         .as_str()
         .unwrap_or("cluster-policy")
         .to_string();
     doc["metadata"] = json!({"name": name});
-    // Created as the JSON document (a typed ClusterPolicy would serialize every defaulted
-    // field, which the CRD's patterns refuse for empty images).
-    let raw_policies = Api::<kube::api::DynamicObject>::all_with(
-        client.clone(),
-        &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
-    );
-    raw_policies
+    let mut run = Run {
+        cluster,
+        policies: Api::all(client.clone()),
+        raw_policies: Api::all_with(
+            client.clone(),
+            &kube::api::ApiResource::erase::<ClusterPolicy>(&()),
+        ),
+        nodes: Api::all(client.clone()),
+        dss: Api::namespaced(client.clone(), NS),
+        client,
+        name,
+        doc,
+    };
+    run.raw_policies
         .create(
             &PostParams::default(),
-            &serde_json::from_value(doc.clone())?,
+            &serde_json::from_value(run.doc.clone())?,
         )
         .await?;
 
-    // Labels: every GPU node carries gpu.present and all container deploy labels; CPU nodes none.
-    let nodes: Api<Node> = Api::all(client.clone());
+    gpu_nodes_are_labelled_and_the_policy_ready(&run).await?;
+    plugins_are_released_between_reconciles(&run, &host).await?;
+    validator_init_containers_run_in_chain_order(&run).await?;
+    a_steady_state_reconcile_writes_nothing(&run).await?;
+    additive_drift(cluster, &run.client, &run.name).await?;
+    per_node_opt_outs_are_honoured(&run).await?;
+    a_new_gpu_node_runs_the_operands(&run).await?;
+    bad_input_is_refused_or_named(&run).await?;
+    a_plugin_fault_marks_only_its_state(&run).await?;
+    a_referenced_config_map_is_read_from_the_cluster(&run).await?;
+    disabling_a_state_deletes_its_objects(&run).await?;
+    a_second_policy_is_ignored(&run).await?;
+    an_apiserver_restart_mid_reconcile_converges(&mut run).await?;
+    the_second_policy_takes_over(&run).await?;
+
+    operator.abort();
+    Ok(())
+}
+
+/// Labels: every GPU node carries gpu.present and all container deploy labels; CPU nodes none.
+async fn gpu_nodes_are_labelled_and_the_policy_ready(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let nodes = run.nodes.clone();
+    let name = run.name.clone();
     cluster
         .wait_for("GPU nodes labelled", TIMEOUT, || async {
             let list = nodes.list(&ListParams::default()).await?;
@@ -297,10 +252,17 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         })
         .await?;
 
-    let msg = wait_state(cluster, &policies, &name, "ready").await?;
+    let msg = wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
     assert!(msg.contains("Ready=True Reconciled"), "{msg}");
+    Ok(())
+}
 
-    // Between reconciles the operator keeps no plugin loaded (they reload from the disk cache).
+/// Between reconciles the operator keeps no plugin loaded (they reload from the disk cache).
+async fn plugins_are_released_between_reconciles(
+    run: &Run<'_>,
+    host: &kiln_plugin_host::PluginHost,
+) -> anyhow::Result<()> {
+    let cluster = run.cluster;
     assert!(
         host.has_disk_cache(),
         "the test host should have a disk cache"
@@ -315,9 +277,12 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
+    Ok(())
+}
 
-    // Validator init containers run in the readiness-chain order.
-    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+/// Validator init containers run in the readiness-chain order.
+async fn validator_init_containers_run_in_chain_order(run: &Run<'_>) -> anyhow::Result<()> {
+    let dss = run.dss.clone();
     let inits = |ds: DaemonSet| -> Vec<String> {
         ds.spec
             .and_then(|s| s.template.spec)
@@ -347,10 +312,18 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         inits(dss.get("nvidia-dcgm-exporter").await?),
         ["toolkit-validation"]
     );
+    Ok(())
+}
 
-    // Steady state: a reconcile woken by a node label change writes nothing. The driver upgrade
-    // loop labels every GPU node `upgrade-done` after `ready` and then writes its counts, so
-    // wait for those first (and for the counts to name no state no node is in).
+/// Steady state: a reconcile woken by a node label change writes nothing. The driver upgrade
+/// loop labels every GPU node `upgrade-done` after `ready` and then writes its counts, so
+/// wait for those first (and for the counts to name no state no node is in).
+async fn a_steady_state_reconcile_writes_nothing(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let client = run.client.clone();
+    let policies = run.policies.clone();
+    let nodes = run.nodes.clone();
+    let name = run.name.clone();
     cluster
         .wait_for("the driver upgrade counts settled", TIMEOUT, || async {
             let p = policies.get(&name).await?;
@@ -389,11 +362,15 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         changed.is_empty(),
         "a steady-state reconcile wrote: {changed:?}"
     );
+    Ok(())
+}
 
-    additive_drift(cluster, &client, &name).await?;
-
-    // Per-node opt-outs: operands=false empties gpu-node-5; dcgm-exporter=false on gpu-node-4
-    // removes only that operand there.
+/// Per-node opt-outs: operands=false empties gpu-node-5; dcgm-exporter=false on gpu-node-4
+/// removes only that operand there.
+async fn per_node_opt_outs_are_honoured(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let client = run.client.clone();
+    let nodes = run.nodes.clone();
     cluster.label_node(
         "gpu-node-5",
         &[("nvidia.com/gpu.deploy.operands", Some("false"))],
@@ -434,8 +411,16 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
+    Ok(())
+}
 
-    // A sixth GPU node is labelled and runs the operands with no policy change.
+/// A sixth GPU node is labelled and runs the operands with no policy change.
+async fn a_new_gpu_node_runs_the_operands(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let client = run.client.clone();
+    let policies = run.policies.clone();
+    let nodes = run.nodes.clone();
+    let name = run.name.clone();
     cluster.add_node("gpu-node-6", 1)?;
     cluster
         .wait_for("gpu-node-6 runs the operands", TIMEOUT, || async {
@@ -460,10 +445,19 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
+    Ok(())
+}
 
-    // Bad input: an unknown enum value is refused by the CRD schema; a cross-field error gets
-    // Error naming the field and deletes nothing.
+/// Bad input: an unknown enum value is refused by the CRD schema; a cross-field error gets
+/// Error naming the field and deletes nothing.
+async fn bad_input_is_refused_or_named(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let client = run.client.clone();
+    let policies = run.policies.clone();
+    let dss = run.dss.clone();
+    let name = run.name.clone();
+    let doc = run.doc.clone();
     let mut bad = doc.clone();
     bad["metadata"] = json!({"name": "bad-enum"});
     bad["spec"]["mig"] = json!({"strategy": "double"});
@@ -506,10 +500,17 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
     policies
         .patch(&name, &PatchParams::default(), &Patch::Merge(fixed))
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
+    Ok(())
+}
 
-    // A plugin fault: a site plugin that traps after dcgm-exporter's standard plugin. Only that
-    // state is notReady, the plugin is named, and its last applied objects stay.
+/// A plugin fault: a site plugin that traps after dcgm-exporter's standard plugin. Only that
+/// state is notReady, the plugin is named, and its last applied objects stay.
+async fn a_plugin_fault_marks_only_its_state(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let dss = run.dss.clone();
+    let name = run.name.clone();
     let annotate = |v: Value| json!({"metadata": {"annotations": {"kiln.dev/plugins": v}}});
     let chain = "dcgm-exporter:\n  then:\n    - name: boom\n";
     policies
@@ -540,11 +541,19 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             &Patch::Merge(annotate(Value::Null)),
         )
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
+    Ok(())
+}
 
-    // Referenced ConfigMaps are read from the cluster: while driver.kernelModuleConfig names a
-    // ConfigMap that does not exist, only the driver state fails, naming the field; once it
-    // exists (picked up by the notReady requeue) each of its keys is mounted under /drivers.
+/// Referenced ConfigMaps are read from the cluster: while driver.kernelModuleConfig names a
+/// ConfigMap that does not exist, only the driver state fails, naming the field; once it
+/// exists (picked up by the notReady requeue) each of its keys is mounted under /drivers.
+async fn a_referenced_config_map_is_read_from_the_cluster(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let client = run.client.clone();
+    let policies = run.policies.clone();
+    let dss = run.dss.clone();
+    let name = run.name.clone();
     let kmod = |v: Value| json!({"spec": {"driver": {"kernelModuleConfig": v}}});
     policies
         .patch(
@@ -607,9 +616,16 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             &Patch::Merge(kmod(Value::Null)),
         )
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
+    Ok(())
+}
 
-    // Disabling dcgmExporter deletes its objects; the policy returns to ready.
+/// Disabling dcgmExporter deletes its objects; the policy returns to ready.
+async fn disabling_a_state_deletes_its_objects(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let dss = run.dss.clone();
+    let name = run.name.clone();
     policies
         .patch(
             &name,
@@ -625,24 +641,39 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
+    Ok(())
+}
 
-    // A second, newer policy is ignored and names the active one.
+/// A second, newer policy is ignored and names the active one.
+async fn a_second_policy_is_ignored(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let raw_policies = run.raw_policies.clone();
+    let name = run.name.clone();
+    let doc = run.doc.clone();
     let mut second = doc.clone();
     second["metadata"] = json!({"name": "second"});
     raw_policies
         .create(&PostParams::default(), &serde_json::from_value(second)?)
         .await?;
-    let msg = wait_state(cluster, &policies, "second", "ignored").await?;
+    let msg = wait_state(cluster, &policies, "second", "ignored", TIMEOUT).await?;
     assert!(
         msg.contains(&format!("\"{name}\" is the active policy")),
         "{msg}"
     );
     let (state, _) = policy_state(&policies, &name).await?;
     assert_eq!(state, "ready");
+    Ok(())
+}
 
-    // kube-apiserver restarted mid-reconcile: re-enabling dcgmExporter still converges, with
-    // exactly one DaemonSet per operand.
+/// kube-apiserver restarted mid-reconcile: re-enabling dcgmExporter still converges, with
+/// exactly one DaemonSet per operand.
+async fn an_apiserver_restart_mid_reconcile_converges(run: &mut Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let dss = run.dss.clone();
+    let name = run.name.clone();
     let before: Vec<String> = daemonset_names(&dss).await?;
     policies
         .patch(
@@ -663,13 +694,22 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
-    wait_state(cluster, &policies, &name, "ready").await?;
+    wait_state(cluster, &policies, &name, "ready", TIMEOUT).await?;
     let mut want = before;
     want.push("nvidia-dcgm-exporter".into());
     want.sort();
     assert_eq!(daemonset_names(&dss).await?, want);
+    run.client = client;
+    run.policies = policies;
+    run.dss = dss;
+    Ok(())
+}
 
-    // The active policy deleted: the second, ignored until now, takes over.
+/// The active policy deleted: the second, ignored until now, takes over.
+async fn the_second_policy_takes_over(run: &Run<'_>) -> anyhow::Result<()> {
+    let cluster = run.cluster;
+    let policies = run.policies.clone();
+    let name = run.name.clone();
     policies.delete(&name, &DeleteParams::default()).await?;
     cluster
         .wait_for("the second policy active", TIMEOUT, || async {
@@ -681,8 +721,6 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             })
         })
         .await?;
-
-    operator.abort();
     Ok(())
 }
 

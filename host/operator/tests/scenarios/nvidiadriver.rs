@@ -1,5 +1,5 @@
 //! NVIDIADriver (`nvidia.com/v1alpha1`): the committed CRD, and the controller against an
-//! in-memory API server (`support/mock_api.rs`, shared with `scenarios.rs`),
+//! in-memory API server (`support/mock_api.rs`, shared with `policy.rs`),
 //! asserting on the requests it recorded:
 //! - two pools with different versions get one DaemonSet each, named as upstream, selecting
 //!   only their nodes, with their own image, owned by their CR;
@@ -43,9 +43,8 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-#[path = "support/mock_api.rs"]
-mod mock_api;
-use mock_api::{Call, Server, calls, client};
+use crate::support::fixtures;
+use crate::support::mock_api::{Call, Server, calls, client};
 
 const NS: &str = "gpu-operator";
 const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
@@ -57,7 +56,7 @@ fn repo() -> PathBuf {
 
 const COMMITTED: &str = "deploy/crds/nvidiadrivers.nvidia.com.yaml";
 
-/// Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test nvidiadriver` (or
+/// Regenerate with `KILN_UPDATE_CRD=1 cargo test -p kiln-operator --test scenarios nvidiadriver::` (or
 /// `kiln crdgen --nvidia-driver > deploy/crds/nvidiadrivers.nvidia.com.yaml`; the chart's
 /// `crds/` holds the same file).
 #[test]
@@ -134,11 +133,9 @@ fn crd_keeps_upstreams_names_enums_and_defaults() {
     );
 }
 
+/// The ClusterPolicy `cluster-policy` with `spec`.
 fn policy(spec: Value) -> Value {
-    json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-        "metadata": {"name": "cluster-policy", "uid": "uid-cluster-policy", "generation": 1,
-            "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": spec})
+    fixtures::policy("cluster-policy", "2026-01-01T00:00:00Z", spec)
 }
 
 fn driver(name: &str, spec: Value) -> Value {
@@ -152,22 +149,18 @@ fn driver(name: &str, spec: Value) -> Value {
 fn server_with(objects: &[Value], pools: &[(&str, usize)]) -> Arc<Mutex<Server>> {
     let mut s = Server::default();
     for o in objects {
-        let name = o["metadata"]["name"].as_str().unwrap();
-        let path = match o["kind"].as_str().unwrap() {
-            "ClusterPolicy" => format!("/apis/nvidia.com/v1/clusterpolicies/{name}"),
-            _ => format!("/apis/nvidia.com/v1alpha1/nvidiadrivers/{name}"),
-        };
-        s.objects.insert(path, o.clone());
+        s.insert(o.clone());
     }
     for (pool, n) in pools {
         for i in 0..*n {
-            let name = format!("{pool}-{i}");
-            s.objects.insert(
-                format!("/api/v1/nodes/{name}"),
-                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
-                    "labels": {"nvidia.com/gpu.present": "true", "pool": pool,
-                        "nvidia.com/gpu.deploy.driver": "true",
-                        OS_ID: "ubuntu", OS_VERSION: "22.04"}}}),
+            s.insert(
+                fixtures::node(&format!("{pool}-{i}"))
+                    .label("nvidia.com/gpu.present", "true")
+                    .label("pool", pool)
+                    .label("nvidia.com/gpu.deploy.driver", "true")
+                    .label(OS_ID, "ubuntu")
+                    .label(OS_VERSION, "22.04")
+                    .json(),
             );
         }
     }

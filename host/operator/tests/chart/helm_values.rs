@@ -6,18 +6,14 @@
 //!   chart tags them with its appVersion; `gpuPodDeletion` becomes `podDeletion`);
 //! - `*.config.create` / `*.config.data` create the ConfigMaps NVIDIA's chart creates.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use kiln_plugin_host::{HostConfig, PluginHost};
 use kiln_render::{Policy, Renderer, defaults};
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::support::repo;
 
 fn data(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,40 +25,12 @@ fn data(name: &str) -> String {
 
 /// `helm template` of `deploy/helm/kiln` with NVIDIA's values and `extra` value files.
 fn template(extra: &[&str]) -> Option<Vec<Value>> {
-    let helm = repo().join("testcluster/bin/helm");
-    if !helm.exists() {
-        eprintln!("testcluster/bin/helm not built; skipping");
-        return None;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(&helm);
-    cmd.args([
-        "template",
-        "kiln",
-        "deploy/helm/kiln",
-        "--namespace",
-        "gpu-operator",
-    ])
-    .args(["-f", &data("nvidia-v26.7.0-helm-values.yaml")])
-    .current_dir(repo())
-    .env("HELM_CACHE_HOME", home.path().join("cache"))
-    .env("HELM_CONFIG_HOME", home.path().join("config"))
-    .env("HELM_DATA_HOME", home.path().join("data"));
-    for f in extra {
-        cmd.args(["-f", &data(f)]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    Some(
-        serde_yaml_ng::Deserializer::from_str(&text)
-            .filter_map(|d| Option::<Value>::deserialize(d).unwrap())
-            .collect(),
-    )
+    let files: Vec<String> = std::iter::once("nvidia-v26.7.0-helm-values.yaml")
+        .chain(extra.iter().copied())
+        .map(data)
+        .collect();
+    let args: Vec<&str> = files.iter().flat_map(|f| ["-f", f.as_str()]).collect();
+    crate::support::helm::template(&args).map(|r| r.unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {

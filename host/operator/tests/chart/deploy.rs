@@ -6,32 +6,20 @@
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
 //! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
-#[path = "deploy/network_policy.rs"]
 mod network_policy;
-#[path = "support/rbac.rs"]
-mod rbac;
+
+use crate::support::helm::docs;
+use crate::support::rbac;
+use crate::support::repo;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
 
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 const NS: &str = "gpu-operator";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn read(path: &str) -> String {
     std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn docs(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .filter_map(|d| Option::<Value>::deserialize(d).unwrap())
-        .collect()
 }
 
 fn yaml(path: &str) -> Value {
@@ -354,23 +342,7 @@ fn the_operator_deployment_is_locked_down() {
 }
 
 fn helm_template(extra: &[&str]) -> Option<Vec<Value>> {
-    let helm = repo().join("testcluster/bin/helm");
-    if !helm.exists() {
-        eprintln!("testcluster/bin/helm not built; skipping");
-        return None;
-    }
-    let out = Command::new(&helm)
-        .args(["template", "kiln", "deploy/helm/kiln", "--namespace", NS])
-        .args(extra)
-        .current_dir(repo())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(docs(&String::from_utf8(out.stdout).unwrap()))
+    crate::support::helm::template(extra).map(|r| r.unwrap_or_else(|e| panic!("{e}")))
 }
 
 #[test]
