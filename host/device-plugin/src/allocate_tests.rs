@@ -20,6 +20,7 @@ fn setup(cfg: &str, uuids: &[&str]) -> (Resource, Settings) {
             compute_capability: (7, 5),
             mig_enabled: None,
             mig_devices: vec![],
+            ..Default::default()
         })
         .collect();
     let r = build_resources(&gpus, MigStrategy::None, &s.sharing).unwrap();

@@ -215,6 +215,7 @@ mod tests {
             compute_capability: (9, 0),
             mig_enabled: None,
             mig_devices: vec![],
+            ..Default::default()
         }
     }
 
@@ -224,6 +225,7 @@ mod tests {
             gpu_instance_id: None,
             compute_instance_id: None,
             profile: Some(profile.into()),
+            ..Default::default()
         }
     }
 
