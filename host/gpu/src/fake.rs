@@ -69,7 +69,7 @@ pub const MAX_FIXTURE_GPUS: usize = 1024;
 impl Fixture {
     /// Range checks: at most [`MAX_FIXTURE_GPUS`] GPUs, `memory_total_mib` at most
     /// [`MAX_MEMORY_MIB`] (2^44 MiB is 2^64 bytes, which wrapped to 0 and lost the memory
-    /// label).
+    /// label), and every `nvlinks` entry naming another GPU of the fixture.
     ///
     /// # Errors
     /// The field path and the bound.
@@ -527,6 +527,17 @@ gpus:
             panic!("{err:?}")
         };
         assert_eq!(source.path, "cuda_version");
+        let self_link = FIXTURE.replace(
+            "compute_capability: \"7.5\"",
+            "compute_capability: \"7.5\"\n    nvlinks: [{index: 0, links: 2}, {index: 1, links: 2}]",
+        );
+        std::fs::write(&path, self_link).unwrap();
+        let err = FakeBackend::from_file(&path).unwrap_err();
+        let GpuError::FixtureParse { source, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(source.path, "gpus[1].nvlinks[1].index");
+        assert!(source.message.contains("1 is not another GPU"), "{source}");
         // In memory the conversion saturates instead of wrapping to 0.
         assert_eq!(mib_to_bytes(1 << 44), u64::MAX);
     }
