@@ -15,6 +15,7 @@ mod fake;
 pub mod fixtures;
 mod model;
 mod nvml;
+pub mod vgpu;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 

@@ -296,8 +296,19 @@ fn identify(d: &Device<'_>, index: u32) -> Result<GpuDevice, GpuError> {
         inforom_ecc_version: text(d.info_rom_version(InfoRom::ECC)),
         inforom_power_version: text(d.info_rom_version(InfoRom::Power)),
     };
-    let vgpu =
-        matches!(d.virtualization_mode(), Ok(GpuVirtualizationMode::Vgpu)).then(VgpuGuest::default);
+    // A vGPU guest: the host driver from the PCI capability, as NVIDIA's GFD reads it (needs
+    // the whole configuration space, i.e. a privileged container), else NVML's mode alone.
+    let config = std::fs::read(format!(
+        "/sys/bus/pci/devices/{}/config",
+        crate::vgpu::sysfs_address(&pci_bus_id)
+    ));
+    let vgpu = config
+        .ok()
+        .and_then(|c| crate::vgpu::from_pci_config(&c))
+        .or_else(|| {
+            matches!(d.virtualization_mode(), Ok(GpuVirtualizationMode::Vgpu))
+                .then(VgpuGuest::default)
+        });
     Ok(GpuDevice {
         index,
         uuid,
