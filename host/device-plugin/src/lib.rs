@@ -20,6 +20,8 @@ pub mod config_manager;
 pub mod devices;
 pub mod health;
 #[cfg(feature = "kube")]
+pub mod node_health;
+#[cfg(feature = "kube")]
 pub mod node_label;
 pub mod runtime;
 pub mod selection;
