@@ -92,10 +92,10 @@ impl Catalogue {
     /// field names are not errors.
     pub fn parse(csv: &str) -> Result<Self, CatalogueError> {
         // dcgm-exporter's reader (Go's, with TrimLeadingSpace) lets a quoted field start after
-        // blanks (`a, "b, c"`); the csv crate only sees a quote that opens the field.
-        static QUOTE_AFTER_BLANKS: std::sync::LazyLock<regex::Regex> =
-            std::sync::LazyLock::new(|| regex::Regex::new(r#"(?m)(^|,)[ \t]+""#).expect("valid"));
-        let csv = QUOTE_AFTER_BLANKS.replace_all(csv, "${1}\"");
+        // blanks (`a, "b, c"`); the csv crate only sees a quote that opens the field, so the
+        // blanks between a delimiter (or the line start) and a quote are dropped first.
+        let csv = quotes_after_blanks_closed_up(csv);
+        let csv = csv.as_str();
         let lines: Vec<&str> = csv.lines().collect();
         let mut reader = ::csv::ReaderBuilder::new()
             .has_headers(false)
@@ -184,6 +184,48 @@ impl Catalogue {
     }
 }
 
+/// `csv` with the spaces and tabs between a line start or a delimiter and a quote that opens a
+/// field removed (text inside quotes is kept as it is).
+fn quotes_after_blanks_closed_up(csv: &str) -> String {
+    let mut out = String::with_capacity(csv.len());
+    for line in csv.split_inclusive('\n') {
+        let mut pending = String::new();
+        let mut at_field_start = true;
+        let mut quoted = false;
+        for c in line.chars() {
+            if quoted {
+                quoted = c != '"';
+                out.push(c);
+                continue;
+            }
+            match c {
+                ' ' | '\t' if at_field_start => pending.push(c),
+                '"' => {
+                    if !at_field_start {
+                        out.push_str(&std::mem::take(&mut pending));
+                    }
+                    pending.clear();
+                    out.push(c);
+                    quoted = true;
+                    at_field_start = false;
+                }
+                ',' => {
+                    out.push_str(&std::mem::take(&mut pending));
+                    out.push(c);
+                    at_field_start = true;
+                }
+                _ => {
+                    out.push_str(&std::mem::take(&mut pending));
+                    out.push(c);
+                    at_field_start = false;
+                }
+            }
+        }
+        out.push_str(&pending);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +259,10 @@ mod tests {
         assert_eq!(c.metrics[1].help, "");
         assert_eq!(c.unavailable, ["DCGM_FI_DEV_VGPU_LICENSE_STATUS"]);
         assert_eq!(c.unknown, ["DCGM_FI_NOPE"]);
+        let inner =
+            Catalogue::parse("DCGM_FI_DEV_GPU_TEMP,\tgauge,  \"say, \"\"hi\"\" \"\n").unwrap();
+        // Doubled quotes inside a quoted field; the reader trims quoted fields too.
+        assert_eq!(inner.metrics[0].help, "say, \"hi\"");
         assert_eq!(
             c.labels.iter().map(|f| f.name).collect::<Vec<_>>(),
             ["DCGM_FI_DEV_BRAND"]
