@@ -45,6 +45,8 @@ echo "== kiln validator driver (host root /, status files in $work/validations)"
   --retries 3 --sleep-interval-seconds 1 driver
 echo "-- driver-ready:"
 cat "$work/validations/driver-ready"
+echo "-- CUDA unified-memory device nodes (the driver step creates them when missing):"
+ls -l /dev/nvidia-uvm /dev/nvidia-uvm-tools || true
 
 echo "== kiln validator cuda"
 "$kiln" validator --validations-dir "$work/validations" --retries 1 cuda

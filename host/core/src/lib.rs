@@ -11,8 +11,10 @@
 pub mod context;
 pub mod drift;
 pub mod driver_digest;
+pub mod gpu_health;
 pub mod intstr;
 pub mod labels;
+pub mod node_stuck;
 pub mod plan;
 pub mod readiness;
 pub mod singleton;

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
-    config::{DeviceIdStrategy, DeviceListStrategy, SharingStrategy},
-    devices::{Resource, split_replica},
+    config::{AllocationPolicy, DeviceIdStrategy, DeviceListStrategy, SharingStrategy},
+    devices::{Resource, Unit, split_replica},
     proto::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount},
     settings::Settings,
 };
@@ -208,13 +208,24 @@ pub fn random_uuid() -> String {
     )
 }
 
-/// Preferred devices for one container: `must_include` first, then picks from `available`.
+/// Preferred devices for one container: `must_include` first, then picks from `available`
+/// (unknown ids ignored), healthy devices before unhealthy ones.
 ///
-/// Shared or MIG resources spread replicas over physical devices (upstream's distributed
-/// policy: the device with the fewest of its units already taken comes first); ties are broken
-/// by (UUID, replica), so answers are reproducible. Full GPUs are picked in sorted order,
-/// healthy ones first: the GPU seam has no NVLink topology, and an unaligned answer beats
-/// failing admission (upstream issue #2038). Unknown ids are ignored.
+/// Two rules, as upstream v0.20 chooses between them:
+/// - **Full GPUs** (an unshared `nvidia.com/gpu`-style resource of whole GPUs): the set of
+///   `size` GPUs that contains `must_include` and has the best topology score — the sum over
+///   its pairs of 100 per NVLink between them (go-gpuallocator's best-effort policy weighs one
+///   NVLink 100, two 200, …), or 20 for a pair on one NUMA node and 10 across nodes (its
+///   same-CPU / cross-CPU PCIe scores) when they have no NVLink. Ties go to the set that sorts
+///   first by (unhealthy count, GPU UUIDs). Upstream scores the partition of all available
+///   GPUs; kiln scores the chosen set only, which gives the same answer for a set NVLink
+///   joins. Above [`MAX_ALIGNED_GPUS`] candidates the search is not run (sorted order).
+/// - **Replicas and MIG devices**: one unit at a time from the physical device the `policy`
+///   prefers by the number of its units already allocated (not in `available`, or picked in
+///   this call): fewest first with [`AllocationPolicy::Distributed`] (upstream's default),
+///   most first with [`AllocationPolicy::Packed`]; ties go to the device picked from least in
+///   this call, then by UUID (upstream leaves them to `sort.Slice`), so answers are
+///   reproducible.
 ///
 /// # Errors
 /// `not enough available devices to satisfy allocation` when too few are available.
@@ -224,14 +235,16 @@ pub fn preferred_allocation(
     available: &[String],
     must_include: &[String],
     size: usize,
+    policy: AllocationPolicy,
 ) -> Result<Vec<String>, String> {
+    const NOT_ENOUGH: &str = "not enough available devices to satisfy allocation";
     let required: Vec<&String> = must_include.iter().collect();
     if size <= required.len() {
         return Ok(required.into_iter().take(size).cloned().collect());
     }
     let needed = size - required.len();
     let req_set: BTreeSet<&str> = must_include.iter().map(String::as_str).collect();
-    let mut candidates: Vec<&crate::devices::Unit> = available
+    let mut candidates: Vec<&Unit> = available
         .iter()
         .filter(|id| !req_set.contains(id.as_str()))
         .filter_map(|id| res.unit(id))
@@ -245,11 +258,21 @@ pub fn preferred_allocation(
     });
     candidates.dedup_by(|a, b| a.id == b.id);
     if candidates.len() < needed {
-        return Err("not enough available devices to satisfy allocation".into());
+        return Err(NOT_ENOUGH.into());
     }
-    let mut out: Vec<String> = required.into_iter().cloned().collect();
-    if !res.is_shared() {
-        out.extend(candidates.iter().take(needed).map(|u| u.id.clone()));
+    let mut out: Vec<String> = required.iter().map(|s| (*s).clone()).collect();
+    let whole_gpus = !res.is_shared()
+        && res
+            .units
+            .iter()
+            .all(|u| u.physical.uuid.starts_with("GPU-"));
+    if whole_gpus {
+        let fixed: Vec<&Unit> = must_include.iter().filter_map(|id| res.unit(id)).collect();
+        out.extend(
+            aligned(&fixed, &candidates, needed, healthy)
+                .into_iter()
+                .map(|u| u.id.clone()),
+        );
         return Ok(out);
     }
     // Per physical device: units in the resource, and candidates still free.
@@ -257,24 +280,101 @@ pub fn preferred_allocation(
         *m.entry(u.physical.uuid.as_str()).or_default() += 1;
         m
     });
-    let mut free: BTreeMap<&str, Vec<&crate::devices::Unit>> = BTreeMap::new();
+    let mut free: BTreeMap<&str, Vec<&Unit>> = BTreeMap::new();
     for u in candidates {
         free.entry(u.physical.uuid.as_str()).or_default().push(u);
     }
+    let mut picked: HashMap<&str, usize> = HashMap::new();
     for _ in 0..needed {
-        let (uuid, _) = free
+        let uuid = free
             .iter()
             .filter(|(_, units)| !units.is_empty())
             .min_by_key(|(uuid, units)| {
-                let healthy_first = !healthy(&units[0].id);
-                (healthy_first, total[*uuid] - units.len())
+                let allocated = total[*uuid] - units.len();
+                let by_policy = match policy {
+                    AllocationPolicy::Distributed => allocated as i64,
+                    AllocationPolicy::Packed => -(allocated as i64),
+                };
+                let from = picked.get(*uuid).copied().unwrap_or(0);
+                (!healthy(&units[0].id), by_policy, from)
             })
-            .map(|(k, v)| (*k, v.len()))
-            .ok_or("not enough available devices to satisfy allocation")?;
+            .map(|(k, _)| *k)
+            .ok_or(NOT_ENOUGH)?;
+        *picked.entry(uuid).or_default() += 1;
         let unit = free.get_mut(uuid).map(|v| v.remove(0));
         out.extend(unit.map(|u| u.id.clone()));
     }
     Ok(out)
+}
+
+/// The most candidate GPUs the aligned search of [`preferred_allocation`] considers (it tries
+/// every set: C(16, 8) = 12,870 at most).
+pub const MAX_ALIGNED_GPUS: usize = 16;
+
+/// Topology score of two GPUs: 100 per NVLink between them, else 20 on one NUMA node, 10
+/// across nodes or where unknown.
+fn pair_score(a: &Unit, b: &Unit) -> u32 {
+    let links = a
+        .physical
+        .links
+        .iter()
+        .find(|p| p.index == b.physical.gpu_index)
+        .map_or(0, |p| p.links);
+    if links > 0 {
+        100 * links
+    } else if a.physical.numa_node.is_some() && a.physical.numa_node == b.physical.numa_node {
+        20
+    } else {
+        10
+    }
+}
+
+/// The `needed` GPUs of `candidates` (sorted healthy first, then by UUID) that with `fixed`
+/// score highest; the first such set in candidate order on ties.
+fn aligned<'a>(
+    fixed: &[&'a Unit],
+    candidates: &[&'a Unit],
+    needed: usize,
+    healthy: &dyn Fn(&str) -> bool,
+) -> Vec<&'a Unit> {
+    if candidates.len() > MAX_ALIGNED_GPUS || needed == candidates.len() {
+        return candidates.iter().take(needed).copied().collect();
+    }
+    // Healthy first beats topology (an unhealthy GPU only when needed), then the score.
+    type Key = (std::cmp::Reverse<usize>, u32);
+    let key = |set: &[&Unit]| -> Key {
+        let all: Vec<&Unit> = fixed.iter().chain(set).copied().collect();
+        let mut s = 0;
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                s += pair_score(a, b);
+            }
+        }
+        let unhealthy = set.iter().filter(|u| !healthy(&u.id)).count();
+        (std::cmp::Reverse(unhealthy), s)
+    };
+    // Every `needed`-subset of candidate positions, in lexicographic order.
+    let mut idx: Vec<usize> = (0..needed).collect();
+    let mut best: Option<(Key, Vec<usize>)> = None;
+    loop {
+        let set: Vec<&Unit> = idx.iter().map(|&i| candidates[i]).collect();
+        let k = key(&set);
+        if best.as_ref().is_none_or(|(b, _)| k > *b) {
+            best = Some((k, idx.clone()));
+        }
+        let Some(pos) = (0..needed)
+            .rev()
+            .find(|&p| idx[p] < candidates.len() - needed + p)
+        else {
+            break;
+        };
+        idx[pos] += 1;
+        for p in pos + 1..needed {
+            idx[p] = idx[p - 1] + 1;
+        }
+    }
+    best.map(|(_, idx)| idx.iter().map(|&i| candidates[i]).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_gpu::GpuDevice;
+use kiln_gpu::{GpuDevice, NvLinkPeer};
 
 use crate::config::{GPU_RESOURCE, MigStrategy, RESOURCE_PREFIX, Sharing};
 
@@ -23,8 +23,11 @@ pub struct Physical {
     /// Device nodes inside the container, e.g. `/dev/nvidia0` (the minor is taken to be the
     /// NVML index; `GpuDevice` has no minor number).
     pub paths: Vec<String>,
-    /// NUMA node of the parent GPU when known.
+    /// NUMA node of the parent GPU when known (ListAndWatch's `TopologyInfo`).
     pub numa_node: Option<i64>,
+    /// NVLink neighbours of a full GPU (by NVML index, with link counts); empty for a MIG
+    /// device. GetPreferredAllocation's topology.
+    pub links: Vec<NvLinkPeer>,
 }
 
 /// One unit the kubelet counts.
@@ -129,7 +132,8 @@ pub fn build_resources(
                     index: gpu.index.to_string(),
                     gpu_index: gpu.index,
                     paths: vec![gpu_path],
-                    numa_node: None,
+                    numa_node: gpu.numa_node.map(i64::from),
+                    links: gpu.nvlinks.clone(),
                 });
             continue;
         }
@@ -152,7 +156,8 @@ pub fn build_resources(
                 index: format!("{}:{pos}", gpu.index),
                 gpu_index: gpu.index,
                 paths: vec![gpu_path.clone()],
-                numa_node: None,
+                numa_node: gpu.numa_node.map(i64::from),
+                links: Vec::new(),
             });
         }
     }
@@ -215,6 +220,7 @@ mod tests {
             compute_capability: (9, 0),
             mig_enabled: None,
             mig_devices: vec![],
+            ..Default::default()
         }
     }
 
@@ -224,6 +230,7 @@ mod tests {
             gpu_instance_id: None,
             compute_instance_id: None,
             profile: Some(profile.into()),
+            ..Default::default()
         }
     }
 

@@ -91,8 +91,8 @@ impl XidFilter {
 pub struct HealthTracker {
     filter: XidFilter,
     recovery_after: Duration,
-    /// GPU index → time of its last critical XID.
-    unhealthy: BTreeMap<u32, Instant>,
+    /// GPU index → time and number of its last critical XID.
+    unhealthy: BTreeMap<u32, (Instant, u64)>,
 }
 
 impl HealthTracker {
@@ -125,7 +125,7 @@ impl HealthTracker {
                 );
                 continue;
             }
-            if self.unhealthy.insert(e.index, now).is_none() {
+            if self.unhealthy.insert(e.index, (now, e.xid)).is_none() {
                 tracing::warn!(
                     gpu = e.index,
                     xid = e.xid,
@@ -139,7 +139,7 @@ impl HealthTracker {
         let recovered: Vec<u32> = self
             .unhealthy
             .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= self.recovery_after)
+            .filter(|(_, (since, _))| now.saturating_duration_since(*since) >= self.recovery_after)
             .map(|(i, _)| *i)
             .filter(|i| probe(*i))
             .collect();
@@ -149,6 +149,13 @@ impl HealthTracker {
             changed = true;
         }
         changed
+    }
+
+    /// The unhealthy GPUs with their last critical XID, by index (what the node agent reports on
+    /// the Node, [`crate::node_health`]).
+    #[must_use]
+    pub fn faults(&self) -> Vec<(u32, u64)> {
+        self.unhealthy.iter().map(|(i, (_, x))| (*i, *x)).collect()
     }
 
     /// True when GPU `index` is healthy.

@@ -1,8 +1,13 @@
 //! `kiln-device-plugin`: the kubelet device plugin kiln runs on every GPU node
 //! (`kiln device-plugin`), and its per-node config selection (`kiln device-plugin config-manager`).
 //!
-//! Behaviour follows NVIDIA's k8s-device-plugin v0.19 (reference: `device-plugin.md`), with the
-//! fixes listed in its §9:
+//! Behaviour follows NVIDIA's k8s-device-plugin v0.20 (reference: `device-plugin.md`): its
+//! `sharedDevicesAllocationPolicy` (packed/distributed), NUMA `TopologyInfo` in ListAndWatch and
+//! NVLink-aware preferred allocation of whole GPUs ([`allocate`]), with the fixes listed in its
+//! §9. kiln's own addition: GPU health reaches the Node ([`node_health`], `kube` feature) — a
+//! `GPUHealthy` condition, an Event per transition and, with `KILN_GPU_HEALTH_TAINT`, a
+//! `nvidia.com/gpu-unhealthy:NoSchedule` taint (needs `patch` on `nodes` and `nodes/status` and
+//! `create` on `events` in the plugin's ClusterRole; without them it logs once and stops).
 //!
 //! ```text
 //!  GpuInventory ─► devices::build_resources ─► Snapshot (watch) ─► server (one socket/resource)
@@ -19,6 +24,8 @@ pub mod config;
 pub mod config_manager;
 pub mod devices;
 pub mod health;
+#[cfg(feature = "kube")]
+pub mod node_health;
 #[cfg(feature = "kube")]
 pub mod node_label;
 pub mod runtime;

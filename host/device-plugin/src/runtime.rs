@@ -84,6 +84,9 @@ pub struct Status {
     pub registrations: u64,
     /// Driver version of the CDI spec on disk.
     pub cdi_driver_version: Option<String>,
+    /// GPUs held unhealthy, `(index, last critical XID)` by index
+    /// ([`HealthTracker::faults`]); the node agent reports them on the Node.
+    pub unhealthy: Vec<(u32, u64)>,
 }
 
 /// Why the plugin could not start.
@@ -413,6 +416,8 @@ impl Plugin {
                 let res = r.snapshot.borrow().resource.clone();
                 r.snapshot.send_replace(Arc::new(self.snapshot(res)));
             }
+            let faults = self.health.faults();
+            self.status.send_modify(|s| s.unhealthy = faults);
         }
         if self.settings.uses_cdi() {
             let current = self.inv.system().map(|s| s.driver_version);

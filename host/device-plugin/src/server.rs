@@ -21,9 +21,9 @@ use crate::{
     devices::Resource,
     proto::{
         AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, Device,
-        DevicePluginOptions, Empty, ListAndWatchResponse, PreStartContainerRequest,
+        DevicePluginOptions, Empty, ListAndWatchResponse, NumaNode, PreStartContainerRequest,
         PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
-        RegisterRequest,
+        RegisterRequest, TopologyInfo,
         device_plugin_server::{DevicePlugin, DevicePluginServer},
         registration_client::RegistrationClient,
     },
@@ -71,7 +71,11 @@ impl Snapshot {
                     HEALTHY
                 }
                 .into(),
-                topology: None,
+                // The GPU's NUMA node, for the kubelet's Topology Manager (upstream sets it the
+                // same way; none where NVML knows no node).
+                topology: u.physical.numa_node.map(|id| TopologyInfo {
+                    nodes: vec![NumaNode { id }],
+                }),
             })
             .collect()
     }
@@ -147,6 +151,7 @@ impl DevicePlugin for PluginService {
                 &c.available_device_i_ds,
                 &c.must_include_device_i_ds,
                 size,
+                snap.settings.shared_devices_allocation_policy,
             )
             .map_err(|e| {
                 Status::unknown(format!(

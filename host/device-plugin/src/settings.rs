@@ -2,7 +2,8 @@
 //! precedence, §2.1), then upstream's flag validation (§2.4).
 
 use crate::config::{
-    Config, DeviceIdStrategy, DeviceListStrategy, MigStrategy, Sharing, SharingStrategy,
+    AllocationPolicy, Config, DeviceIdStrategy, DeviceListStrategy, MigStrategy, Sharing,
+    SharingStrategy,
 };
 
 /// Flags that override the config file; each reads upstream's env var. `None` = not given.
@@ -54,6 +55,9 @@ pub struct Overrides {
     /// Set `NVIDIA_MOFED=enabled`.
     #[arg(long, env = "MOFED_ENABLED", num_args = 0..=1, default_missing_value = "true")]
     pub mofed_enabled: Option<bool>,
+    /// `distributed` or `packed`: how replicas of shared GPUs and MIG devices are preferred.
+    #[arg(long, env = "SHARED_DEVICES_ALLOCATION_POLICY")]
+    pub shared_devices_allocation_policy: Option<AllocationPolicy>,
 }
 
 impl Overrides {
@@ -119,6 +123,8 @@ pub struct Settings {
     pub mofed_enabled: bool,
     /// Active sharing.
     pub sharing: Sharing,
+    /// How GetPreferredAllocation picks replicas and MIG devices.
+    pub shared_devices_allocation_policy: AllocationPolicy,
     /// IMEX channel ids (`[]` or `[0]`).
     pub imex_channels: Vec<u32>,
 }
@@ -174,6 +180,11 @@ impl Settings {
             gds_enabled: pick(&o.gds_enabled, &f.gds_enabled, || false),
             mofed_enabled: pick(&o.mofed_enabled, &f.mofed_enabled, || false),
             sharing: cfg.sharing(),
+            shared_devices_allocation_policy: pick(
+                &o.shared_devices_allocation_policy,
+                &p.shared_devices_allocation_policy,
+                AllocationPolicy::default,
+            ),
             imex_channels: cfg.imex.channel_ids.clone(),
             driver_root,
             dev_root,

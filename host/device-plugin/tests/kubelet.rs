@@ -55,11 +55,20 @@ async fn start_with_label(
     overrides: Overrides,
     label: Option<String>,
 ) -> Env {
+    start_with_fixture(source, overrides, label, FIXTURE).await
+}
+
+async fn start_with_fixture(
+    source: impl FnOnce(&std::path::Path) -> ConfigSource,
+    overrides: Overrides,
+    label: Option<String>,
+    fixture: &str,
+) -> Env {
     let tmp = tempfile::tempdir().unwrap();
     let plugin_dir = tmp.path().join("device-plugins");
     std::fs::create_dir(&plugin_dir).unwrap();
     let kubelet = Kubelet::start(&plugin_dir);
-    let fake = Arc::new(FakeBackend::new(serde_yaml_ng::from_str(FIXTURE).unwrap()));
+    let fake = Arc::new(FakeBackend::new(serde_yaml_ng::from_str(fixture).unwrap()));
     let opts = Options {
         overrides,
         source: source(tmp.path()),
@@ -509,4 +518,77 @@ async fn cdi_spec_is_rewritten_when_the_driver_version_changes() {
 #[test]
 fn config_used_by_the_tests_is_valid() {
     assert_eq!(Config::from_yaml(TS5).unwrap().sharing().replicas("gpu"), 5);
+}
+
+/// The 8-GPU NVLink fixture (`tests/data/nvlink-8gpu.yaml`).
+const NVLINK8: &str = include_str!("data/nvlink-8gpu.yaml");
+
+async fn preferred(
+    c: &mut DevicePluginClient<Channel>,
+    available: Vec<String>,
+    size: i32,
+) -> Vec<String> {
+    c.get_preferred_allocation(PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: available,
+            must_include_device_i_ds: vec![],
+            allocation_size: size,
+        }],
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .container_responses
+    .remove(0)
+    .device_i_ds
+}
+
+#[tokio::test]
+async fn v0_20_config_on_eight_nvlink_gpus_numa_topology_linked_pairs_and_packed_replicas() {
+    let gpu = |i: u32| format!("GPU-{i}0000000-0000-0000-0000-000000000000");
+    // Whole GPUs: NUMA nodes in ListAndWatch, a linked pair for two.
+    const V020: &str =
+        "version: v1\nflags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n";
+    let env = start_with_fixture(file_source(V020), Overrides::default(), None, NVLINK8).await;
+    let reg = env.kubelet.next_registration().await;
+    let mut c = env.kubelet.client(&reg.endpoint).await;
+    let mut stream = c.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let msg = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let numa: Vec<(String, Vec<i64>)> = msg
+        .devices
+        .iter()
+        .map(|d| {
+            let nodes = d
+                .topology
+                .as_ref()
+                .unwrap()
+                .nodes
+                .iter()
+                .map(|n| n.id)
+                .collect();
+            (d.id.clone(), nodes)
+        })
+        .collect();
+    let want: Vec<(String, Vec<i64>)> = (0..8).map(|i| (gpu(i), vec![i64::from(i / 4)])).collect();
+    assert_eq!(numa, want);
+    let all: Vec<String> = (0..8).rev().map(gpu).collect();
+    assert_eq!(preferred(&mut c, all, 2).await, [gpu(0), gpu(2)]);
+    env.handle.shutdown().await;
+
+    // Four replicas per GPU, packed: one GPU's replicas before the next one's.
+    const PACKED: &str = "version: v1\nflags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n\
+        sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+    let env = start_with_fixture(file_source(PACKED), Overrides::default(), None, NVLINK8).await;
+    let reg = env.kubelet.next_registration().await;
+    let mut c = env.kubelet.client(&reg.endpoint).await;
+    let replicas: Vec<String> = (0..8)
+        .flat_map(|i| (0..4).map(move |k| format!("{}::{k}", gpu(i))))
+        .collect();
+    let got = preferred(&mut c, replicas.clone(), 3).await;
+    assert_eq!(got, [0, 1, 2].map(|k| format!("{}::{k}", gpu(0))));
+    env.handle.shutdown().await;
 }

@@ -44,6 +44,23 @@ fn fixture() -> Fixture {
         pcie_rx_kib_per_s: Some(3400),
         ..DeviceSample::default()
     };
+    // `KILN_BENCH_ALL_READINGS=1`: also the readings the default list gained with issue 36
+    // (memory temperature, NVLink bandwidth, row remapping, GPM ratios): 24 families, not 16.
+    let sample = if std::env::var_os("KILN_BENCH_ALL_READINGS").is_some() {
+        DeviceSample {
+            memory_temp_c: Some(48),
+            nvlink_bandwidth_total: Some(9_876_543_210),
+            remapped_rows_correctable: Some(1),
+            remapped_rows_uncorrectable: Some(0),
+            row_remap_failure: Some(0),
+            gr_engine_active: Some(0.912),
+            tensor_active: Some(0.652),
+            dram_active: Some(0.389),
+            ..sample
+        }
+    } else {
+        sample
+    };
     let gpus = (0..GPUS)
         .map(|i| FixtureGpu {
             uuid: format!("GPU-{i:08x}-2222-3333-4444-555555555555"),
@@ -51,6 +68,11 @@ fn fixture() -> Fixture {
             pci_bus_id: None,
             memory_total_mib: 81559,
             compute_capability: "9.0".into(),
+            numa_node: None,
+            nvlinks: Vec::new(),
+            info: Default::default(),
+            clique: None,
+            vgpu: None,
             mig_enabled: None,
             mig_devices: Vec::new(),
             sample: sample.clone(),

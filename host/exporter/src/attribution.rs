@@ -48,11 +48,26 @@ pub struct PodRef {
     pub container: String,
 }
 
+/// What the API server says about a pod, for the `pod_uid` label and the pod's own labels
+/// (`--kubernetes-enable-pod-uid` / `--kubernetes-enable-pod-labels`; see [`crate::podmeta`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodMeta {
+    /// `metadata.uid`, when the UID label is on.
+    pub uid: Option<String>,
+    /// The pod's labels that pass the allowlist, names sanitised to `[a-zA-Z0-9_]`, sorted by
+    /// name; empty when pod labels are off.
+    pub labels: Vec<(String, String)>,
+}
+
+/// `(namespace, name)` → [`PodMeta`] of the pods on this node.
+pub type PodMetas = BTreeMap<(String, String), PodMeta>;
+
 /// GPU index → the containers using it, sorted by the rule above (never empty).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
     by_gpu: BTreeMap<u32, Vec<PodRef>>,
     by_mig: BTreeMap<String, Vec<PodRef>>,
+    meta: std::sync::Arc<PodMetas>,
     /// GPU-resource device ids that matched no GPU on this node (kept for debug logs).
     pub unresolved: Vec<String>,
 }
@@ -74,6 +89,23 @@ impl Attribution {
     #[must_use]
     pub fn owner(&self, index: u32) -> Option<&PodRef> {
         self.pods(index).first()
+    }
+
+    /// Attaches the API server's view of the pods (UIDs, labels) for the renderer.
+    #[must_use]
+    pub fn with_meta(mut self, meta: std::sync::Arc<PodMetas>) -> Self {
+        self.meta = meta;
+        self
+    }
+
+    /// The UID and labels of `pod`'s pod, when known.
+    #[must_use]
+    pub fn meta(&self, pod: &PodRef) -> Option<&PodMeta> {
+        // Borrowed lookup without allocating a key: the map is small (pods on one node).
+        self.meta
+            .iter()
+            .find(|((ns, name), _)| *ns == pod.namespace && *name == pod.pod)
+            .map(|(_, m)| m)
     }
 
     /// Number of GPUs with at least one pod.
@@ -124,6 +156,7 @@ pub fn attribute(
             .into_iter()
             .map(|(k, v)| (k, v.into_iter().collect()))
             .collect(),
+        meta: std::sync::Arc::default(),
         unresolved: unresolved.into_iter().collect(),
     }
 }
@@ -193,8 +226,10 @@ mod tests {
                     gpu_instance_id: Some(gi),
                     compute_instance_id: None,
                     profile: None,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

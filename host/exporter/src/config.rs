@@ -9,6 +9,7 @@ use kiln_gpu::{BackendSpec, GpuError};
 
 use crate::{
     catalogue::{Catalogue, CatalogueError},
+    podmeta::PodMetaOptions,
     podresources::{PodResourcesClient, PodResourcesError, refresh_forever},
     poller::Poller,
     process::ProcessMapper,
@@ -89,12 +90,44 @@ pub struct Config {
         default_value = "/var/log/pods"
     )]
     pub pod_logs_dir: PathBuf,
-    /// `Hostname` label value; the machine's host name if unset (set it from `spec.nodeName`).
+    /// `hostname` label value; the machine's host name if unset (set it from `spec.nodeName`).
+    /// Also the node whose pods `--kubernetes-enable-pod-labels` / `-pod-uid` watch.
     #[arg(long, env = "KILN_EXPORTER_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Leave out the `Hostname` label.
+    /// Leave out the `hostname` label.
     #[arg(short = 'n', long, env = "KILN_EXPORTER_NO_HOSTNAME")]
     pub no_hostname: bool,
+    /// Name the host label `Hostname`, as dcgm-exporter did before 4.8.3 (NVIDIA/dcgm-exporter
+    /// #655), for dashboards and relabelings written for the old name.
+    #[arg(long, env = "KILN_EXPORTER_LEGACY_HOSTNAME_LABEL")]
+    pub legacy_hostname_label: bool,
+    /// Add the pod's labels to its series (names sanitised to `[a-zA-Z0-9_]`), read from the
+    /// API server with a watch on this node's pods. The env var is dcgm-exporter's, which the
+    /// ClusterPolicy's `dcgmExporter.enablePodLabels` sets.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS",
+        value_parser = clap::builder::FalseyValueParser::new(),
+        default_value = "false"
+    )]
+    pub kubernetes_enable_pod_labels: bool,
+    /// Add a `pod_uid` label to pod-attributed series (from the same watch). The env var is
+    /// dcgm-exporter's (`dcgmExporter.enablePodUID`).
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID",
+        value_parser = clap::builder::FalseyValueParser::new(),
+        default_value = "false"
+    )]
+    pub kubernetes_enable_pod_uid: bool,
+    /// Regular expressions (comma-separated) a pod label's name must match one of to be added;
+    /// empty adds all. The env var is dcgm-exporter's (`dcgmExporter.podLabelAllowlistRegex`).
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
+        value_delimiter = ','
+    )]
+    pub kubernetes_pod_label_allowlist_regex: Vec<String>,
     /// Replace blanks in `modelName` with `-`.
     #[arg(long, env = "KILN_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME")]
     pub replace_blanks_in_model_name: bool,
@@ -130,6 +163,18 @@ pub enum ExporterError {
     /// The pod-resources socket path is unusable.
     #[error(transparent)]
     PodResources(#[from] PodResourcesError),
+    /// A `--kubernetes-pod-label-allowlist-regex` pattern is not a regular expression.
+    #[error("pod label allowlist pattern {pattern:?}")]
+    Allowlist {
+        /// The pattern.
+        pattern: String,
+        /// The regex error.
+        #[source]
+        source: regex::Error,
+    },
+    /// Pod labels or UIDs were asked for but no Kubernetes client could be configured.
+    #[error("pod labels/UIDs need the API server")]
+    Kube(#[source] kube::Error),
     /// Binding, serving or spawning failed.
     #[error("{what}")]
     Io {
@@ -170,9 +215,7 @@ impl Config {
                 })?
             }
         };
-        if !cat.unavailable.is_empty() {
-            tracing::warn!(fields = ?cat.unavailable, "NVML cannot provide these DCGM fields; they are skipped");
-        }
+        cat.warn_skipped();
         Ok(cat)
     }
 
@@ -183,9 +226,23 @@ impl Config {
             (!self.no_hostname).then(|| self.node_name.clone().unwrap_or_else(local_hostname));
         RenderOptions {
             hostname,
+            legacy_hostname_label: self.legacy_hostname_label,
             replace_blanks_in_model_name: self.replace_blanks_in_model_name,
             per_pod: self.kubernetes_virtual_gpus,
         }
+    }
+
+    /// The pod metadata to attach (pod UID, pod labels and the allowlist).
+    ///
+    /// # Errors
+    /// [`ExporterError::Allowlist`] for a pattern that does not compile.
+    pub fn pod_meta_options(&self) -> Result<PodMetaOptions, ExporterError> {
+        PodMetaOptions::new(
+            self.kubernetes_enable_pod_uid,
+            self.kubernetes_enable_pod_labels,
+            &self.kubernetes_pod_label_allowlist_regex,
+        )
+        .map_err(|(pattern, source)| ExporterError::Allowlist { pattern, source })
     }
 
     /// The socket address to bind.
@@ -244,6 +301,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ExporterError> {
     let catalogue = cfg.catalogue()?;
+    let meta_opts = cfg.pod_meta_options()?;
     let inventory = kiln_gpu::open(&cfg.gpu_backend)?;
     let shared = Arc::new(Shared::new(
         catalogue,
@@ -275,6 +333,23 @@ pub async fn serve(
     } else {
         None
     };
+    let watch = if cfg.kubernetes && meta_opts.enabled() {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(ExporterError::Kube)?;
+        let node = cfg.node_name.clone().unwrap_or_else(local_hostname);
+        Some(tokio::spawn(crate::podmeta::watch_forever(
+            client,
+            node,
+            meta_opts,
+            shared.clone(),
+        )))
+    } else {
+        if meta_opts.enabled() {
+            tracing::warn!("pod labels/UIDs need --kubernetes; not attached");
+        }
+        None
+    };
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics");
     }
@@ -286,8 +361,8 @@ pub async fn serve(
         shutdown,
     )
     .await;
-    if let Some(r) = refresher {
-        r.abort();
+    for task in [refresher, watch].into_iter().flatten() {
+        task.abort();
     }
     drop(poller);
     Ok(())

@@ -1,11 +1,18 @@
 //! The DCGM fields kiln knows: name, DCGM id, and how (or whether) NVML provides each.
 //!
-//! Ids and names follow go-dcgm's `dcgm_fields.h`; units follow DCGM's (MiB, W, mJ, MHz, %),
-//! converted from NVML's (bytes, mW, KiB/s) here. Fields DCGM computes itself (profiling,
-//! health, NVLink bandwidth, row remapping in nvml-wrapper 0.13) have no source: a CSV naming
-//! one is accepted and the field reported at start-up as unavailable.
+//! Ids and names follow go-dcgm's `dcgm_fields.h`; units follow DCGM's (MiB, W, mJ, MHz, %,
+//! ns, ratios 0–1), converted from NVML's (bytes, mW, KiB/s, percent) here.
+//!
+//! NVML serves far more than its per-reading calls: through nvml-wrapper 0.13's safe
+//! `field_values_for` (memory temperature, NVLink bandwidth and error counters, row remapping),
+//! `violation_status`, `retired_pages` and the GPU Performance Monitoring API (`gpm_sample` /
+//! `gpm_metrics_get`: the `DCGM_FI_PROF_*` activity ratios on Hopper and newer) kiln reads every
+//! field of dcgm-exporter's `dcp-metrics-included.csv`, commented rows included, except
+//! `DCGM_FI_DEV_VGPU_LICENSE_STATUS` (a vGPU guest's licence, no NVML reading) and the
+//! exporter-computed `DCGM_EXP_*` families. A CSV naming one of those is accepted and the
+//! field reported at start-up as unavailable.
 
-use kiln_gpu::DeviceSample;
+use kiln_gpu::{DeviceInfo, DeviceSample};
 
 /// A sample value. DCGM prints integer fields with `%d` and double fields with `%f`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +32,8 @@ pub enum Source {
     DriverVersion,
     /// `nvmlSystemGetNVMLVersion` (a label field).
     NvmlVersion,
+    /// A board or firmware string of the GPU (a label field).
+    Info(fn(&DeviceInfo) -> Option<&str>),
     /// The last XID seen on the GPU, 0 before any (`DCGM_FI_DEV_XID_ERRORS`).
     LastXid,
     /// DCGM-only: NVML cannot provide it.
@@ -48,9 +57,19 @@ fn int<T: Into<u64>>(v: Option<T>) -> Option<Value> {
     v.map(|v| Value::Int(v.into()))
 }
 
+fn ratio(v: Option<f64>) -> Option<Value> {
+    v.map(Value::Float)
+}
+
 macro_rules! sample {
     ($f:expr) => {
         Source::Sample($f)
+    };
+}
+
+macro_rules! info {
+    ($field:ident) => {
+        Source::Info(|i| i.$field.as_deref())
     };
 }
 
@@ -67,6 +86,41 @@ pub const FIELDS: &[Field] = &[
         source: Source::NvmlVersion,
     },
     Field {
+        name: "DCGM_FI_DEV_BRAND",
+        id: 51,
+        source: info!(brand),
+    },
+    Field {
+        name: "DCGM_FI_DEV_SERIAL",
+        id: 53,
+        source: info!(serial),
+    },
+    Field {
+        name: "DCGM_FI_DEV_OEM_INFOROM_VER",
+        id: 56,
+        source: info!(inforom_oem_version),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ECC_INFOROM_VER",
+        id: 80,
+        source: info!(inforom_ecc_version),
+    },
+    Field {
+        name: "DCGM_FI_DEV_POWER_INFOROM_VER",
+        id: 81,
+        source: info!(inforom_power_version),
+    },
+    Field {
+        name: "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+        id: 82,
+        source: info!(inforom_image_version),
+    },
+    Field {
+        name: "DCGM_FI_DEV_VBIOS_VERSION",
+        id: 85,
+        source: info!(vbios_version),
+    },
+    Field {
         name: "DCGM_FI_DEV_SM_CLOCK",
         id: 100,
         source: sample!(|s| int(s.sm_clock_mhz)),
@@ -79,7 +133,7 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_MEMORY_TEMP",
         id: 140,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.memory_temp_c)),
     },
     Field {
         name: "DCGM_FI_DEV_GPU_TEMP",
@@ -141,12 +195,32 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_POWER_VIOLATION",
         id: 240,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.power_violation_ns)),
     },
     Field {
         name: "DCGM_FI_DEV_THERMAL_VIOLATION",
         id: 241,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.thermal_violation_ns)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+        id: 242,
+        source: sample!(|s| int(s.sync_boost_violation_ns)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+        id: 243,
+        source: sample!(|s| int(s.board_limit_violation_ns)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+        id: 244,
+        source: sample!(|s| int(s.low_util_violation_ns)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+        id: 245,
+        source: sample!(|s| int(s.reliability_violation_ns)),
     },
     Field {
         name: "DCGM_FI_DEV_FB_TOTAL",
@@ -191,37 +265,62 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_RETIRED_SBE",
         id: 390,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.retired_pages_sbe)),
     },
     Field {
         name: "DCGM_FI_DEV_RETIRED_DBE",
         id: 391,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.retired_pages_dbe)),
     },
     Field {
         name: "DCGM_FI_DEV_RETIRED_PENDING",
         id: 392,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.retired_pages_pending)),
     },
     Field {
         name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         id: 393,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.remapped_rows_uncorrectable)),
     },
     Field {
         name: "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         id: 394,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.remapped_rows_correctable)),
     },
     Field {
         name: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
         id: 395,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.row_remap_failure)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        id: 409,
+        source: sample!(|s| int(s.nvlink_crc_flit_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        id: 419,
+        source: sample!(|s| int(s.nvlink_crc_data_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        id: 429,
+        source: sample!(|s| int(s.nvlink_replay_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        id: 439,
+        source: sample!(|s| int(s.nvlink_recovery_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
+        id: 440,
+        source: sample!(|s| int(s.nvlink_bandwidth_l0)),
     },
     Field {
         name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         id: 449,
-        source: Source::Unavailable,
+        source: sample!(|s| int(s.nvlink_bandwidth_total)),
     },
     Field {
         name: "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
@@ -231,42 +330,42 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         id: 1001,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.gr_engine_active)),
     },
     Field {
         name: "DCGM_FI_PROF_SM_ACTIVE",
         id: 1002,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.sm_active)),
     },
     Field {
         name: "DCGM_FI_PROF_SM_OCCUPANCY",
         id: 1003,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.sm_occupancy)),
     },
     Field {
         name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         id: 1004,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.tensor_active)),
     },
     Field {
         name: "DCGM_FI_PROF_DRAM_ACTIVE",
         id: 1005,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.dram_active)),
     },
     Field {
         name: "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
         id: 1006,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.fp64_active)),
     },
     Field {
         name: "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
         id: 1007,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.fp32_active)),
     },
     Field {
         name: "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
         id: 1008,
-        source: Source::Unavailable,
+        source: sample!(|s| ratio(s.fp16_active)),
     },
     Field {
         name: "DCGM_FI_PROF_PCIE_TX_BYTES",

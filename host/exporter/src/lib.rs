@@ -16,6 +16,7 @@ pub mod config;
 pub mod devid;
 pub mod exposition;
 pub mod fields;
+pub mod podmeta;
 pub mod podresources;
 pub mod poller;
 pub mod process;
@@ -23,6 +24,7 @@ pub mod render;
 pub mod server;
 pub mod snapshot;
 pub mod state;
+pub mod xid;
 
 pub use config::{Config, ExporterError, run, serve};
 

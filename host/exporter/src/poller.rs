@@ -89,14 +89,18 @@ pub fn collect(
     (snap, errors)
 }
 
-/// The names of catalogue fields no GPU in `snap` provided (reported once at start-up).
+/// The names of catalogue fields no GPU in `snap` provided (reported once at start-up). The
+/// GPM activity ratios (`DCGM_FI_PROF_*` but the PCIe bytes) need two polls, so the first
+/// poll's snapshot never has them: they are not reported.
 #[must_use]
 pub fn missing_fields(shared: &Shared, snap: &Snapshot) -> Vec<&'static str> {
     use crate::fields::Source;
+    let two_polls = |name: &str| name.starts_with("DCGM_FI_PROF_") && !name.contains("_PCIE_");
     shared
         .catalogue()
         .metrics
         .iter()
+        .filter(|m| !two_polls(m.field.name))
         .filter(|m| match m.field.source {
             Source::Sample(get) => !snap.gpus.iter().any(|g| {
                 g.sample.as_ref().and_then(get).is_some()
@@ -161,5 +165,37 @@ impl Drop for Poller {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_gpu::{DeviceSample, GpuDevice};
+
+    use super::*;
+    use crate::{catalogue::Catalogue, render::RenderOptions, snapshot::GpuSnapshot};
+
+    #[test]
+    fn fields_no_gpu_gave_are_reported_but_not_the_ratios_that_need_two_polls() {
+        let csv = "DCGM_FI_DEV_MEMORY_TEMP, gauge, t\nDCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, g\n\
+                   DCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\nDCGM_FI_DEV_GPU_TEMP, gauge, t\n";
+        let shared = Shared::new(
+            Catalogue::parse(csv).unwrap(),
+            RenderOptions::default(),
+            Vec::new(),
+        );
+        let mut gpu = GpuSnapshot::new(GpuDevice::default());
+        gpu.sample = Some(DeviceSample {
+            gpu_temp_c: Some(40),
+            ..DeviceSample::default()
+        });
+        let snap = Snapshot {
+            gpus: vec![gpu],
+            ..Snapshot::default()
+        };
+        assert_eq!(
+            missing_fields(&shared, &snap),
+            ["DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_PROF_PCIE_TX_BYTES"]
+        );
     }
 }

@@ -3,9 +3,12 @@
 //!
 //! Layout follows dcgm-exporter (reference §1.2–1.3): families in ascending DCGM field id, GPUs
 //! in index order, labels `gpu, UUID, pci_bus_id, device, modelName[, GPU_I_PROFILE, GPU_I_ID],
-//! Hostname`, then the CSV's label fields by name, then the sample's attributes by name
-//! (`container`, `err_code`, `mig_device_uuid`, `namespace`, `pod`). Samples NVML does not
-//! provide are left out. kiln's own families follow: `kiln_gpu_pod_info` (one series per
+//! hostname` (`Hostname` before dcgm-exporter 4.8.3, NVIDIA/dcgm-exporter #655; kept with
+//! [`RenderOptions::legacy_hostname_label`]), then the CSV's label fields and the pod's own
+//! labels (with `--kubernetes-enable-pod-labels`) merged by name, then the sample's attributes
+//! by name (`container`, `err_code`, `err_msg`, `mig_device_uuid`, `namespace`, `pod`,
+//! `pod_uid`). A pod label whose sanitised name equals another label of the series is left
+//! out (dcgm-exporter would print the name twice). Samples NVML does not provide are left out. kiln's own families follow: `kiln_gpu_pod_info` (one series per
 //! container using each GPU, value 1) and `kiln_gpu_xid_errors_total` (XIDs per GPU and number),
 //! and with process metrics on, `kiln_gpu_pod_fb_used_mib` / `kiln_gpu_pod_sm_util` (see
 //! [`crate::process`]).
@@ -25,19 +28,23 @@ use kiln_gpu::{MigDevice, MigSample};
 use prometheus::proto::{Metric, MetricFamily};
 
 use crate::{
-    attribution::{Attribution, PodRef},
+    attribution::{Attribution, PodMeta, PodRef},
     catalogue::{Catalogue, MetricType},
     exposition::{Kind, Labels, family, sample},
     fields::{Source, Value},
     process::PodUsage,
     snapshot::{GpuSnapshot, Snapshot},
+    xid,
 };
 
 /// Presentation choices that do not depend on the sample.
 #[derive(Debug, Clone, Default)]
 pub struct RenderOptions {
-    /// `Hostname` label value; `None` leaves the label out (`--no-hostname`).
+    /// Host label value; `None` leaves the label out (`--no-hostname`).
     pub hostname: Option<String>,
+    /// Name the host label `Hostname`, as dcgm-exporter did before 4.8.3, instead of
+    /// `hostname` (`--legacy-hostname-label`).
+    pub legacy_hostname_label: bool,
     /// Replace runs of blanks in `modelName` with `-` (`--replace-blanks-in-model-name`).
     pub replace_blanks_in_model_name: bool,
     /// One copy of each sample per container using the GPU (`--kubernetes-virtual-gpus`),
@@ -51,6 +58,19 @@ pub const POD_INFO: &str = "kiln_gpu_pod_info";
 pub const XID_TOTAL: &str = "kiln_gpu_xid_errors_total";
 /// Label carrying a MIG device's own UUID on its series.
 pub const MIG_UUID_LABEL: &str = "mig_device_uuid";
+/// The host label, as dcgm-exporter 4.8.3 and later name it.
+pub const HOSTNAME_LABEL: &str = "hostname";
+/// The host label before dcgm-exporter 4.8.3 ([`RenderOptions::legacy_hostname_label`]).
+pub const LEGACY_HOSTNAME_LABEL: &str = "Hostname";
+
+/// The per-sample attributes of one series: XID code, MIG device, pod.
+#[derive(Clone, Copy, Default)]
+struct Attrs<'a> {
+    pod: Option<&'a PodRef>,
+    meta: Option<&'a PodMeta>,
+    err_code: Option<u64>,
+    mig_uuid: Option<&'a str>,
+}
 
 /// Every GPU family (DCGM fields, then kiln's) with at least one sample, in output order.
 #[must_use]
@@ -86,15 +106,11 @@ pub fn render_gpus(
                     if let Some(value) = get(&mig.sample) {
                         let base = ctx.identity(gpu, Some(dev), true);
                         let pods = attribution.mig_pods(&dev.uuid);
-                        ctx.push(
-                            &mut samples,
-                            kind,
-                            &base,
-                            pods,
-                            None,
-                            Some(&dev.uuid),
-                            value,
-                        );
+                        let attrs = Attrs {
+                            mig_uuid: Some(&dev.uuid),
+                            ..Attrs::default()
+                        };
+                        ctx.push(&mut samples, kind, &base, pods, attrs, value);
                     }
                 }
                 continue;
@@ -102,18 +118,12 @@ pub fn render_gpus(
             let Some(value) = field_value(metric.field.source, gpu) else {
                 continue;
             };
-            let err_code =
-                matches!(metric.field.source, Source::LastXid).then(|| gpu.last_xid.to_string());
+            let attrs = Attrs {
+                err_code: matches!(metric.field.source, Source::LastXid).then_some(gpu.last_xid),
+                ..Attrs::default()
+            };
             let pods = attribution.pods(gpu.device.index);
-            ctx.push(
-                &mut samples,
-                kind,
-                base,
-                pods,
-                err_code.as_deref(),
-                None,
-                value,
-            );
+            ctx.push(&mut samples, kind, base, pods, attrs, value);
         }
         out.extend(family(metric.field.name, &metric.help, kind, samples));
     }
@@ -136,7 +146,7 @@ fn field_value(source: Source, gpu: &GpuSnapshot) -> Option<Value> {
     match source {
         Source::Sample(get) => get(sample),
         Source::LastXid => Some(Value::Int(gpu.last_xid)),
-        Source::DriverVersion | Source::NvmlVersion | Source::Unavailable => None,
+        Source::DriverVersion | Source::NvmlVersion | Source::Info(_) | Source::Unavailable => None,
     }
 }
 
@@ -172,13 +182,23 @@ impl Ctx<'_> {
             }
         }
         if let Some(h) = &self.opts.hostname {
-            l.push(("Hostname", h.clone()));
+            let name = if self.opts.legacy_hostname_label {
+                LEGACY_HOSTNAME_LABEL
+            } else {
+                HOSTNAME_LABEL
+            };
+            l.push((name, h.clone()));
         }
         if with_fields {
             for f in &self.cat.labels {
                 let value = match (f.source, &self.snap.system) {
                     (Source::DriverVersion, Some(sys)) => sys.driver_version.as_str(),
                     (Source::NvmlVersion, Some(sys)) => sys.nvml_version.as_str(),
+                    // A string the GPU does not have: no label, as dcgm-exporter skips blanks.
+                    (Source::Info(get), _) => match get(&d.info) {
+                        Some(v) if !v.is_empty() => v,
+                        _ => continue,
+                    },
                     _ => "",
                 };
                 l.push((f.name, value.to_owned()));
@@ -188,15 +208,13 @@ impl Ctx<'_> {
     }
 
     /// One sample per target pod (the owner, or every pod with `per_pod`; none → unlabelled).
-    #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
         out: &mut Vec<Metric>,
         kind: Kind,
         base: &Labels,
         pods: &[PodRef],
-        err_code: Option<&str>,
-        mig_uuid: Option<&str>,
+        attrs: Attrs<'_>,
         value: Value,
     ) {
         let targets: Vec<Option<&PodRef>> = match (self.opts.per_pod, pods) {
@@ -205,7 +223,22 @@ impl Ctx<'_> {
             (true, all) => all.iter().map(Some).collect(),
         };
         for pod in targets {
-            let labels = with_attributes(base, pod, err_code, mig_uuid);
+            let attrs = Attrs {
+                pod,
+                meta: pod.and_then(|p| self.attribution.meta(p)),
+                ..attrs
+            };
+            // The CSV label fields end `base` (those the GPU has a value for); pod labels are
+            // merged into them.
+            let fields = if attrs.meta.is_some_and(|m| !m.labels.is_empty()) {
+                base.iter()
+                    .rev()
+                    .take_while(|(k, _)| self.cat.labels.iter().any(|f| f.name == *k))
+                    .count()
+            } else {
+                0
+            };
+            let labels = with_attributes(base, fields, attrs);
             out.push(sample(kind, labels, value));
         }
     }
@@ -215,7 +248,12 @@ impl Ctx<'_> {
         for gpu in &self.snap.gpus {
             let base = self.identity(gpu, None, false);
             for pod in self.attribution.pods(gpu.device.index) {
-                let labels = with_attributes(&base, Some(pod), None, None);
+                let attrs = Attrs {
+                    pod: Some(pod),
+                    meta: self.attribution.meta(pod),
+                    ..Attrs::default()
+                };
+                let labels = with_attributes(&base, 0, attrs);
                 samples.push(sample(Kind::Gauge, labels, Value::Int(1)));
             }
         }
@@ -279,27 +317,84 @@ impl Ctx<'_> {
     }
 }
 
-/// `base` plus the sample's attributes in name order.
-fn with_attributes(
-    base: &Labels,
-    pod: Option<&PodRef>,
-    err_code: Option<&str>,
-    mig_uuid: Option<&str>,
-) -> Labels {
-    let mut l = Vec::with_capacity(base.len() + 4);
-    l.extend(base.iter().cloned());
-    if let Some(p) = pod {
+/// `base` plus the pod's labels merged (by name) into its last `fields` labels (the CSV label
+/// fields), then the sample's attributes in name order. Pod labels whose name the series
+/// already has are skipped.
+fn with_attributes(base: &Labels, fields: usize, a: Attrs<'_>) -> Labels {
+    const ATTRS: [&str; 7] = [
+        "container",
+        "err_code",
+        "err_msg",
+        MIG_UUID_LABEL,
+        "namespace",
+        "pod",
+        "pod_uid",
+    ];
+    let pod_labels = a.meta.map_or(&[][..], |m| m.labels.as_slice());
+    let mut l = Vec::with_capacity(base.len() + 6 + pod_labels.len());
+    if pod_labels.is_empty() {
+        l.extend(base.iter().cloned());
+    } else {
+        let split = base.len().saturating_sub(fields);
+        let (head, tail) = base.split_at(split);
+        l.extend(head.iter().cloned());
+        let taken = |n: &str| base.iter().any(|(k, _)| *k == n) || ATTRS.contains(&n);
+        let mut extra = pod_labels
+            .iter()
+            .filter(|(k, _)| !taken(k))
+            .filter_map(|(k, v)| Some((intern(k)?, v.clone())))
+            .peekable();
+        let mut tail = tail.iter().cloned().peekable();
+        loop {
+            let next = match (tail.peek(), extra.peek()) {
+                (Some(t), Some(e)) if e.0 < t.0 => extra.next(),
+                (Some(_), _) => tail.next(),
+                (None, Some(_)) => extra.next(),
+                (None, None) => break,
+            };
+            l.extend(next);
+        }
+    }
+    if let Some(p) = a.pod {
         l.push(("container", p.container.clone()));
     }
-    if let Some(e) = err_code {
-        l.push(("err_code", e.to_owned()));
+    if let Some(e) = a.err_code {
+        l.push(("err_code", e.to_string()));
+        l.push(("err_msg", xid::message(e).to_owned()));
     }
-    if let Some(m) = mig_uuid {
+    if let Some(m) = a.mig_uuid {
         l.push((MIG_UUID_LABEL, m.to_owned()));
     }
-    if let Some(p) = pod {
+    if let Some(p) = a.pod {
         l.push(("namespace", p.namespace.clone()));
         l.push(("pod", p.pod.clone()));
+        if let Some(uid) = a.meta.and_then(|m| m.uid.as_ref()) {
+            l.push(("pod_uid", uid.clone()));
+        }
     }
     l
+}
+
+/// The most distinct pod label names the exporter keeps (see [`intern`]).
+pub const MAX_POD_LABEL_NAMES: usize = 4096;
+
+/// A `'static` copy of a pod label name: label names are `&'static str` in [`Labels`], and pod
+/// label names are few and long-lived, so each distinct name is kept once, for the life of the
+/// process. `None` (the label is left out) once [`MAX_POD_LABEL_NAMES`] names are kept, which
+/// bounds the memory a churn of label names can take; narrow `--kubernetes-pod-label-allowlist-regex`.
+fn intern(name: &str) -> Option<&'static str> {
+    use std::{collections::BTreeSet, sync::Mutex};
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(n) = names.get(name) {
+        return Some(n);
+    }
+    if names.len() >= MAX_POD_LABEL_NAMES {
+        return None;
+    }
+    let kept: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(kept);
+    Some(kept)
 }

@@ -13,7 +13,7 @@ use std::{
 };
 
 use crate::{
-    attribution::{Allocation, attribute},
+    attribution::{Allocation, PodMetas, attribute},
     catalogue::Catalogue,
     exposition::{Format, Kind, encode, family, finish, sample},
     fields::Value,
@@ -24,13 +24,15 @@ use crate::{
 /// The latest pod-resources answer.
 #[derive(Debug, Clone, Default)]
 pub struct PodState {
-    /// Bumped whenever `allocations` changes.
+    /// Bumped whenever `allocations` or `meta` changes.
     pub generation: u64,
     /// GPU-relevant allocations; `None` when there is no usable answer (socket missing, or the
     /// last good answer is older than the staleness bound).
     pub allocations: Option<Vec<Allocation>>,
     /// When the last successful `List` returned.
     pub last_success: Option<Instant>,
+    /// Pod UIDs and labels from the API server (empty unless enabled; [`crate::podmeta`]).
+    pub meta: Arc<PodMetas>,
 }
 
 /// Counters about the exporter itself, rendered as `kiln_exporter_*` on every scrape.
@@ -120,6 +122,21 @@ impl Shared {
             generation,
             allocations: Some(allocations),
             last_success: Some(Instant::now()),
+            meta: guard.meta.clone(),
+        });
+    }
+
+    /// Records the pods' UIDs and labels; the generation moves only if they changed.
+    pub fn set_pod_meta(&self, meta: PodMetas) {
+        let mut guard = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        if *guard.meta == meta {
+            return;
+        }
+        *guard = Arc::new(PodState {
+            generation: guard.generation + 1,
+            allocations: guard.allocations.clone(),
+            last_success: guard.last_success,
+            meta: Arc::new(meta),
         });
     }
 
@@ -131,6 +148,7 @@ impl Shared {
                 generation: guard.generation + 1,
                 allocations: None,
                 last_success: guard.last_success,
+                meta: guard.meta.clone(),
             });
         }
     }
@@ -152,7 +170,8 @@ impl Shared {
                         .map(|g| g.device.clone())
                         .collect::<Vec<_>>(),
                     &self.extra_resources,
-                );
+                )
+                .with_meta(pods.meta.clone());
                 let families = render_gpus(&self.catalogue, &snap, &attribution, &self.options);
                 let mut body = String::with_capacity(64 * 1024);
                 if let Err(e) = encode(&mut body, format, families) {

@@ -141,8 +141,13 @@ fn raw_labels(
     if let Some(ts) = input.timestamp {
         put("gfd.timestamp", ts.to_string());
     }
+    // Upstream's vGPU labeler runs beside the device labeler, GPUs or not.
+    vgpu_labels(gpus, &mut put);
     if gpus.is_empty() {
         return Ok(l);
+    }
+    if let Some(clique) = clique_label(gpus) {
+        put("gpu.clique", clique);
     }
     driver_labels(&system.driver_version, &mut put)?;
     cuda_labels(&system.cuda_version, &mut put);
@@ -186,6 +191,43 @@ fn raw_labels(
         }
     }
     Ok(l)
+}
+
+/// `vgpu.present` (any GPU a vGPU seen from a virtual machine) and, from the last such GPU
+/// whose PCI capability names them, `vgpu.host-driver-version` / `vgpu.host-driver-branch`
+/// (upstream's vGPU labeler: the last device wins).
+fn vgpu_labels(gpus: &[GpuDevice], put: &mut impl FnMut(&str, String)) {
+    put(
+        "vgpu.present",
+        gpus.iter().any(|g| g.vgpu.is_some()).to_string(),
+    );
+    if let Some(v) = gpus.iter().rev().find_map(|g| g.vgpu.as_ref()) {
+        if let Some(version) = &v.host_driver_version {
+            put("vgpu.host-driver-version", version.clone());
+        }
+        if let Some(branch) = &v.host_driver_branch {
+            put("vgpu.host-driver-branch", branch.clone());
+        }
+    }
+}
+
+/// `gpu.clique`: `<cluster UUID>.<clique id>` when every GPU registered in a multi-node NVLink
+/// fabric names the same cluster and clique (upstream's IMEX labeler); `None` when no GPU is,
+/// or, with a warning, when they disagree.
+fn clique_label(gpus: &[GpuDevice]) -> Option<String> {
+    use std::collections::BTreeSet;
+    let cliques: Vec<&kiln_gpu::Clique> = gpus.iter().filter_map(|g| g.clique.as_ref()).collect();
+    let clusters: BTreeSet<&str> = cliques.iter().map(|c| c.cluster_uuid.as_str()).collect();
+    let ids: BTreeSet<u32> = cliques.iter().map(|c| c.clique_id).collect();
+    if clusters.len() > 1 || ids.len() > 1 {
+        tracing::warn!(
+            ?clusters,
+            ?ids,
+            "GPUs in different NVLink clusters or cliques: gpu.clique not labelled"
+        );
+        return None;
+    }
+    Some(format!("{}.{}", clusters.first()?, ids.first()?))
 }
 
 fn driver_labels(version: &str, put: &mut impl FnMut(&str, String)) -> Result<(), GfdError> {

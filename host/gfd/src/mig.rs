@@ -1,14 +1,16 @@
 //! MIG labels: `single` rewrites `nvidia.com/gpu.*` to the one MIG profile of the node;
 //! `mixed` adds `nvidia.com/mig-<profile>.*` per profile (reference `device-plugin.md` §5.3).
 //!
-//! From the GPU seam kiln knows each MIG device's profile and, where the inventory has a
-//! sample, its memory; the slice counts come from the profile name (`1g.10gb` → 1 GPU slice;
-//! `1c.3g.40gb` → 1 compute and 3 GPU slices). Upstream's `multiprocessors` and `engines.*`
-//! labels need MIG attributes the seam does not expose, so they are not written.
+//! From the GPU seam kiln knows each MIG device's profile, its attributes (multiprocessors and
+//! engines, NVML's `nvmlDeviceGetAttributes`: upstream's `multiprocessors` and
+//! `engines.{copy,decoder,encoder,jpeg,ofa}` labels) and, where the inventory has a sample, its
+//! memory; the slice counts come from the profile name (`1g.10gb` → 1 GPU slice; `1c.3g.40gb`
+//! → 1 compute and 3 GPU slices). A profile whose devices' attributes are unknown gets no
+//! attribute labels.
 
 use std::collections::BTreeMap;
 
-use kiln_gpu::GpuDevice;
+use kiln_gpu::{GpuDevice, MigAttributes};
 
 use crate::labels::{
     LabelInput, Labels, PREFIX, clean_name, compute_labels, shared_product, sharing_labels,
@@ -32,6 +34,7 @@ struct Profile<'a> {
     gpu: &'a GpuDevice,
     count: usize,
     memory_mib: Option<u64>,
+    attributes: Option<MigAttributes>,
 }
 
 fn profiles<'a>(gpus: &'a [GpuDevice], input: &LabelInput) -> BTreeMap<String, Profile<'a>> {
@@ -46,8 +49,10 @@ fn profiles<'a>(gpus: &'a [GpuDevice], input: &LabelInput) -> BTreeMap<String, P
                 gpu: g,
                 count: 0,
                 memory_mib: None,
+                attributes: None,
             });
             e.count += 1;
+            e.attributes = e.attributes.or(m.attributes);
             e.memory_mib = e
                 .memory_mib
                 .or_else(|| input.mig_memory_mib.get(&m.uuid).copied());
@@ -79,6 +84,14 @@ fn profile_labels(
     if let Some((gi, ci)) = profile_slices(profile) {
         put("slices.gi", gi.to_string());
         put("slices.ci", ci.to_string());
+    }
+    if let Some(a) = p.attributes {
+        put("multiprocessors", a.multiprocessors.to_string());
+        put("engines.copy", a.copy_engines.to_string());
+        put("engines.decoder", a.decoders.to_string());
+        put("engines.encoder", a.encoders.to_string());
+        put("engines.jpeg", a.jpeg_engines.to_string());
+        put("engines.ofa", a.ofa_engines.to_string());
     }
 }
 

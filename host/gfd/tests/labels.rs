@@ -77,8 +77,43 @@ fn h100_node_gets_the_full_catalogue() {
         ("gpu.sharing-strategy", "none"),
         ("mig.capable", "true"),
         ("mps.capable", "false"),
+        ("vgpu.present", "false"),
     ]);
     pretty_assertions::assert_eq!(got, want);
+}
+
+#[test]
+fn vgpu_guest_and_nvlink_clique_labels_are_written_and_validated() {
+    let guest = H100.replace(
+        "    mig_enabled: false\n",
+        "    mig_enabled: false\n    vgpu: {host_driver_version: 550.54.16, host_driver_branch: r550_00}\n    clique: {cluster_uuid: 7c5e2b6a-1f0d-4c6e-9a51-0c3b2f1e8d4a, clique_id: 32766}\n",
+    );
+    let got = labels(&guest, "", None);
+    assert_eq!(got["nvidia.com/vgpu.present"], "true");
+    assert_eq!(got["nvidia.com/vgpu.host-driver-version"], "550.54.16");
+    assert_eq!(got["nvidia.com/vgpu.host-driver-branch"], "r550_00");
+    assert_eq!(
+        got["nvidia.com/gpu.clique"],
+        "7c5e2b6a-1f0d-4c6e-9a51-0c3b2f1e8d4a.32766"
+    );
+    // GPUs in two cliques: no clique label (upstream warns and leaves it out).
+    let split = guest.replacen("clique_id: 32766", "clique_id: 1", 1);
+    assert!(!labels(&split, "", None).contains_key("nvidia.com/gpu.clique"));
+    // A vGPU whose host driver is unknown (NVML's mode only): present, no version labels.
+    let bare = H100.replacen(
+        "    mig_enabled: false\n",
+        "    mig_enabled: false\n    vgpu: {}\n",
+        1,
+    );
+    let got = labels(&bare, "", None);
+    assert_eq!(got["nvidia.com/vgpu.present"], "true");
+    assert!(!got.contains_key("nvidia.com/vgpu.host-driver-version"));
+    // Values outside the label syntax are sanitised like every other label's.
+    let hostile = guest.replace("r550_00", "r550 00!");
+    assert_eq!(
+        labels(&hostile, "", None)["nvidia.com/vgpu.host-driver-branch"],
+        "r550-00"
+    );
 }
 
 #[test]
@@ -122,7 +157,8 @@ gpus:
     compute_capability: "8.0"
     mig_enabled: true
     mig_devices:
-      - {uuid: MIG-00000000-0000-0000-0000-000000000001, profile: 1g.5gb}
+      - {uuid: MIG-00000000-0000-0000-0000-000000000001, profile: 1g.5gb,
+         attributes: {multiprocessors: 14, copy_engines: 1, decoders: 0, encoders: 0, jpeg_engines: 0, ofa_engines: 0}}
       - {uuid: MIG-00000000-0000-0000-0000-000000000002, profile: 1g.5gb}
   - uuid: GPU-bbbbbbbb-2222-3333-4444-555555555555
     name: NVIDIA A100-SXM4-40GB
@@ -147,6 +183,9 @@ fn mig_single_describes_the_one_profile_and_flags_invalid_layouts() {
     assert_eq!(got["nvidia.com/gpu.slices.gi"], "1");
     assert_eq!(got["nvidia.com/gpu.slices.ci"], "1");
     assert_eq!(got["nvidia.com/gpu.family"], "ampere");
+    assert_eq!(got["nvidia.com/gpu.multiprocessors"], "14");
+    assert_eq!(got["nvidia.com/gpu.engines.copy"], "1");
+    assert_eq!(got["nvidia.com/gpu.engines.ofa"], "0");
     assert!(
         !got.contains_key("nvidia.com/gpu.memory"),
         "no MIG memory known"
@@ -201,6 +240,12 @@ fn mig_mixed_labels_each_profile_and_the_full_gpus() {
         ("gpu.replicas", "1"),
         ("gpu.sharing-strategy", "none"),
         ("mig-1g.5gb.count", "2"),
+        ("mig-1g.5gb.engines.copy", "1"),
+        ("mig-1g.5gb.engines.decoder", "0"),
+        ("mig-1g.5gb.engines.encoder", "0"),
+        ("mig-1g.5gb.engines.jpeg", "0"),
+        ("mig-1g.5gb.engines.ofa", "0"),
+        ("mig-1g.5gb.multiprocessors", "14"),
         ("mig-1g.5gb.product", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"),
         ("mig-1g.5gb.replicas", "1"),
         ("mig-1g.5gb.sharing-strategy", "none"),

@@ -14,8 +14,14 @@
 //!     pci_bus_id: "00000000:8D:00.0"
 //!     memory_total_mib: 81559
 //!     compute_capability: "9.0"
+//!     numa_node: 0                          # omit: no NUMA information
+//!     nvlinks: [{index: 1, links: 18}]       # NVLink neighbours (make it symmetric)
+//!     info: {brand: NVIDIA, serial: "1650…", vbios_version: 96.00.89.00.01}
+//!     clique: {cluster_uuid: 7c5e…, clique_id: 3}   # multi-node NVLink
+//!     vgpu: {host_driver_version: 550.54.16, host_driver_branch: r550_00}  # a vGPU guest
 //!     mig_enabled: true                     # omit: GPU without MIG support
-//!     mig_devices: [{uuid: MIG-..., gpu_instance_id: 1, profile: 1g.10gb}]
+//!     mig_devices: [{uuid: MIG-..., gpu_instance_id: 1, profile: 1g.10gb,
+//!                    attributes: {multiprocessors: 16, copy_engines: 1}}]
 //!     mig_samples: {MIG-...: {fb_used_bytes: 1048576}}  # what `mig_samples()` returns
 //!     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345, fb_used_bytes: 1048576}
 //!     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
@@ -31,8 +37,8 @@ use std::{
 use serde::Deserialize;
 
 use crate::{
-    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, MigSample, SystemInfo,
-    XidEvent,
+    Clique, DeviceInfo, DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice,
+    MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
 };
 
 /// The fixture file's top level (see the module docs for an example).
@@ -63,18 +69,34 @@ pub const MAX_FIXTURE_GPUS: usize = 1024;
 impl Fixture {
     /// Range checks: at most [`MAX_FIXTURE_GPUS`] GPUs, `memory_total_mib` at most
     /// [`MAX_MEMORY_MIB`] (2^44 MiB is 2^64 bytes, which wrapped to 0 and lost the memory
-    /// label).
+    /// label), and every `nvlinks` entry naming another GPU of the fixture.
     ///
     /// # Errors
     /// The field path and the bound.
     pub fn check(&self) -> Result<(), kiln_input::YamlError> {
-        if self.gpus.len() > MAX_FIXTURE_GPUS {
+        let n = self.gpus.len();
+        if n > MAX_FIXTURE_GPUS {
             return Err(kiln_input::YamlError {
                 path: "gpus".into(),
                 message: format!("at most {MAX_FIXTURE_GPUS} GPUs"),
             });
         }
         for (i, g) in self.gpus.iter().enumerate() {
+            if let Some((j, p)) = g
+                .nvlinks
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.index as usize >= n || p.index as usize == i)
+            {
+                return Err(kiln_input::YamlError {
+                    path: format!("gpus[{i}].nvlinks[{j}].index"),
+                    message: format!(
+                        "{} is not another GPU of this fixture (0 to {}, not {i})",
+                        p.index,
+                        n.saturating_sub(1)
+                    ),
+                });
+            }
             if g.memory_total_mib > MAX_MEMORY_MIB {
                 return Err(kiln_input::YamlError {
                     path: format!("gpus[{i}].memory_total_mib"),
@@ -104,6 +126,21 @@ pub struct FixtureGpu {
     pub memory_total_mib: u64,
     /// Compute capability as `"major.minor"`.
     pub compute_capability: String,
+    /// NUMA node; absent where the machine has no NUMA information.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// NVLink neighbours by index, with link counts (as [`GpuDevice::nvlinks`]).
+    #[serde(default)]
+    pub nvlinks: Vec<NvLinkPeer>,
+    /// Board and firmware strings.
+    #[serde(default)]
+    pub info: DeviceInfo,
+    /// Multi-node NVLink clique.
+    #[serde(default)]
+    pub clique: Option<Clique>,
+    /// Present for a vGPU seen from inside a virtual machine.
+    #[serde(default)]
+    pub vgpu: Option<VgpuGuest>,
     /// MIG mode; absent for a GPU without MIG support.
     #[serde(default)]
     pub mig_enabled: Option<bool>,
@@ -280,6 +317,11 @@ fn to_device(index: usize, g: &FixtureGpu) -> GpuDevice {
         } else {
             Vec::new()
         },
+        numa_node: g.numa_node,
+        nvlinks: g.nvlinks.clone(),
+        info: g.info.clone(),
+        clique: g.clique.clone(),
+        vgpu: g.vgpu.clone(),
     }
 }
 
@@ -485,6 +527,17 @@ gpus:
             panic!("{err:?}")
         };
         assert_eq!(source.path, "cuda_version");
+        let self_link = FIXTURE.replace(
+            "compute_capability: \"7.5\"",
+            "compute_capability: \"7.5\"\n    nvlinks: [{index: 0, links: 2}, {index: 1, links: 2}]",
+        );
+        std::fs::write(&path, self_link).unwrap();
+        let err = FakeBackend::from_file(&path).unwrap_err();
+        let GpuError::FixtureParse { source, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(source.path, "gpus[1].nvlinks[1].index");
+        assert!(source.message.contains("1 is not another GPU"), "{source}");
         // In memory the conversion saturates instead of wrapping to 0.
         assert_eq!(mib_to_bytes(1 << 44), u64::MAX);
     }

@@ -15,12 +15,16 @@ mod fake;
 pub mod fixtures;
 mod model;
 mod nvml;
+pub mod vgpu;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc};
 
 pub use error::{GpuError, error_chain};
 pub use fake::{FakeBackend, Fixture, FixtureGpu, MAX_FIXTURE_GPUS, MAX_MEMORY_MIB};
-pub use model::{DeviceSample, GpuDevice, GpuProcess, MigDevice, MigSample, SystemInfo, XidEvent};
+pub use model::{
+    Clique, DeviceInfo, DeviceSample, GpuDevice, GpuProcess, MigAttributes, MigDevice, MigSample,
+    NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
+};
 pub use nvml::NvmlBackend;
 
 /// Read-only access to the node's GPUs. Implementations are cheap to call from a poller thread

@@ -1,8 +1,15 @@
 //! [`NvmlBackend`]: the real driver through nvml-wrapper 0.13 (`libnvidia-ml.so.1`, opened at
 //! run time). Readings NVML calls "not supported" become `None`; XID events are collected by a
 //! background thread waiting on an NVML event set.
+//!
+//! Besides the per-reading calls, one `sample()` makes one batched `nvmlDeviceGetFieldValues`
+//! call (memory temperature, NVLink counters, row remapping) and, on GPUs with GPU Performance
+//! Monitoring (Hopper and newer), one `nvmlGpmSampleGet`: the DCGM profiling ratios are computed
+//! between this sample and the previous poll's, so they cover one collect interval and are
+//! `None` on the first poll.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -11,24 +18,38 @@ use std::{
 };
 
 use nvml_wrapper::{
-    Device, Nvml,
+    Device, GpmSample, Nvml,
     bitmasks::event::EventTypes,
-    enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor},
-    enums::event::XidError,
+    enum_wrappers::device::{
+        Brand, Clock, EccCounter, GpuVirtualizationMode, InfoRom, MemoryError, PcieUtilCounter,
+        PerformancePolicy, RetirementCause, TemperatureSensor,
+    },
+    enums::{device::SampleValue, event::XidError, gpm::GpmMetricId},
     error::NvmlError,
     struct_wrappers::device::ProcessInfo,
+    structs::device::FieldId,
+    sys_exports::field_id as fid,
 };
 
 use crate::{
-    DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice, MigSample, SystemInfo,
-    XidEvent,
+    DeviceInfo, DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigAttributes,
+    MigDevice, MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
 };
 
 const SYSTEM: u32 = u32::MAX;
 
+/// The most NVLinks a GPU has (NVML's `NVML_NVLINK_MAX_LINKS`).
+const MAX_NVLINKS: u32 = 18;
+
 /// NVML-backed [`GpuInventory`]. Dropping it stops the XID thread.
+///
+/// NVML itself is initialised once and kept for the life of the process (the agents open one
+/// backend at start-up): GPM samples borrow it, and the previous poll's sample of each GPU is
+/// kept here for the next poll's ratios.
 pub struct NvmlBackend {
-    nvml: Arc<Nvml>,
+    nvml: &'static Nvml,
+    /// GPU index → its previous GPM sample.
+    gpm: Mutex<BTreeMap<u32, GpmSample<'static>>>,
     xids: Arc<Mutex<Vec<XidEvent>>>,
     stop: Arc<AtomicBool>,
     xid_thread: Option<JoinHandle<()>>,
@@ -47,25 +68,26 @@ impl NvmlBackend {
     /// [`GpuError::NvmlInit`] when the library is missing (`LibloadingError`), the driver is not
     /// loaded, or a required symbol is absent.
     pub fn init() -> Result<Self, GpuError> {
-        let nvml = Arc::new(Nvml::init().map_err(GpuError::NvmlInit)?);
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(GpuError::NvmlInit)?));
         let xids = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (nvml, xids, stop) = (nvml.clone(), xids.clone(), stop.clone());
+            let (xids, stop) = (xids.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("kiln-nvml-xid".into())
-                .spawn(move || watch_xids(&nvml, &xids, &stop))
+                .spawn(move || watch_xids(nvml, &xids, &stop))
                 .ok()
         };
         Ok(Self {
             nvml,
+            gpm: Mutex::new(BTreeMap::new()),
             xids,
             stop,
             xid_thread: thread,
         })
     }
 
-    fn device(&self, index: u32) -> Result<Device<'_>, GpuError> {
+    fn device(&self, index: u32) -> Result<Device<'static>, GpuError> {
         self.nvml.device_by_index(index).map_err(|e| match e {
             NvmlError::InvalidArg | NvmlError::NotFound => GpuError::NoSuchDevice(index),
             other => call_error("nvmlDeviceGetHandleByIndex", index, other),
@@ -142,11 +164,22 @@ impl GpuInventory for NvmlBackend {
             .nvml
             .device_count()
             .map_err(|e| call_error("nvmlDeviceGetCount", SYSTEM, e))?;
-        (0..count).map(|i| identify(&self.device(i)?, i)).collect()
+        let mut gpus = (0..count)
+            .map(|i| identify(&self.device(i)?, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        // NVLink neighbours, by the PCI bus id at each active link's far end.
+        let bus_ids: Vec<String> = gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
+        for g in &mut gpus {
+            g.nvlinks = nvlink_peers(&self.device(g.index)?, &bus_ids);
+        }
+        Ok(gpus)
     }
 
     fn sample(&self, index: u32) -> Result<DeviceSample, GpuError> {
-        read_sample(&self.device(index)?, index)
+        let d = self.device(index)?;
+        let mut s = read_sample(&d, index)?;
+        read_gpm(self.nvml, &d, index, &self.gpm, &mut s);
+        Ok(s)
     }
 
     fn mig_samples(&self, index: u32) -> Result<Vec<MigSample>, GpuError> {
@@ -241,10 +274,41 @@ fn identify(d: &Device<'_>, index: u32) -> Result<GpuDevice, GpuError> {
                     gpu_instance_id: None,
                     compute_instance_id: None,
                     profile: m.name().ok().as_deref().and_then(mig_profile),
+                    attributes: m.attributes().ok().map(|a| MigAttributes {
+                        multiprocessors: a.multiprocessor_count,
+                        copy_engines: a.shared_copy_engine_count,
+                        decoders: a.shared_decoder_count,
+                        encoders: a.shared_encoder_count,
+                        jpeg_engines: a.shared_jpeg_count,
+                        ofa_engines: a.shared_ofa_count,
+                    }),
                 });
             }
         }
     }
+    let text = |r: Result<String, NvmlError>| r.ok().filter(|s| !s.is_empty());
+    let info = DeviceInfo {
+        brand: d.brand().ok().map(|b| brand_name(&b).to_owned()),
+        serial: text(d.serial()),
+        vbios_version: text(d.vbios_version()),
+        inforom_image_version: text(d.info_rom_image_version()),
+        inforom_oem_version: text(d.info_rom_version(InfoRom::OEM)),
+        inforom_ecc_version: text(d.info_rom_version(InfoRom::ECC)),
+        inforom_power_version: text(d.info_rom_version(InfoRom::Power)),
+    };
+    // A vGPU guest: the host driver from the PCI capability, as NVIDIA's GFD reads it (needs
+    // the whole configuration space, i.e. a privileged container), else NVML's mode alone.
+    let config = std::fs::read(format!(
+        "/sys/bus/pci/devices/{}/config",
+        crate::vgpu::sysfs_address(&pci_bus_id)
+    ));
+    let vgpu = config
+        .ok()
+        .and_then(|c| crate::vgpu::from_pci_config(&c))
+        .or_else(|| {
+            matches!(d.virtualization_mode(), Ok(GpuVirtualizationMode::Vgpu))
+                .then(VgpuGuest::default)
+        });
     Ok(GpuDevice {
         index,
         uuid,
@@ -254,7 +318,60 @@ fn identify(d: &Device<'_>, index: u32) -> Result<GpuDevice, GpuError> {
         compute_capability,
         mig_enabled,
         mig_devices,
+        numa_node: d.numa_node_id().ok(),
+        nvlinks: Vec::new(),
+        info,
+        clique: None,
+        vgpu,
     })
+}
+
+/// DCGM's text for a brand (`DCGM_FI_DEV_BRAND`).
+fn brand_name(b: &Brand) -> &'static str {
+    match b {
+        Brand::Quadro => "Quadro",
+        Brand::Tesla => "Tesla",
+        Brand::NVS => "NVS",
+        Brand::GRID => "Grid",
+        Brand::GeForce => "GeForce",
+        Brand::Titan => "Titan",
+        Brand::VApps => "NVIDIA Virtual Applications",
+        Brand::VPC => "NVIDIA Virtual PC",
+        Brand::VCS => "NVIDIA Virtual Compute Server",
+        Brand::VWS => "NVIDIA RTX Virtual Workstation",
+        Brand::CloudGaming => "NVIDIA Cloud Gaming",
+        Brand::QuadroRTX => "Quadro RTX",
+        Brand::NvidiaRTX => "NVIDIA RTX",
+        Brand::Nvidia => "NVIDIA",
+        Brand::GeForceRTX => "GeForce RTX",
+        Brand::TitanRTX => "Titan RTX",
+        _ => "Unknown",
+    }
+}
+
+/// Active NVLinks of `d` grouped by the GPU at the far end (matched by PCI bus id among
+/// `bus_ids`, the node's GPUs in index order); links to NVSwitches or CPUs are not counted.
+fn nvlink_peers(d: &Device<'_>, bus_ids: &[String]) -> Vec<NvLinkPeer> {
+    let mut peers: BTreeMap<u32, u32> = BTreeMap::new();
+    for link in 0..MAX_NVLINKS {
+        let l = d.link_wrapper_for(link);
+        if !l.is_active().unwrap_or(false) {
+            continue;
+        }
+        let Ok(remote) = l.remote_pci_info() else {
+            continue;
+        };
+        if let Some(i) = bus_ids
+            .iter()
+            .position(|b| b.eq_ignore_ascii_case(&remote.bus_id))
+        {
+            *peers.entry(i as u32).or_default() += 1;
+        }
+    }
+    peers
+        .into_iter()
+        .map(|(index, links)| NvLinkPeer { index, links })
+        .collect()
 }
 
 /// The profile in a MIG device's name: `NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`.
@@ -350,12 +467,131 @@ fn read_sample(d: &Device<'_>, i: u32) -> Result<DeviceSample, GpuError> {
         ecc_dbe_volatile: ecc(MemoryError::Uncorrected, EccCounter::Volatile)?,
         ecc_sbe_aggregate: ecc(MemoryError::Corrected, EccCounter::Aggregate)?,
         ecc_dbe_aggregate: ecc(MemoryError::Uncorrected, EccCounter::Aggregate)?,
+        ..read_extras(d, i)?
     })
+}
+
+/// The field-value batch, violation times and retired pages of `d`.
+fn read_extras(d: &Device<'_>, i: u32) -> Result<DeviceSample, GpuError> {
+    const IDS: [u32; 10] = [
+        fid::NVML_FI_DEV_MEMORY_TEMP,
+        fid::NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL,
+        fid::NVML_FI_DEV_NVLINK_BANDWIDTH_C0_L0,
+        fid::NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        fid::NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        fid::NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        fid::NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        fid::NVML_FI_DEV_REMAPPED_COR,
+        fid::NVML_FI_DEV_REMAPPED_UNC,
+        fid::NVML_FI_DEV_REMAPPED_FAILURE,
+    ];
+    let ids: Vec<FieldId> = IDS.iter().map(|&id| FieldId(id)).collect();
+    let values =
+        optional("nvmlDeviceGetFieldValues", i, d.field_values_for(&ids))?.unwrap_or_default();
+    let mut v = [None; IDS.len()];
+    for (slot, sample) in v.iter_mut().zip(values) {
+        *slot = sample
+            .ok()
+            .and_then(|s| s.value.ok())
+            .and_then(|x| match x {
+                SampleValue::U32(n) => Some(u64::from(n)),
+                SampleValue::U64(n) => Some(n),
+                SampleValue::I64(n) => u64::try_from(n).ok(),
+                SampleValue::F64(f) if f >= 0.0 => Some(f as u64),
+                SampleValue::F64(_) => None,
+            });
+    }
+    let violation = |p| {
+        optional("nvmlDeviceGetViolationStatus", i, d.violation_status(p))
+            .map(|t| t.map(|t| t.violation_time))
+    };
+    let retired = |c| {
+        optional("nvmlDeviceGetRetiredPages", i, d.retired_pages(c))
+            .map(|p| p.map(|p| p.len() as u64))
+    };
+    Ok(DeviceSample {
+        memory_temp_c: v[0].and_then(|t| u32::try_from(t).ok()),
+        nvlink_bandwidth_total: v[1],
+        nvlink_bandwidth_l0: v[2],
+        nvlink_crc_flit_errors: v[3],
+        nvlink_crc_data_errors: v[4],
+        nvlink_replay_errors: v[5],
+        nvlink_recovery_errors: v[6],
+        remapped_rows_correctable: v[7],
+        remapped_rows_uncorrectable: v[8],
+        row_remap_failure: v[9],
+        retired_pages_sbe: retired(RetirementCause::MultipleSingleBitEccErrors)?,
+        retired_pages_dbe: retired(RetirementCause::DoubleBitEccError)?,
+        retired_pages_pending: optional(
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            i,
+            d.are_pages_pending_retired(),
+        )?
+        .map(u64::from),
+        power_violation_ns: violation(PerformancePolicy::Power)?,
+        thermal_violation_ns: violation(PerformancePolicy::Thermal)?,
+        sync_boost_violation_ns: violation(PerformancePolicy::SyncBoost)?,
+        board_limit_violation_ns: violation(PerformancePolicy::BoardLimit)?,
+        low_util_violation_ns: violation(PerformancePolicy::LowUtilization)?,
+        reliability_violation_ns: violation(PerformancePolicy::Reliability)?,
+        ..DeviceSample::default()
+    })
+}
+
+/// The GPM metrics DCGM's profiling fields map to, in the order [`read_gpm`] stores them.
+const GPM_METRICS: [GpmMetricId; 8] = [
+    GpmMetricId::GraphicsUtil,
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::Fp64Util,
+    GpmMetricId::Fp32Util,
+    GpmMetricId::Fp16Util,
+];
+
+/// Takes a GPM sample of `d`, fills `s`'s profiling ratios from it and the previous poll's
+/// sample (NVML gives percent; DCGM exports ratios), and keeps it for the next poll. GPUs
+/// without GPM (before Hopper, vGPU guests) leave them `None`; a failure drops the kept sample.
+fn read_gpm(
+    nvml: &'static Nvml,
+    d: &Device<'static>,
+    i: u32,
+    kept: &Mutex<BTreeMap<u32, GpmSample<'static>>>,
+    s: &mut DeviceSample,
+) {
+    if !d.gpm_support().unwrap_or(false) {
+        return;
+    }
+    let mut kept = kept
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Ok(now) = d.gpm_sample() else {
+        kept.remove(&i);
+        return;
+    };
+    if let Some(prev) = kept.remove(&i)
+        && let Ok(results) = nvml_wrapper::gpm::gpm_metrics_get(nvml, &prev, &now, &GPM_METRICS)
+    {
+        let mut r = results
+            .into_iter()
+            .map(|m| m.ok().map(|m| (m.value / 100.0).clamp(0.0, 1.0)));
+        let mut next = || r.next().flatten();
+        s.gr_engine_active = next();
+        s.sm_active = next();
+        s.sm_occupancy = next();
+        s.tensor_active = next();
+        s.dram_active = next();
+        s.fp64_active = next();
+        s.fp32_active = next();
+        s.fp16_active = next();
+    }
+    kept.insert(i, now);
 }
 
 /// Registers every GPU for critical-XID events and queues what arrives until `stop` is set.
 /// GPUs that cannot deliver events (older boards, vGPU guests) are skipped silently.
-fn watch_xids(nvml: &Nvml, xids: &Mutex<Vec<XidEvent>>, stop: &AtomicBool) {
+fn watch_xids(nvml: &'static Nvml, xids: &Mutex<Vec<XidEvent>>, stop: &AtomicBool) {
     let Ok(mut set) = nvml.create_event_set() else {
         return;
     };

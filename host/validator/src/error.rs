@@ -59,6 +59,14 @@ pub enum NotReady {
         /// The device node.
         path: PathBuf,
     },
+    /// A CUDA unified-memory device node is missing and could not be created.
+    #[error("{} is missing and cannot be created: {reason}", path.display())]
+    UvmNodes {
+        /// The device node.
+        path: PathBuf,
+        /// What is missing (the kernel module, or the permission).
+        reason: String,
+    },
     /// A CUDA prerequisite is missing.
     #[error("CUDA is not usable: {0}")]
     Cuda(String),

@@ -25,6 +25,7 @@ mod retry;
 mod sandbox;
 mod status;
 mod steps;
+mod uvm;
 
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ pub use steps::{
     CC_READY_LABEL, ExpectedResource, GpuReport, check_cc_manager, check_cuda, check_plugin,
     check_toolkit,
 };
+pub use uvm::{MakeNode, UVM_NODES, char_major, ensure_uvm_nodes, mknod_char};
 
 /// Opens the GPU backend for a step: given the driver root the driver step found (`None`: NVML
 /// as injected into this container), the inventory, or why it could not be opened.
@@ -60,6 +62,9 @@ pub struct Validator {
     /// Opens the GPU backend; the driver step passes the driver root it found, the others
     /// `None` (NVML as injected into this container).
     pub open_gpu: OpenGpu,
+    /// Creates the CUDA unified-memory device nodes the driver step finds missing
+    /// ([`mknod_char`] in production).
+    pub make_node: MakeNode,
 }
 
 impl std::fmt::Debug for Validator {
@@ -72,7 +77,9 @@ impl std::fmt::Debug for Validator {
 }
 
 impl Validator {
-    /// The driver step ([`check_driver`]); writes `driver-ready`.
+    /// The driver step ([`check_driver`]), then, as upstream's, the CUDA unified-memory device
+    /// nodes on the host ([`ensure_uvm_nodes`] under the host root, with the `nvidia-uvm` major
+    /// of `<root>/proc/devices`); writes `driver-ready`.
     ///
     /// # Errors
     /// [`ValidatorError::GaveUp`] with the last reason (e.g. the version mismatch), or a
@@ -81,7 +88,13 @@ impl Validator {
         remove_stale(&self.layout, StatusFile::Driver)?;
         let open = |root: &DriverRoot| (self.open_gpu)(Some(root));
         let report = self.retry.run("driver", "a usable NVIDIA driver", || {
-            check_driver(&self.layout, &open)
+            let report = check_driver(&self.layout, &open)?;
+            ensure_uvm_nodes(
+                &self.layout.host_root,
+                &layout::under(&self.layout.root, "proc/devices"),
+                &self.make_node,
+            )?;
+            Ok(report)
         })?;
         let content = driver_ready(&self.layout, &report.root, &self.host).render();
         write_status(&self.layout, StatusFile::Driver, &content)?;

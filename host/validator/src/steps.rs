@@ -17,8 +17,9 @@ pub struct GpuReport {
 }
 
 /// Toolkit: the NVIDIA container runtime has set this container up, as upstream checks by
-/// running `nvidia-smi` in a pod with `NVIDIA_VISIBLE_DEVICES=all`: `/dev/nvidiactl` is
-/// present and the injected NVML opens and lists a GPU.
+/// running `nvidia-smi` in a pod with `NVIDIA_VISIBLE_DEVICES=all`: `/dev/nvidiactl`,
+/// `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools` (CUDA cannot start without them,
+/// gpu-operator #2685) are present and the injected NVML opens and lists a GPU.
 ///
 /// # Errors
 /// [`NotReady::MissingDeviceNode`], [`NotReady::Nvml`] or [`NotReady::NoGpus`].
@@ -26,9 +27,13 @@ pub fn check_toolkit(
     layout: &Layout,
     gpu: &dyn Fn() -> Result<Arc<dyn GpuInventory>, kiln_gpu::GpuError>,
 ) -> Result<GpuReport, NotReady> {
-    let ctl = layout.nvidiactl();
-    if ctl.symlink_metadata().is_err() {
-        return Err(NotReady::MissingDeviceNode { path: ctl });
+    let uvm = crate::uvm::UVM_NODES
+        .iter()
+        .map(|(name, _)| crate::layout::under(&layout.root, &format!("dev/{name}")));
+    for node in std::iter::once(layout.nvidiactl()).chain(uvm) {
+        if node.symlink_metadata().is_err() {
+            return Err(NotReady::MissingDeviceNode { path: node });
+        }
     }
     report(&*gpu().map_err(NotReady::Nvml)?)
 }

@@ -32,8 +32,18 @@ impl Node {
             slept: Arc::default(),
         };
         n.write("proc/driver/nvidia/version", PROC_550);
+        n.write(
+            "proc/devices",
+            "Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n",
+        );
         n.library("host", "550.144.03");
         n.write("dev/nvidiactl", "");
+        // What the container runtime passes in (toolkit check) ...
+        n.write("dev/nvidia-uvm", "");
+        n.write("dev/nvidia-uvm-tools", "");
+        // ... and the host's, made by the driver step when missing.
+        n.write("host/dev/nvidia-uvm", "");
+        n.write("host/dev/nvidia-uvm-tools", "");
         n
     }
 
@@ -84,6 +94,10 @@ impl Node {
                 sleeper: Arc::new(move |d| slept.lock().unwrap().push(d)),
             },
             open_gpu: Box::new(move |_| open()),
+            // Records the request in a regular file: `<path>` holding `major:minor`.
+            make_node: Box::new(|path, major, minor| {
+                std::fs::write(path, format!("{major}:{minor}"))
+            }),
         }
     }
 
@@ -291,6 +305,49 @@ fn toolkit_needs_the_control_device_and_cuda_needs_mig_devices() {
     assert!(
         kiln_validator::chain(&err).ends_with(
             "CUDA is not usable: GPU 0 (GPU-11111111-2222-3333-4444-555555555555) is in MIG mode but has no MIG devices"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_driver_step_creates_missing_uvm_nodes_and_the_toolkit_step_requires_them() {
+    let node = Node::new();
+    for n in ["nvidia-uvm", "nvidia-uvm-tools"] {
+        std::fs::remove_file(node.path(&format!("host/dev/{n}"))).unwrap();
+    }
+    // The nvidia-uvm module is not loaded: the driver step waits, naming what is missing.
+    node.write("proc/devices", "Character devices:\n195 nvidia-frontend\n");
+    let err = node.validator(FIXTURE, 2).driver().unwrap_err();
+    let msg = kiln_validator::chain(&err);
+    assert!(
+        msg.ends_with(
+            "host/dev/nvidia-uvm is missing and cannot be created: the nvidia-uvm kernel module is not loaded"
+        ) || msg.contains("lists no nvidia-uvm character device"),
+        "{msg}"
+    );
+    assert_eq!(node.status("driver-ready"), None);
+    // Loaded: both nodes are made with its major, minors 0 and 1, and the step is ready.
+    node.write(
+        "proc/devices",
+        "Character devices:\n195 nvidia-frontend\n237 nvidia-uvm\n",
+    );
+    node.validator(FIXTURE, 1).driver().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(node.path("host/dev/nvidia-uvm")).unwrap(),
+        "237:0"
+    );
+    assert_eq!(
+        std::fs::read_to_string(node.path("host/dev/nvidia-uvm-tools")).unwrap(),
+        "237:1"
+    );
+    assert!(node.status("driver-ready").is_some());
+    // The runtime did not pass nvidia-uvm-tools into the toolkit container: not ready.
+    std::fs::remove_file(node.path("dev/nvidia-uvm-tools")).unwrap();
+    let err = node.validator(FIXTURE, 1).toolkit().unwrap_err();
+    assert!(
+        kiln_validator::chain(&err).ends_with(
+            "dev/nvidia-uvm-tools is missing: the NVIDIA container runtime did not set up this container"
         ),
         "{err}"
     );

@@ -69,9 +69,14 @@ struct RunArgs {
     /// Directory of the CDI spec.
     #[arg(long, env = "KILN_CDI_ROOT", default_value = "/var/run/cdi")]
     cdi_root: PathBuf,
-    /// With --config-dir: watch this node's label and pick the config key built in.
+    /// With --config-dir: watch this node's label and pick the config key built in. Also the
+    /// Node GPU health is reported on (`GPUHealthy` condition, Events).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// Taint the Node `nvidia.com/gpu-unhealthy:NoSchedule` while a GPU has a fatal XID or is
+    /// lost (removed on recovery; other taints and cordons are never touched).
+    #[arg(long, env = "KILN_GPU_HEALTH_TAINT")]
+    gpu_health_taint: bool,
     /// The mounted ConfigMap (one file per key) for the built-in label watch.
     #[arg(long, env = "KILN_DEVICE_PLUGIN_CONFIG_DIR")]
     config_dir: Option<PathBuf>,
@@ -217,7 +222,11 @@ impl RunArgs {
             xid_filter: XidFilter::from_env(),
             kubelet_poll: Duration::from_millis(self.kubelet_poll_ms.max(10)),
         };
+        let gpus = inv.devices().unwrap_or_default();
         let handle = runtime::start(opts, inv, initial).await?;
+        if let Some(node) = self.node_name.clone() {
+            spawn_health_reporter(handle.status.clone(), node, gpus, self.gpu_health_taint);
+        }
         let control = handle.control.clone();
         let mut hup = tokio::signal::unix::signal(SignalKind::hangup())?;
         let exit = wait_for_exit();
@@ -232,6 +241,63 @@ impl RunArgs {
         handle.shutdown().await;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Reports the runtime's unhealthy GPUs on Node `node` whenever they change
+/// ([`kiln_device_plugin::node_health::apply`]): condition, Event and, with `taint`, kiln's
+/// NoSchedule taint. Without API access it logs once and stops (health still reaches the
+/// kubelet through ListAndWatch).
+fn spawn_health_reporter(
+    mut status: tokio::sync::watch::Receiver<kiln_device_plugin::runtime::Status>,
+    node: String,
+    gpus: Vec<kiln_gpu::GpuDevice>,
+    taint: bool,
+) {
+    tokio::spawn(async move {
+        let client = match super::kube_client(None).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("GPU health not reported on the Node (no API access): {e:#}");
+                return;
+            }
+        };
+        let namespace = std::env::var("NAMESPACE").unwrap_or_else(|_| "default".into());
+        let mut last = None;
+        loop {
+            let faults = status.borrow_and_update().unhealthy.clone();
+            if last.as_ref() != Some(&faults) {
+                let bad = kiln_device_plugin::node_health::unhealthy_gpus(&faults, &gpus);
+                match kiln_device_plugin::node_health::apply(
+                    client.clone(),
+                    &node,
+                    &bad,
+                    taint,
+                    &namespace,
+                    "kiln-device-plugin",
+                )
+                .await
+                {
+                    Ok(_) => last = Some(faults),
+                    Err(kube::Error::Api(ae)) if ae.code == 403 => {
+                        tracing::warn!(
+                            "GPU health not reported on node {node}: the device plugin may not patch nodes, nodes/status or create events ({})",
+                            ae.message
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        // A conflict or an unreachable API server: try again shortly.
+                        tracing::warn!("reporting GPU health on node {node}: {e}");
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                        continue;
+                    }
+                }
+            }
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// Watch node `node`'s label `label` in a task (kiln's hour-long watches), sending its

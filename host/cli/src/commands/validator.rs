@@ -130,6 +130,7 @@ impl ValidatorArgs {
                 Duration::from_secs(self.sleep_interval_seconds),
             ),
             open_gpu: Box::new(move |root| open_gpu(&spec, root)),
+            make_node: Box::new(kiln_validator::mknod_char),
         };
         match self.step {
             Step::Driver => {

@@ -28,8 +28,9 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 pub use schema::{
-    Config, DeviceIdStrategy, DeviceListStrategy, Flags, GfdFlags, Imex, MigStrategy, PluginFlags,
-    ResourcePattern, Resources, SharedResourceSpec, SharingSpec, SharingSpecs, SleepInterval,
+    AllocationPolicy, Config, DeviceIdStrategy, DeviceListStrategy, Flags, GfdFlags, Imex,
+    MigStrategy, PluginFlags, ResourcePattern, Resources, SharedResourceSpec, SharingSpec,
+    SharingSpecs, SleepInterval,
 };
 pub use sharing::{SharedResource, Sharing, SharingStrategy};
 pub use validate::MAX_REPLICAS;

@@ -72,6 +72,9 @@ pub struct PluginFlags {
     pub nvidia_ctk_path: Option<String>,
     /// `containerDriverRoot`, default `/driver-root`.
     pub container_driver_root: Option<String>,
+    /// `sharedDevicesAllocationPolicy` (v0.20): how GetPreferredAllocation spreads replicas and
+    /// MIG devices, default `distributed`.
+    pub shared_devices_allocation_policy: Option<AllocationPolicy>,
 }
 
 /// `flags.gfd:` (read by GFD; kept here so the file has one schema).
@@ -196,6 +199,18 @@ pub enum DeviceIdStrategy {
     Index,
 }
 
+/// How GetPreferredAllocation picks replicas of shared GPUs and MIG devices
+/// (`--shared-devices-allocation-policy`, v0.20).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum AllocationPolicy {
+    /// The GPU with the fewest replicas already allocated first: spreads pods over GPUs.
+    #[default]
+    Distributed,
+    /// The GPU with the most replicas already allocated first: fills one GPU before the next.
+    Packed,
+}
+
 /// GFD's `sleepInterval`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SleepInterval {
@@ -234,6 +249,9 @@ string_enum!(DeviceListStrategy, "invalid --device-list-strategy option: invalid
     "volume-mounts" => DeviceListStrategy::VolumeMounts,
     "cdi-annotations" => DeviceListStrategy::CdiAnnotations,
     "cdi-cri" => DeviceListStrategy::CdiCri,
+});
+string_enum!(AllocationPolicy, "invalid --shared-devices-allocation-policy option: {}", {
+    "distributed" => AllocationPolicy::Distributed, "packed" => AllocationPolicy::Packed,
 });
 string_enum!(DeviceIdStrategy, "invalid --device-id-strategy option: {}", {
     "uuid" => DeviceIdStrategy::Uuid, "index" => DeviceIdStrategy::Index,

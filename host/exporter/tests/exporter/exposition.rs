@@ -15,7 +15,8 @@ use kiln_gpu::{FakeBackend, GpuInventory};
 
 use crate::{fixture, parse, standin::PODS};
 
-fn allocations() -> Vec<Allocation> {
+/// The stand-in's pods as allocations.
+pub fn allocations() -> Vec<Allocation> {
     PODS.iter()
         .map(|(ns, pod, ctr, id)| Allocation {
             namespace: (*ns).into(),
@@ -28,6 +29,10 @@ fn allocations() -> Vec<Allocation> {
 }
 
 fn body(format: Format) -> String {
+    body_with(format, false)
+}
+
+fn body_with(format: Format, legacy_hostname_label: bool) -> String {
     let inv = FakeBackend::from_file(&fixture()).unwrap();
     let (snap, errors) = collect(&inv, &Snapshot::default(), None);
     assert_eq!(errors, 0);
@@ -35,6 +40,7 @@ fn body(format: Format) -> String {
     let attribution = attribute(&allocations(), &devices, &[]);
     let opts = RenderOptions {
         hostname: Some("node-a".into()),
+        legacy_hostname_label,
         ..Default::default()
     };
     let families = render_gpus(&Catalogue::default_list(), &snap, &attribution, &opts);
@@ -44,7 +50,7 @@ fn body(format: Format) -> String {
 }
 
 /// Compares with `tests/data/<name>`; `KILN_UPDATE_GOLDEN=1` rewrites it instead.
-fn golden(name: &str, actual: &str) {
+pub fn golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name);
@@ -75,7 +81,8 @@ fn text_output_matches_golden_and_parses() {
         Some("GPU-11111111-2222-3333-4444-555555555555")
     );
     assert_eq!(power.labels.get("modelName"), Some("NVIDIA H100 80GB HBM3"));
-    assert_eq!(power.labels.get("Hostname"), Some("node-a"));
+    assert_eq!(power.labels.get("hostname"), Some("node-a"));
+    assert_eq!(power.labels.get("Hostname"), None);
     assert_eq!(
         power.labels.get("DCGM_FI_DRIVER_VERSION"),
         Some("550.144.03")
@@ -111,15 +118,81 @@ fn dcgm_label_order_is_kept() {
             "pci_bus_id",
             "device",
             "modelName",
-            "Hostname",
+            "hostname",
             "DCGM_FI_DRIVER_VERSION",
             "container",
             "err_code",
+            "err_msg",
             "namespace",
             "pod"
         ]
     );
     assert!(line.ends_with("} 31"), "{line}");
+    assert!(
+        line.contains(",err_msg=\"GPU memory page fault\","),
+        "{line}"
+    );
+}
+
+#[test]
+fn pod_uid_and_pod_labels_join_the_pod_series_in_dcgm_exporters_order() {
+    use kiln_exporter::attribution::{PodMeta, PodMetas};
+    let inv = FakeBackend::from_file(&fixture()).unwrap();
+    let (snap, _) = collect(&inv, &Snapshot::default(), None);
+    let mut meta = PodMetas::new();
+    meta.insert(
+        ("ml".into(), "trainer-a".into()),
+        PodMeta {
+            uid: Some("0b7c".into()),
+            labels: vec![
+                // Sorted by name, as `podmeta::pod_meta` gives them.
+                ("DCGM_FI_DRIVER_VERSION".into(), "spoof".into()),
+                ("Zeta".into(), "z".into()),
+                ("app".into(), "train".into()),
+                ("gpu".into(), "spoof".into()),
+                ("pod".into(), "spoof".into()),
+            ],
+        },
+    );
+    let attribution =
+        attribute(&allocations(), &inv.devices().unwrap(), &[]).with_meta(meta.into());
+    let opts = RenderOptions {
+        hostname: Some("node-a".into()),
+        ..Default::default()
+    };
+    let families = render_gpus(&Catalogue::default_list(), &snap, &attribution, &opts);
+    let mut text = String::new();
+    encode(&mut text, Format::Text, families).unwrap();
+    parse(&text);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\""))
+        .unwrap();
+    assert!(
+        line.ends_with(
+            "hostname=\"node-a\",DCGM_FI_DRIVER_VERSION=\"550.144.03\",Zeta=\"z\",app=\"train\",\
+             container=\"main\",namespace=\"ml\",pod=\"trainer-a\",pod_uid=\"0b7c\"} 41"
+        ),
+        "{line}"
+    );
+    // The T4's pod has no metadata: no pod_uid.
+    let t4 = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\""))
+        .unwrap();
+    assert!(!t4.contains("pod_uid") && !t4.contains("app="), "{t4}");
+}
+
+#[test]
+fn the_old_host_label_name_is_an_option() {
+    let text = body_with(Format::Text, true);
+    let old = text.matches(",Hostname=\"node-a\"").count();
+    assert!(old > 20, "{old}");
+    assert_eq!(
+        old,
+        body(Format::Text).matches(",hostname=\"node-a\"").count()
+    );
+    assert!(!text.contains("hostname="));
 }
 
 #[test]

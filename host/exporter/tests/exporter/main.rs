@@ -5,6 +5,7 @@
 //! pod-resources stand-in on a Unix socket in a tempdir.
 
 mod attribution;
+mod dcgm_csv;
 mod exposition;
 mod kubelet;
 mod mig;

@@ -65,7 +65,7 @@ fn body(per_pod: bool) -> String {
 
 const GPU: &str = "gpu=\"0\",UUID=\"GPU-33333333-2222-3333-4444-555555555555\",\
                    pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA A100-SXM4-40GB\"";
-const TAIL: &str = "Hostname=\"node-a\",DCGM_FI_DRIVER_VERSION=\"550.144.03\"";
+const TAIL: &str = "hostname=\"node-a\",DCGM_FI_DRIVER_VERSION=\"550.144.03\"";
 const MIG_A: &str = "GPU_I_PROFILE=\"3g.20gb\",GPU_I_ID=\"1\"";
 const MIG_B: &str = "GPU_I_PROFILE=\"1g.5gb\",GPU_I_ID=\"5\"";
 const POD_A: &str = "container=\"main\",mig_device_uuid=\"MIG-aaaaaaaa-1111-2222-3333-444444444444\",namespace=\"ml\",pod=\"train\"";
