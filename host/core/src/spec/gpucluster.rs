@@ -38,6 +38,21 @@ pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
 /// its ResourceSlices publish (`device.attributes['gpu.nvidia.com']`).
 pub const GPU_DRIVER_NAME: &str = "gpu.nvidia.com";
 
+/// The kubelet root the DRA assets are written for (`hostPaths.kubeletRootDir`'s default).
+pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
+
+/// `path` moved from under [`DEFAULT_KUBELET_ROOT`] to under `root` (`/var/lib/kubelet/plugins`
+/// with root `/data/kubelet` → `/data/kubelet/plugins`); any other path, or an empty `root`,
+/// leaves it unchanged.
+pub fn under_kubelet_root(path: &str, root: &str) -> String {
+    match path.strip_prefix(DEFAULT_KUBELET_ROOT) {
+        Some(rest) if !root.is_empty() && (rest.is_empty() || rest.starts_with('/')) => {
+            format!("{}{rest}", root.trim_end_matches('/'))
+        }
+        _ => path.to_string(),
+    }
+}
+
 /// The GPUCluster spec.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(CustomResource, JsonSchema))]
@@ -317,8 +332,7 @@ impl DraState {
         DraState::DcgmExporterDra,
     ];
 
-    /// The state's name: assets folder `assets/state-<name>`, standard plugin `<name>`, and the
-    /// node label `nvidia.com/gpu.deploy.<name>` its DaemonSet selects.
+    /// The state's name: assets folder `assets/state-<name>` and standard plugin `<name>`.
     pub const fn name(self) -> &'static str {
         match self {
             DraState::DraDriver => "dra-driver",
@@ -485,6 +499,22 @@ mod tests {
                 DraState::DcgmDra
             ]
         );
+    }
+
+    #[test]
+    fn kubelet_paths_move_with_the_root() {
+        let p = "/var/lib/kubelet/plugins_registry";
+        assert_eq!(
+            under_kubelet_root(p, "/data/k/"),
+            "/data/k/plugins_registry"
+        );
+        assert_eq!(under_kubelet_root(p, DEFAULT_KUBELET_ROOT), p);
+        assert_eq!(under_kubelet_root(p, ""), p);
+        assert_eq!(
+            under_kubelet_root("/var/lib/kubeletx", "/k"),
+            "/var/lib/kubeletx"
+        );
+        assert_eq!(under_kubelet_root("/var/run/cdi", "/k"), "/var/run/cdi");
     }
 
     #[test]
