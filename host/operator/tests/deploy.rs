@@ -6,6 +6,8 @@
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
 //! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
+#[path = "deploy/gpucluster.rs"]
+mod gpucluster;
 #[path = "deploy/network_policy.rs"]
 mod network_policy;
 #[path = "support/rbac.rs"]
