@@ -281,6 +281,11 @@ mod tests {
             ctx.fallback_image("DCGM_EXPORTER_IMAGE"),
             Some(NVIDIA_DCGM_EXPORTER_IMAGE)
         );
+        // A GPUCluster that names no DRA driver image gets NVIDIA's chart default.
+        assert_eq!(
+            ctx.fallback_image("DRA_DRIVER_IMAGE"),
+            Some("nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0")
+        );
         let mut mine = base;
         set_fallback_image(&mut mine, "VALIDATOR_IMAGE", "a/validator:1");
         assert_eq!(

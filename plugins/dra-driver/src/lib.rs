@@ -341,7 +341,9 @@ impl Operand for DraDriver {
     }
 }
 
-/// The compute-domain controller Deployment's edits (see [`DraDriver::object`]).
+/// The compute-domain controller Deployment's edits (see [`DraDriver::object`]), made on the
+/// JSON object (a typed `PodSpec` round trip through `Value` would add a third of the standard
+/// bundle's size).
 fn controller(
     obj: &mut Value,
     spec: &ClusterPolicySpec,
@@ -349,44 +351,77 @@ fn controller(
     ctx: &TransformContext,
 ) -> Result<(), TransformError> {
     let image = driver_image(d, ctx)?;
-    let pod = &mut obj["spec"]["template"]["spec"];
-    let mut typed: PodSpec = kiln_plugin_sdk::serde_json::from_value(pod.clone())
-        .map_err(|e| TransformError::InvalidObject(format!("{CONTROLLER}: {e}")))?;
     let settings = d
         .compute_domains
         .as_ref()
         .and_then(|c| c.controller.as_ref());
-    if let Some(ctr) = typed.containers.first_mut() {
-        set_main_image(ctr, &image, &d.image_pull_policy);
-        env::set_env(ctr, "IMAGE_NAME", &image);
-        env::set_env(
+    let pod = &mut obj["spec"]["template"]["spec"];
+    if let Some(ctr) = pod["containers"].get_mut(0) {
+        ctr["image"] = json!(image);
+        ctr["imagePullPolicy"] = json!(image::pull_policy(&d.image_pull_policy));
+        set_env_value(ctr, "IMAGE_NAME", &image);
+        set_env_value(
             ctr,
             "LEADER_ELECTION_LEASE_LOCK_NAMESPACE",
             &ctx.operator_namespace,
         );
         let gates = d.feature_gates_value();
         if gates.is_empty() {
-            env::remove_env(ctr, "FEATURE_GATES");
+            if let Some(env) = ctr["env"].as_array_mut() {
+                env.retain(|e| e["name"] != "FEATURE_GATES");
+            }
         } else {
-            env::set_env(ctr, "FEATURE_GATES", gates);
+            set_env_value(ctr, "FEATURE_GATES", &gates);
         }
         if let Some(s) = settings {
-            set_resources(ctr, s.resources.as_ref());
-            env::apply_env(ctr, &s.env);
+            if let Some(r) = &s.resources {
+                ctr["resources"] = json!({"limits": r.limits, "requests": r.requests});
+            }
+            for e in &s.env {
+                set_env_value(ctr, &e.name, &e.value);
+            }
         }
     }
     let ds = &spec.daemonsets;
     if !ds.priority_class_name.is_empty() {
-        typed.priority_class_name = Some(ds.priority_class_name.clone());
+        pod["priorityClassName"] = json!(ds.priority_class_name);
     }
-    typed
-        .tolerations
-        .get_or_insert_with(Vec::new)
-        .extend(ds.tolerations.iter().cloned());
-    add_pull_secrets(&mut typed, &d.image_pull_secrets);
-    *pod = kiln_plugin_sdk::serde_json::to_value(&typed)
-        .map_err(|e| TransformError::Failed(format!("{CONTROLLER}: {e}")))?;
+    if !ds.tolerations.is_empty() {
+        let extra = kiln_plugin_sdk::serde_json::to_value(&ds.tolerations)
+            .map_err(|e| TransformError::Failed(format!("{CONTROLLER}: {e}")))?;
+        if !pod["tolerations"].is_array() {
+            pod["tolerations"] = json!([]);
+        }
+        if let (Some(list), Value::Array(extra)) = (pod["tolerations"].as_array_mut(), extra) {
+            list.extend(extra);
+        }
+    }
+    for name in &d.image_pull_secrets {
+        if !pod["imagePullSecrets"].is_array() {
+            pod["imagePullSecrets"] = json!([]);
+        }
+        if let Some(list) = pod["imagePullSecrets"].as_array_mut()
+            && !list.iter().any(|s| s["name"] == name.as_str())
+        {
+            list.push(json!({"name": name}));
+        }
+    }
     Ok(())
+}
+
+/// `name=value` on a container as JSON: the value replaced in place (dropping `valueFrom`) when
+/// the name exists, else appended (the SDK's [`env::set_env`] rule).
+fn set_env_value(ctr: &mut Value, name: &str, value: &str) {
+    if !ctr["env"].is_array() {
+        ctr["env"] = json!([]);
+    }
+    let Some(list) = ctr["env"].as_array_mut() else {
+        return;
+    };
+    match list.iter_mut().find(|e| e["name"] == name) {
+        Some(e) => *e = json!({"name": name, "value": value}),
+        None => list.push(json!({"name": name, "value": value})),
+    }
 }
 
 kiln_plugin_sdk::export_operand!(DraDriver);
