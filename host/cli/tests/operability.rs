@@ -420,3 +420,68 @@ fn kiln_allocates_with_jemalloc_and_kilns_settings() {
         );
     }
 }
+
+#[test]
+fn the_sample_gpucluster_renders_its_dra_states_and_a_misnamed_one_is_refused() {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/gpucluster.yaml");
+    let render = |cr: &Path| {
+        Command::new(KILN)
+            .arg("render")
+            .arg("--gpu-cluster")
+            .arg(cr)
+            .args([
+                "--device-class-api",
+                "resource.k8s.io/v1beta2",
+                "-o",
+                "json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = render(&sample);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = list["items"].as_array().expect("a List");
+    let has = |kind: &str, name: &str| {
+        items
+            .iter()
+            .any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    };
+    assert!(has("DaemonSet", "nvidia-dra-driver-kubelet-plugin"));
+    assert!(has("Deployment", "nvidia-dra-driver-controller"));
+    assert!(has("DaemonSet", "nvidia-dra-validator"));
+    assert!(has("DaemonSet", "nvidia-dcgm-exporter-dra"));
+    assert!(
+        !has("DaemonSet", "nvidia-dcgm-dra"),
+        "dcgm is off in the sample"
+    );
+    let classes: Vec<&Value> = items
+        .iter()
+        .filter(|o| o["kind"] == "DeviceClass")
+        .collect();
+    assert_eq!(
+        classes.len(),
+        5,
+        "gpu, mig, vfio and the two compute-domain classes"
+    );
+    assert!(
+        classes
+            .iter()
+            .all(|c| c["apiVersion"] == "resource.k8s.io/v1beta2")
+    );
+    // The CRD's singleton rule.
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("other.yaml");
+    let text = std::fs::read_to_string(&sample)
+        .unwrap()
+        .replace("name: gpu-cluster", "name: mine");
+    std::fs::write(&other, text).unwrap();
+    let refused = render(&other);
+    assert!(!refused.status.success());
+    assert!(refused.stdout.is_empty());
+    assert!(
+        stderr(&refused).contains("GPUCluster is a singleton"),
+        "{}",
+        stderr(&refused)
+    );
+}

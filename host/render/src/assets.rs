@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use include_dir::{Dir, include_dir};
 use kiln_core::State;
+use kiln_core::spec::gpucluster::DraState;
 use serde_json::Value;
 
 static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../assets");
@@ -17,6 +18,9 @@ pub enum AssetError {
     /// No `assets/state-<name>` folder.
     #[error("no assets folder for state {0}")]
     MissingFolder(State),
+    /// No `assets/state-<name>` folder for a GPUCluster's DRA state.
+    #[error("no assets folder for state {0}")]
+    MissingDraFolder(DraState),
     /// A file is not valid YAML of one object.
     #[error("assets/{path}: {message}")]
     Invalid {
@@ -60,10 +64,40 @@ pub fn load_state(state: State, openshift: bool) -> Result<Vec<Asset>, AssetErro
     }
 }
 
+/// The objects of a GPUCluster's DRA state, in apply order (as [`load_state`]; the DRA states
+/// have no OpenShift files).
+///
+/// # Errors
+/// [`AssetError`] when the folder is missing or a file does not parse.
+pub fn load_dra_state(state: DraState) -> Result<Vec<Asset>, AssetError> {
+    type Parsed = Result<Vec<Asset>, AssetError>;
+    static CACHE: OnceLock<Vec<Parsed>> = OnceLock::new();
+    let all = CACHE.get_or_init(|| {
+        DraState::ALL
+            .iter()
+            .map(|&s| {
+                let dir = ASSETS
+                    .get_dir(s.folder())
+                    .ok_or(AssetError::MissingDraFolder(s))?;
+                parse_dir(dir)
+            })
+            .collect()
+    });
+    let idx = DraState::ALL
+        .iter()
+        .position(|&s| s == state)
+        .expect("DraState::ALL lists every DRA state");
+    all[idx].clone()
+}
+
 fn parse_state(state: State) -> Result<Vec<Asset>, AssetError> {
     let dir = ASSETS
         .get_dir(state.folder())
         .ok_or(AssetError::MissingFolder(state))?;
+    parse_dir(dir)
+}
+
+fn parse_dir(dir: &Dir<'static>) -> Result<Vec<Asset>, AssetError> {
     let mut files: Vec<_> = dir
         .files()
         .filter(|f| {

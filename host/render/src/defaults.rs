@@ -84,6 +84,11 @@ pub fn fallback_images() -> Vec<(String, String)> {
             format!("{CN}/nvidia-sandbox-device-plugin:v0.0.5"),
         ),
         ("CC_MANAGER_IMAGE", format!("{CN}/k8s-cc-manager:v0.4.3")),
+        // A GPUCluster's DRA driver (NVIDIA's chart default `draDriver`).
+        (
+            "DRA_DRIVER_IMAGE",
+            format!("{NV}/dra-driver-nvidia-gpu:v0.5.0"),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

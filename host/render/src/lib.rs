@@ -13,6 +13,7 @@
 pub mod assets;
 pub mod check;
 pub mod defaults;
+pub mod gpucluster;
 pub mod nvidiadriver;
 pub mod output;
 pub mod placeholders;

@@ -11,12 +11,15 @@ use serde_json::{Value, json};
 pub const PLACEHOLDER: &str = "FILLED_BY_OPERATOR";
 
 /// Kinds that are cluster-scoped; every other kind in our assets is namespaced.
-const CLUSTER_SCOPED: [&str; 5] = [
+const CLUSTER_SCOPED: [&str; 8] = [
     "ClusterRole",
     "ClusterRoleBinding",
     "RuntimeClass",
     "SecurityContextConstraints",
     "Namespace",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 ];
 
 /// Whether objects of `kind` live in a namespace.

@@ -55,20 +55,27 @@ fn plugin_dirs() -> Vec<String> {
 
 #[test]
 fn states_assets_plugins_and_bundle_agree() {
-    let mut states: Vec<String> = State::ALL.iter().map(|s| s.name().to_string()).collect();
+    use kiln_core::spec::gpucluster::DraState;
+    // A ClusterPolicy's states and a GPUCluster's DRA states: each has assets and a plugin.
+    let mut states: Vec<String> = State::ALL
+        .iter()
+        .map(|s| s.name())
+        .chain(DraState::ALL.iter().map(|s| s.name()))
+        .map(str::to_string)
+        .collect();
     states.sort();
     let folders: Vec<String> = kiln_render::assets::folders()
         .iter()
         .map(|f| f.trim_start_matches("state-").to_string())
         .collect();
-    assert_eq!(folders, states, "assets/state-* folders vs State::ALL");
-    assert_eq!(plugin_dirs(), states, "plugins/* crates vs State::ALL");
+    assert_eq!(folders, states, "assets/state-* folders vs the states");
+    assert_eq!(plugin_dirs(), states, "plugins/* crates vs the states");
     let mut bundled: Vec<String> = kiln_bundled_plugins::BUNDLED
         .iter()
         .map(|(n, _)| n.to_string())
         .collect();
     bundled.sort();
-    assert_eq!(bundled, states, "bundled plugins vs State::ALL");
+    assert_eq!(bundled, states, "bundled plugins vs the states");
     let ctx = defaults::render_context();
     for s in State::ALL {
         let loaded = host()
@@ -82,6 +89,16 @@ fn states_assets_plugins_and_bundle_agree() {
             .unwrap_or_else(|e| panic!("{s}: {e}"));
         assert!(
             !kiln_render::assets::load_state(s, true).unwrap().is_empty(),
+            "{s} has no objects"
+        );
+    }
+    for s in DraState::ALL {
+        let loaded = host()
+            .load(s.name(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(loaded.is_bundle(), "{s}");
+        assert!(
+            !kiln_render::assets::load_dra_state(s).unwrap().is_empty(),
             "{s} has no objects"
         );
     }

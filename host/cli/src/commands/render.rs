@@ -17,13 +17,22 @@ enum Format {
     Json,
 }
 
-/// Render a ClusterPolicy offline: every object of every enabled state, in state order, each
-/// passed through its state's Wasm plugin chain. Disabled states are omitted.
+/// Render a ClusterPolicy (or, with `--gpu-cluster`, a GPUCluster) offline: every object of
+/// every enabled state, in state order, each passed through its state's Wasm plugin chain.
+/// Disabled states are omitted.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
     /// The ClusterPolicy YAML file.
-    #[arg(long)]
-    policy: PathBuf,
+    #[arg(long, required_unless_present = "gpu_cluster")]
+    policy: Option<PathBuf>,
+    /// A GPUCluster YAML file (`nvidia.com/v1alpha1`, named `gpu-cluster`) to render instead of
+    /// a ClusterPolicy: every DRA state it enables (docs/gpucluster.md).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["policy", "nvidia_drivers"])]
+    gpu_cluster: Option<PathBuf>,
+    /// The `resource.k8s.io` version the cluster serves DeviceClasses at (with
+    /// `--gpu-cluster`; the operator reads it from discovery).
+    #[arg(long, default_value = kiln_render::gpucluster::DEVICE_CLASS_API, value_name = "GROUP/VERSION")]
+    device_class_api: String,
     /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
     #[arg(long, env = "KILN_PLUGINS_DIR")]
     plugins_dir: Option<PathBuf>,
@@ -173,10 +182,17 @@ impl RenderArgs {
 
     /// Render and print; exit 1 (printing nothing on stdout) when any state fails.
     pub fn run(self) -> anyhow::Result<ExitCode> {
-        let file = self.policy.display().to_string();
+        if let Some(path) = &self.gpu_cluster {
+            return self.run_gpu_cluster(path);
+        }
+        let path = self
+            .policy
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("--policy or --gpu-cluster is required"))?;
+        let file = path.display().to_string();
         // kiln's one loader: a regular file of at most 1 MiB, nesting at most 64 deep, duplicate
         // keys refused; errors name the file and the field.
-        let doc: serde_json::Value = kiln_input::load_file(&self.policy)?;
+        let doc: serde_json::Value = kiln_input::load_file(path)?;
         let policy = Policy::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         for key in &policy.pruned {
             eprintln!(
@@ -270,6 +286,57 @@ impl RenderArgs {
         if failed > 0 {
             bail!("{failed} state(s) failed to render");
         }
+        self.print(objects)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl RenderArgs {
+    /// Render the GPUCluster in `path` and print its objects (each with its `# Source:` text,
+    /// `state-<name> via <plugin>`); exit 1, printing nothing on stdout, when a state fails.
+    fn run_gpu_cluster(&self, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+        use kiln_render::gpucluster::{GpuClusterDoc, render};
+        let file = path.display().to_string();
+        let doc: serde_json::Value = kiln_input::load_file(path)?;
+        let cr = GpuClusterDoc::from_object(&doc).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        for key in &cr.pruned {
+            eprintln!(
+                "warning: {file}: spec.{key} is not a GPUCluster field; it is ignored (the API server prunes it)"
+            );
+        }
+        let ctx = self.context()?;
+        let renderer = Renderer::new(super::plugin_host(
+            self.plugins_dir.clone(),
+            kiln_plugin_host::DEFAULT_KEEP_RESIDENT_BYTES,
+            &self.host_policy,
+        )?);
+        let mut objects = Vec::new();
+        let mut failed = 0;
+        for (state, result) in render(&renderer, &cr, &ctx, &self.device_class_api) {
+            match result {
+                Ok(objs) => {
+                    let via = renderer
+                        .host()
+                        .loaded(state.name())
+                        .map_or(state.name().to_string(), |l| l.describe_source());
+                    let source = format!("state-{state} via {via}");
+                    objects.extend(objs.into_iter().map(|o| (source.clone(), o)));
+                }
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("error: {file}: {e}");
+                }
+            }
+        }
+        if failed > 0 {
+            bail!("{failed} state(s) failed to render");
+        }
+        self.print(objects)?;
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// Print `(source, object)` pairs to stdout in the `--output` format.
+    fn print(&self, objects: Vec<(String, serde_json::Value)>) -> anyhow::Result<()> {
         let text = match self.output {
             Format::Yaml => {
                 output::yaml_stream_with_sources(objects.iter().map(|(s, o)| (s.as_str(), o)))?
@@ -280,11 +347,9 @@ impl RenderArgs {
             }
         };
         super::write_stdout(&text)?;
-        Ok(ExitCode::SUCCESS)
+        Ok(())
     }
-}
 
-impl RenderArgs {
     /// The objects of the NVIDIADriver in `path` (with their `# Source` text) for one node pool:
     /// a GPU node of `--os` (and `--kernel`) carrying the labels the CR selects.
     fn render_nvidia_driver(

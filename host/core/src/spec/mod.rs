@@ -9,6 +9,7 @@
 //! the `is_*`/`*_or_default` methods (e.g. [`ComponentSpec::enabled_or`]).
 
 mod components;
+pub mod gpucluster;
 pub mod nvidiadriver;
 #[cfg(feature = "kube")]
 pub mod schema;
@@ -120,6 +121,13 @@ pub struct ClusterPolicySpec {
     /// Host paths.
     #[serde(default)]
     pub host_paths: HostPathsSpec,
+    /// Not a ClusterPolicy field: a GPUCluster's `draDriver`. A GPUCluster's other fields have
+    /// the ClusterPolicy's shapes, so its states' plugins read its spec as a ClusterPolicySpec
+    /// and find the DRA driver here. Absent from the ClusterPolicy CRD (the API server prunes it
+    /// from a ClusterPolicy), so always `None` for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "kube", schemars(skip))]
+    pub dra_driver: Option<gpucluster::DraDriverSpec>,
 }
 
 /// Why a ClusterPolicy spec is rejected before anything is rendered.

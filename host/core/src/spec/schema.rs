@@ -197,34 +197,53 @@ pub fn nvidia_driver_openapi_schema() -> &'static Value {
             "rule": "has(self.default) && self.default ? !has(self.nodeSelector) || size(self.nodeSelector) == 0 : true",
             "message": "a default NVIDIADriver (spec.default: true) cannot set spec.nodeSelector"
         }]);
-        let status = &mut v["properties"]["status"];
-        status["required"] = serde_json::json!(["state"]);
-        if let Some(cond) = status
-            .pointer_mut("/properties/conditions/items/properties")
-            .and_then(Value::as_object_mut)
-        {
-            let mut set = |field: &str, key: &str, value: Value| {
-                if let Some(node) = cond.get_mut(field).and_then(Value::as_object_mut) {
-                    node.insert(key.into(), value);
-                }
-            };
-            set("status", "enum", serde_json::json!(["True", "False", "Unknown"]));
-            set("observedGeneration", "minimum", Value::from(0));
-            set(
-                "reason",
-                "pattern",
-                Value::from("^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"),
-            );
-            set(
-                "type",
-                "pattern",
-                Value::from(
-                    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-                ),
-            );
-        }
+        condition_rules(&mut v["properties"]["status"]);
         v
     })
+}
+
+/// The validation of a CR `status` with `state` and `metav1.Condition`s, as controller-gen
+/// writes it (NVIDIA's NVIDIADriver and GPUCluster CRDs): `status` requires `state`, and each
+/// `conditions[]` item has the `status` enum, the `reason` and `type` patterns and the
+/// `observedGeneration` minimum.
+pub(crate) fn condition_rules(status: &mut Value) {
+    status["required"] = serde_json::json!(["state"]);
+    if let Some(cond) = status
+        .pointer_mut("/properties/conditions/items/properties")
+        .and_then(Value::as_object_mut)
+    {
+        let mut set = |field: &str, key: &str, value: Value| {
+            if let Some(node) = cond.get_mut(field).and_then(Value::as_object_mut) {
+                node.insert(key.into(), value);
+            }
+        };
+        set(
+            "status",
+            "enum",
+            serde_json::json!(["True", "False", "Unknown"]),
+        );
+        set("observedGeneration", "minimum", Value::from(0));
+        set(
+            "reason",
+            "pattern",
+            Value::from("^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"),
+        );
+        set(
+            "type",
+            "pattern",
+            Value::from(
+                r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+            ),
+        );
+    }
+}
+
+/// The API server's pruning and defaulting (as [`default_spec`] describes it) of `value` with
+/// the structural schema node `schema`; returns the pruned unknown fields as paths below it.
+pub fn apply_schema(schema: &Value, value: &mut Value) -> Vec<String> {
+    let mut pruned = Vec::new();
+    apply(schema, value, "", &mut pruned);
+    pruned
 }
 
 /// [`default_spec`] for an NVIDIADriver `spec`, with its CRD's schema

@@ -6,6 +6,7 @@
 //! hold the rules, `templates/` the objects; `deploy/rbac/` repeats them for namespace
 //! `gpu-operator` (written by `deploy/rbac/regenerate.sh`) and these tests keep the copies equal.
 
+mod gpucluster;
 mod network_policy;
 
 use crate::support::helm::docs;

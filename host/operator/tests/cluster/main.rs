@@ -10,6 +10,7 @@ mod support;
 
 mod crd;
 mod e2e;
+mod gpucluster;
 mod helm;
 mod helm_lifecycle;
 mod migration;

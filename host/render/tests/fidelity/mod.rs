@@ -791,4 +791,5 @@ fn normalise_drops_only_defaults_and_apply_time_fields() {
         })
     );
 }
+mod gpucluster;
 mod nvidiadriver;

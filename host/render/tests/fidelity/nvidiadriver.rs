@@ -236,7 +236,7 @@ fn name(o: &Value) -> &str {
 }
 
 /// Every difference of one golden (see the module doc for the pairing).
-fn golden_diffs(golden: &str, kiln: &[Value], nvidia: &[Value]) -> Vec<String> {
+pub(super) fn golden_diffs(golden: &str, kiln: &[Value], nvidia: &[Value]) -> Vec<String> {
     let norm = |objs: &[Value]| -> Vec<Value> {
         objs.iter()
             .map(|o| {
