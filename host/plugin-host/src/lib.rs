@@ -39,6 +39,7 @@ mod engine;
 mod error;
 mod host;
 mod inspect;
+mod meta;
 mod outcome;
 mod patch;
 mod sandbox;
@@ -58,9 +59,10 @@ pub use config::{
     default_cache_dir,
 };
 pub use engine::PERFMAP_ENV;
-pub use error::{GuestError, PluginError};
-pub use host::{LoadedPlugin, PluginHost, PluginSource, TransformOutput};
+pub use error::{Bound, GuestError, PluginError, SettingsError};
+pub use host::{CallInput, Interface, LoadedPlugin, PluginHost, PluginSource, TransformOutput};
 pub use inspect::{INSPECTED, PluginReport, inspect, inspect_as};
+pub use meta::PolicyMeta;
 pub use outcome::Rendered;
 pub use sandbox::{ALLOWED_WASI_INTERFACES, is_allowed_import};
 
