@@ -5,8 +5,9 @@
 //! `kiln_plugin_sdk::export_standard_bundle!`) with `cargo build --profile plugin --target
 //! wasm32-wasip2 --cfg kiln_standard_bundle` (opt-level 3, LTO) into `target/plugins`, and lists
 //! it here once under each plugin's name, which is its directory name (`plugins/dcgm` → plugin
-//! `dcgm`). The host compiles the bundle once (every name has the same digest) and calls it with
-//! the context's `state` set to the plugin's name. Each plugin crate still builds alone into a
+//! `dcgm`). The host compiles the bundle once (every name has the same digest) and tells it the
+//! name it was loaded by (`kiln:operand@0.2.0`'s `context.plugin`), which it dispatches on. Besides
+//! the standard plugins, one per state, it carries `node-placement`, configured by settings. Each plugin crate still builds alone into a
 //! standalone component (`cargo build -p kiln-plugin-dcgm --target wasm32-wasip2`), e.g. as the
 //! starting point of a drop-in.
 //!

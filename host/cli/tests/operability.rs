@@ -61,7 +61,13 @@ fn the_same_commands_print_in_full_to_an_open_pipe() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text.lines().count(), 20, "{text}");
+    // One line per bundled plugin: the 20 standard ones and node-placement.
+    assert_eq!(
+        text.lines().count(),
+        kiln_bundled_plugins::BUNDLED.len(),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 21, "{text}");
     assert!(
         text.lines().any(|l| l.starts_with("device-plugin\t")),
         "{text}"

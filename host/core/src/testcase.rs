@@ -8,9 +8,12 @@
 //! name: C9 device plugin, default CDI path     # free text, shown on failure
 //! context: {runtime: crio}                      # TransformContext fields over its Default
 //! spec: {devicePlugin: {...}}                   # ClusterPolicy spec
+//! settings: {nodeSelector: {pool: a}}           # the chain entry's settings (default null)
 //! objects: [<object>, ...]                      # input objects; `DaemonSet` shorthand below
 //! expect: [<pattern> | omit, ...]               # one per object, or:
 //! error: {kind: invalid-field, path: spec.x, contains: "text"}
+//! # kinds: invalid-field, invalid-object, failed (transform-error), invalid-settings
+//! # (refused by validate-settings; path settings.<field>)
 //! ```
 //! A *pattern* matches an object when every key it names matches (objects are matched
 //! recursively as subsets; arrays must have the same length, element by element; `null` means
@@ -35,6 +38,9 @@ pub struct Case {
     /// The ClusterPolicy spec.
     #[serde(default = "empty_object")]
     pub spec: Value,
+    /// The chain entry's settings (`null` when the case gives none).
+    #[serde(default)]
+    pub settings: Value,
     /// Input objects.
     pub objects: Vec<Value>,
     /// Expected outcome per object (`"omit"` or a pattern).
@@ -49,7 +55,7 @@ pub struct Case {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExpectedError {
-    /// `invalid-field`, `invalid-object` or `failed`.
+    /// `invalid-field`, `invalid-object`, `failed` or `invalid-settings`.
     pub kind: String,
     /// Field path, for `invalid-field`.
     #[serde(default)]

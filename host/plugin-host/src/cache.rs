@@ -104,6 +104,19 @@ impl ComponentCache {
             .clear();
     }
 
+    /// Forgets the component of `digest`: from memory, and its artifact and record from disk
+    /// (a plugin refused after it was compiled leaves nothing behind).
+    pub(crate) fn forget(&self, digest: &str) {
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+        if let Some(path) = self.artifact_path(digest) {
+            let _ = std::fs::remove_file(record_path(&path));
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
     /// The artifact path for wasm with digest `digest`, if there is a disk cache.
     pub(crate) fn artifact_path(&self, digest: &str) -> Option<PathBuf> {
         self.dir

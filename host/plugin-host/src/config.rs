@@ -9,23 +9,24 @@ pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 64 << 20;
 /// Most table elements of one call, all of the component's tables together (Rust guests use a
 /// few hundred).
 pub const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Most linear memories one component may define, all its core modules together (a Rust
-/// guest has one).
+/// Default of [`HostConfig::max_memories`]: most linear memories one component may define,
+/// all its core modules together (a Rust guest has one).
 pub const MAX_MEMORIES: u32 = 4;
-/// Most tables one component may define, all its core modules together (a Rust guest and the
-/// component shims have a few).
+/// Default of [`HostConfig::max_tables`]: most tables one component may define, all its core
+/// modules together (a Rust guest and the component shims have a few).
 pub const MAX_TABLES: u32 = 8;
 /// Most linear memories one core module may define (multi-memory is not used by guests).
 pub const MAX_MEMORIES_PER_MODULE: u32 = 1;
 /// Most tables one core module may define.
 pub const MAX_TABLES_PER_MODULE: u32 = 1;
-/// Most core instances one component may create (a Rust `wasm32-wasip2` guest has 4).
+/// Default of [`HostConfig::max_core_instances`]: most core instances one component may create
+/// (a Rust `wasm32-wasip2` guest has 4).
 pub const MAX_CORE_INSTANCES: u32 = 16;
 /// Default cap on a plugin's wasm file: 16 MiB (the standard plugins are 0.3–0.6 MiB).
 pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 16 << 20;
-/// Most bytes of one function body: compile time grows faster than linearly in a function's
-/// size, so one huge function is refused rather than compiled (rustc's largest functions in
-/// the standard plugins are under 64 KiB).
+/// Default of [`HostConfig::max_function_body_bytes`]: most bytes of one function body. Compile
+/// time grows faster than linearly in a function's size, so one huge function is refused rather
+/// than compiled (rustc's largest functions in the standard plugins are under 64 KiB).
 pub const MAX_FUNCTION_BODY_BYTES: usize = 1 << 20;
 /// Default bound on compiling one drop-in plugin: 120 s. Generous on purpose: a standard-size
 /// plugin can take tens of seconds to compile on a loaded 2-core node (`docs/benchmarks.md`);
@@ -146,6 +147,16 @@ pub struct HostConfig {
     pub refuse_shadowing: bool,
     /// Cap, in bytes, on a plugin's wasm file (default [`DEFAULT_MAX_COMPONENT_BYTES`]).
     pub max_component_bytes: usize,
+    /// Most bytes of one function body of a drop-in (default [`MAX_FUNCTION_BODY_BYTES`]).
+    pub max_function_body_bytes: usize,
+    /// Most linear memories one component may define, all its core modules together (default
+    /// [`MAX_MEMORIES`]); the instance pool holds this many per concurrent call.
+    pub max_memories: u32,
+    /// Most tables one component may define (default [`MAX_TABLES`]); pooled like memories.
+    pub max_tables: u32,
+    /// Most core instances one component may create (default [`MAX_CORE_INSTANCES`]); pooled
+    /// like memories.
+    pub max_core_instances: u32,
     /// Bound on compiling one drop-in (site) plugin (default [`DEFAULT_COMPILE_DEADLINE`]);
     /// past it the load fails with [`crate::PluginError::CompileTimeout`]. Bundled plugins are
     /// not bounded (their size is fixed at build time; under load one can take tens of
@@ -171,6 +182,10 @@ impl Default for HostConfig {
             site_pod_privileges: PodPrivileges::Deny,
             refuse_shadowing: false,
             max_component_bytes: DEFAULT_MAX_COMPONENT_BYTES,
+            max_function_body_bytes: MAX_FUNCTION_BODY_BYTES,
+            max_memories: MAX_MEMORIES,
+            max_tables: MAX_TABLES,
+            max_core_instances: MAX_CORE_INSTANCES,
             compile_deadline: DEFAULT_COMPILE_DEADLINE,
         }
     }
@@ -184,6 +199,43 @@ impl HostConfig {
             cache_dir: None,
             ..HostConfig::default()
         }
+    }
+
+    /// Every limit of this host by name, with its value and unit, in the order
+    /// `kiln plugin check` prints them.
+    pub fn limits(&self) -> Vec<(&'static str, String)> {
+        let ms = |d: Duration| format!("{} ms", d.as_millis());
+        vec![
+            ("component bytes", self.max_component_bytes.to_string()),
+            (
+                "bytes in one function body",
+                self.max_function_body_bytes.to_string(),
+            ),
+            ("memories", self.max_memories.to_string()),
+            ("tables", self.max_tables.to_string()),
+            ("core instances", self.max_core_instances.to_string()),
+            (
+                "memories in one core module",
+                MAX_MEMORIES_PER_MODULE.to_string(),
+            ),
+            (
+                "tables in one core module",
+                MAX_TABLES_PER_MODULE.to_string(),
+            ),
+            ("memory bytes per call", self.memory_limit_bytes.to_string()),
+            ("table elements per call", MAX_TABLE_ELEMENTS.to_string()),
+            ("wasm stack bytes", self.max_wasm_stack_bytes.to_string()),
+            ("deadline per call", ms(self.deadline)),
+            (
+                "fuel per call",
+                self.fuel
+                    .map_or_else(|| "off".to_string(), |f| f.to_string()),
+            ),
+            ("compile deadline", ms(self.compile_deadline)),
+            ("patch bytes per call", self.output_limit_bytes.to_string()),
+            ("bytes per object", self.object_limit_bytes.to_string()),
+            ("log bytes per call", self.log_limit_bytes.to_string()),
+        ]
     }
 
     /// The epoch deadline in ticks of [`EPOCH_TICK`], rounded up, at least 1.

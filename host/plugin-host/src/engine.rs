@@ -6,18 +6,15 @@ use std::thread::JoinHandle;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::config::{
-    EPOCH_TICK, HostConfig, MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_MEMORIES_PER_MODULE, MAX_TABLES,
-    MAX_TABLES_PER_MODULE,
-};
+use crate::config::{EPOCH_TICK, HostConfig, MAX_MEMORIES_PER_MODULE, MAX_TABLES_PER_MODULE};
 use crate::error::PluginError;
 
 /// Component instances the pooling allocator keeps slots for: the most plugin calls one host
 /// runs at the same time.
 pub const POOL_SLOTS: u32 = 32;
 
-// The pool is partitioned by construction: every call may hold at most MAX_MEMORIES
-// memories, MAX_TABLES tables and MAX_CORE_INSTANCES core instances (checked at load and by
+// The pool is partitioned by construction: every call may hold at most max_memories
+// memories, max_tables tables and max_core_instances core instances (checked at load and by
 // the call's limiter), and the pool has that many per slot, so a plugin at its bounds cannot
 // take a slot's share from another call ("maximum concurrent limit of 64 for memory stripe 0
 // reached" was one plugin's 63 memories starving every other call).
@@ -32,12 +29,12 @@ pub const PERFMAP_ENV: &str = "KILN_PLUGIN_PERFMAP";
 pub(crate) fn make_engine(cfg: &HostConfig) -> Result<Engine, PluginError> {
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(POOL_SLOTS)
-        .total_core_instances(POOL_SLOTS * MAX_CORE_INSTANCES)
-        .total_memories(POOL_SLOTS * MAX_MEMORIES)
-        .total_tables(POOL_SLOTS * MAX_TABLES)
-        .max_memories_per_component(MAX_MEMORIES)
-        .max_tables_per_component(MAX_TABLES)
-        .max_core_instances_per_component(MAX_CORE_INSTANCES)
+        .total_core_instances(POOL_SLOTS * cfg.max_core_instances)
+        .total_memories(POOL_SLOTS * cfg.max_memories)
+        .total_tables(POOL_SLOTS * cfg.max_tables)
+        .max_memories_per_component(cfg.max_memories)
+        .max_tables_per_component(cfg.max_tables)
+        .max_core_instances_per_component(cfg.max_core_instances)
         .max_memories_per_module(MAX_MEMORIES_PER_MODULE)
         .max_tables_per_module(MAX_TABLES_PER_MODULE)
         .total_stacks(POOL_SLOTS)

@@ -82,20 +82,19 @@ pub enum PluginError {
         /// `wasi:filesystem/types@0.2.6`.
         imports: Vec<String>,
     },
-    /// The component is bigger than the host compiles, or declares more memories, tables or
-    /// core instances than one plugin may have; checked at load, before anything runs.
-    #[error("plugin {plugin:?}: the component has {actual} {what}, over the limit of {limit}")]
+    /// The component is bigger than the host compiles, or declares more memories, tables,
+    /// core instances or initial memory than one plugin may have; checked on the bytes before
+    /// compiling (and nothing is cached), every exceeded bound named at once.
+    #[error(
+        "plugin {plugin:?}: the component is over {}: {}",
+        if exceeded.len() == 1 { "a bound" } else { "several bounds" },
+        exceeded.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
     ComponentLimit {
         /// Plugin name.
         plugin: String,
-        /// What was counted: `bytes`, `bytes in one function body`, `memories`, `tables`,
-        /// `core instances`, `memories in one core module`, `tables in one core module` or
-        /// `bytes of initial memory`.
-        what: &'static str,
-        /// How many the component has.
-        actual: u64,
-        /// The bound ([`crate::HostConfig`] and the `MAX_*` constants of the crate root).
-        limit: u64,
+        /// Every exceeded bound (at least one), in the order `kiln plugin check` lists them.
+        exceeded: Vec<Bound>,
     },
     /// Compiling a drop-in component took longer than [`crate::HostConfig::compile_deadline`].
     #[error("plugin {plugin:?}: compiling took longer than {deadline:?}")]
@@ -178,6 +177,20 @@ pub enum PluginError {
         plugin: String,
         /// The guest's error, structure kept.
         error: GuestError,
+    },
+    /// The chain entry's `settings` were refused: by the plugin's `validate-settings` export
+    /// (`kiln:operand@0.2.0`), or because the plugin implements `kiln:operand@0.1.0`, which takes
+    /// none. Found when the policy is read, before any transform of the render runs.
+    #[error(
+        "plugin {plugin:?}: invalid settings: {}",
+        errors.iter().map(|e| format!("{}: {}", e.path, e.message)).collect::<Vec<_>>().join("; ")
+    )]
+    InvalidSettings {
+        /// Plugin name.
+        plugin: String,
+        /// Every refused field (at least one), paths starting with `settings`
+        /// (`settings.nodeSelector.pool`), text bounded.
+        errors: Vec<SettingsError>,
     },
     /// The guest returned a different number of outcomes than objects it was given.
     #[error("plugin {plugin:?} returned {actual} outcomes for {expected} objects")]
@@ -349,11 +362,66 @@ impl PluginError {
             | StackExhausted { plugin }
             | Exited { plugin, .. }
             | Guest { plugin, .. }
+            | InvalidSettings { plugin, .. }
             | WrongOutcomeCount { plugin, .. }
             | OutputTooLarge { plugin, .. }
             | InvalidPatch { plugin, .. }
             | InvalidResult { plugin, .. }
             | CallFailed { plugin, .. } => Some(plugin),
+        }
+    }
+}
+
+/// One bound of a component and what a component has against it (`kiln plugin check` prints
+/// them all; [`PluginError::ComponentLimit`] lists the exceeded ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// What is counted: `bytes`, `bytes in one function body`, `memories`, `tables`,
+    /// `core instances`, `memories in one core module`, `tables in one core module` or
+    /// `bytes of initial memory`.
+    pub what: &'static str,
+    /// How many the component has.
+    pub actual: u64,
+    /// The most it may have ([`HostConfig`] and the `MAX_*` constants of the crate root).
+    pub limit: u64,
+}
+
+impl Bound {
+    /// Whether the component is over this bound.
+    pub fn exceeded(&self) -> bool {
+        self.actual > self.limit
+    }
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} (limit {})", self.actual, self.what, self.limit)
+    }
+}
+
+/// One settings field a plugin refused ([`PluginError::InvalidSettings`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsError {
+    /// `settings`, or `settings.` and the path the plugin named (`settings.nodeSelector.pool`).
+    pub path: String,
+    /// Why (bounded as any guest text).
+    pub message: String,
+}
+
+impl SettingsError {
+    /// A field error as a plugin's `validate-settings` named it (`path` relative to the
+    /// settings, empty for the whole value), bounded and escaped.
+    pub(crate) fn from_guest(path: String, message: String) -> Self {
+        use crate::text::{MAX_GUEST_TEXT_BYTES, MAX_NAME_BYTES, bounded_owned};
+        let path = bounded_owned(path, MAX_NAME_BYTES);
+        let path = match path.as_str() {
+            "" => "settings".to_string(),
+            p if p.starts_with('[') => format!("settings{p}"),
+            p => format!("settings.{p}"),
+        };
+        SettingsError {
+            path,
+            message: bounded_owned(message, MAX_GUEST_TEXT_BYTES),
         }
     }
 }
@@ -372,6 +440,18 @@ pub enum GuestError {
     InvalidObject(String),
     /// Any other failure.
     Failed(String),
+}
+
+impl GuestError {
+    /// An `invalid-field` error as a guest returned it, bounded and escaped once, here, before
+    /// anything prints it.
+    pub(crate) fn invalid_field(path: String, message: String) -> Self {
+        use crate::text::{MAX_GUEST_TEXT_BYTES, MAX_NAME_BYTES, bounded_owned};
+        GuestError::InvalidField {
+            path: bounded_owned(path, MAX_NAME_BYTES),
+            message: bounded_owned(message, MAX_GUEST_TEXT_BYTES),
+        }
+    }
 }
 
 impl fmt::Display for GuestError {

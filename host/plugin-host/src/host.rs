@@ -11,12 +11,13 @@ use serde_json::Value;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, Store};
 
-use crate::bindings::{OperandTransform, OperandTransformPre, make_context};
+use crate::bindings::{VALIDATE_SETTINGS, make_context_v1, make_context_v2, v1, v2};
 use crate::cache::{CacheHit, ComponentCache, sha256_hex};
 use crate::capture::PluginLog;
 use crate::config::HostConfig;
 use crate::engine::{EpochTicker, make_engine};
-use crate::error::{GuestError, PluginError};
+use crate::error::{GuestError, PluginError, SettingsError};
+use crate::meta::PolicyMeta;
 use crate::outcome::{OutputPolicy, Rendered, StepObjects, apply_outcomes_to, rendered};
 use crate::sandbox::{CallState, forbidden_imports, imports_of, make_linker};
 use crate::trap::classify;
@@ -30,6 +31,47 @@ pub enum PluginSource {
     Bundled,
 }
 
+/// The WIT package a plugin implements, told apart by the `kiln:operand/types` version it
+/// imports and the exports it has (`0.2.0` is tried first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interface {
+    /// `kiln:operand@0.1.0` (`wit/v0.1.0/operand.wit`): no settings, no policy metadata.
+    V0_1,
+    /// `kiln:operand@0.2.0` (`wit/operand.wit`).
+    V0_2,
+}
+
+impl Interface {
+    /// The package, e.g. `kiln:operand@0.2.0`.
+    pub fn package(self) -> &'static str {
+        match self {
+            Interface::V0_1 => "kiln:operand@0.1.0",
+            Interface::V0_2 => "kiln:operand@0.2.0",
+        }
+    }
+}
+
+/// A linked plugin, per interface version.
+pub(crate) enum Pre {
+    V1(v1::OperandTransformPre<CallState>),
+    /// With the export index of `validate-settings` when the component has it.
+    V2(
+        v2::OperandTransformPre<CallState>,
+        Option<wasmtime::component::ComponentExportIndex>,
+    ),
+}
+
+/// The inputs of one call besides the objects and the cluster facts.
+#[derive(Debug, Clone, Copy)]
+pub struct CallInput<'a> {
+    /// The ClusterPolicy spec as JSON text.
+    pub spec: &'a str,
+    /// The chain entry's settings as JSON text (`None`: the plugin gets `null`).
+    pub settings: Option<&'a str>,
+    /// The policy's name and annotations.
+    pub policy: &'a PolicyMeta,
+}
+
 /// A plugin ready to run: compiled, audited, linked, and its name checked.
 pub struct LoadedPlugin {
     name: Arc<str>,
@@ -41,7 +83,7 @@ pub struct LoadedPlugin {
     /// Whether it is a standard bundle, called with the context's `state` set to its name
     /// (see [`accepts_name`]).
     bundle: bool,
-    pre: OperandTransformPre<CallState>,
+    pre: Pre,
 }
 
 impl LoadedPlugin {
@@ -66,6 +108,18 @@ impl LoadedPlugin {
     /// `state` set to this plugin's name.
     pub fn is_bundle(&self) -> bool {
         self.bundle
+    }
+    /// The WIT package it implements.
+    pub fn interface(&self) -> Interface {
+        match self.pre {
+            Pre::V1(_) => Interface::V0_1,
+            Pre::V2(..) => Interface::V0_2,
+        }
+    }
+    /// Whether it exports `validate-settings` (`kiln:operand@0.2.0`,
+    /// `operand-transform-validated`).
+    pub fn validates_settings(&self) -> bool {
+        matches!(self.pre, Pre::V2(_, Some(_)))
     }
     /// Full names of its imports (all within the allowed surface).
     pub fn imports(&self) -> &[String] {
@@ -135,6 +189,8 @@ pub struct PluginHost {
     plugins: RwLock<HashMap<String, Arc<LoadedPlugin>>>,
     /// Plugin calls run so far ([`PluginHost::calls`]).
     calls: AtomicU64,
+    /// `validate-settings` answers by (digest, settings text): the refused fields.
+    settings_checked: std::sync::Mutex<HashMap<(String, String), Vec<SettingsError>>>,
     _ticker: EpochTicker,
 }
 
@@ -165,6 +221,7 @@ impl PluginHost {
             cache,
             plugins: RwLock::default(),
             calls: AtomicU64::new(0),
+            settings_checked: Default::default(),
             _ticker,
         })
     }
@@ -183,10 +240,6 @@ impl PluginHost {
             .map(|(n, d)| (n.to_string(), d.to_ascii_lowercase()))
             .collect();
         self
-    }
-
-    pub(crate) fn linker(&self) -> &Linker<CallState> {
-        &self.linker
     }
 
     /// The host's limits.
@@ -232,8 +285,9 @@ impl PluginHost {
             tracing::warn!(plugin = name, path = %path.display(), "drop-in plugin shadows the bundled plugin of the same name");
         }
         if let PluginSource::DropIn(_) = source {
-            // Site code is audited before any time is spent compiling it.
-            crate::audit::check_bytes(name, &bytes, self.config.max_component_bytes)?;
+            // Site code is audited (bounds, imports) before any time is spent compiling it
+            // and before anything of it is cached.
+            crate::audit::check_bytes(name, &bytes, &self.config)?;
         }
         let digest = match (&source, self.bundled_digests.get(name)) {
             (PluginSource::Bundled, Some(d)) => d.clone(),
@@ -261,8 +315,19 @@ impl PluginHost {
         let (component, cache_hit) =
             self.cache
                 .get_or_compile(name, &digest, || Ok(bytes), deadline)?;
-        crate::audit::check_resources(name, &component, self.config.memory_limit_bytes)?;
-        let mut loaded = self.link(name, digest, source, cache_hit, &component)?;
+        let linked = crate::audit::check_resources(name, &component, &self.config)
+            .and_then(|()| self.link(name, digest.clone(), source, cache_hit, &component));
+        let mut loaded = match linked {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                // Refused after compiling (it does not link, or calls itself otherwise):
+                // nothing of it stays cached.
+                if cache_hit == CacheHit::Compiled {
+                    self.cache.forget(&digest);
+                }
+                return Err(e);
+            }
+        };
         loaded.shadows_bundled = shadows_bundled;
         let loaded = Arc::new(loaded);
         let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
@@ -366,17 +431,142 @@ impl PluginHost {
         spec: &Value,
         ctx: &TransformContext,
     ) -> Result<TransformOutput, PluginError> {
-        let (results, log) = self.call_step(
-            plugin,
-            StepObjects::Input(objects),
-            None,
-            &spec.to_string(),
-            ctx,
-        )?;
+        let spec = spec.to_string();
+        let policy = PolicyMeta::default();
+        let input = CallInput {
+            spec: &spec,
+            settings: None,
+            policy: &policy,
+        };
+        self.call_with(plugin, objects, &input, ctx)
+    }
+
+    /// Runs an already loaded plugin with settings and policy metadata: checks the settings
+    /// ([`PluginHost::check_settings`]), then calls `transform` and applies and validates its
+    /// patches.
+    ///
+    /// # Errors
+    /// [`PluginError::InvalidSettings`], then as [`PluginHost::transform`] without the lookup
+    /// errors.
+    pub fn call_with(
+        &self,
+        plugin: &LoadedPlugin,
+        objects: &[Value],
+        input: &CallInput<'_>,
+        ctx: &TransformContext,
+    ) -> Result<TransformOutput, PluginError> {
+        self.check_settings(plugin, input.settings)?;
+        let (results, log) =
+            self.call_step(plugin, StepObjects::Input(objects), None, input, ctx)?;
         Ok(TransformOutput {
             rendered: rendered(results),
             log,
         })
+    }
+
+    /// Checks the settings a chain entry gives `plugin` (`None`: none): a `kiln:operand@0.1.0`
+    /// plugin takes none; a `0.2.0` plugin with a `validate-settings` export is asked, once per
+    /// digest and settings text (the answer is remembered); one without it accepts anything.
+    ///
+    /// # Errors
+    /// [`PluginError::InvalidSettings`] naming the plugin and every refused field; a call
+    /// error (trap, deadline, …) of `validate-settings`.
+    pub fn check_settings(
+        &self,
+        plugin: &LoadedPlugin,
+        settings: Option<&str>,
+    ) -> Result<(), PluginError> {
+        let refused = |errors| PluginError::InvalidSettings {
+            plugin: plugin.name.to_string(),
+            errors,
+        };
+        let index = match &plugin.pre {
+            Pre::V1(_) if settings.is_some() => {
+                return Err(refused(vec![SettingsError::from_guest(
+                    String::new(),
+                    "the plugin implements kiln:operand@0.1.0, which takes no settings".into(),
+                )]));
+            }
+            Pre::V1(_) | Pre::V2(_, None) => return Ok(()),
+            Pre::V2(_, Some(index)) => index,
+        };
+        let text = settings.unwrap_or("null");
+        let key = (plugin.digest.clone(), text.to_string());
+        let known = self
+            .settings_checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let errors = match known {
+            Some(errors) => errors,
+            None => {
+                let errors = self.call_validate(plugin, index, text)?;
+                let mut checked = self
+                    .settings_checked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if checked.len() >= MAX_SETTINGS_CHECKED {
+                    checked.clear();
+                }
+                checked.insert(key, errors.clone());
+                errors
+            }
+        };
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(refused(errors))
+        }
+    }
+
+    /// Calls `validate-settings` in a fresh sandbox; the refused fields (empty: accepted).
+    fn call_validate(
+        &self,
+        plugin: &LoadedPlugin,
+        index: &wasmtime::component::ComponentExportIndex,
+        settings: &str,
+    ) -> Result<Vec<SettingsError>, PluginError> {
+        let Pre::V2(pre, _) = &plugin.pre else {
+            return Ok(Vec::new());
+        };
+        type FieldErrors = Vec<v2::kiln::operand::types::FieldError>;
+        let mut store = self.new_store(&plugin.name);
+        let result = pre
+            .instance_pre()
+            .instantiate(&mut store)
+            .and_then(|instance| {
+                instance
+                    .get_typed_func::<(&str, &str), (Result<(), FieldErrors>,)>(&mut store, index)
+            })
+            .and_then(|func| func.call(&mut store, (&plugin.name, settings)));
+        match result {
+            Ok((Ok(()),)) => Ok(Vec::new()),
+            Ok((Err(errors),)) => {
+                let mut errors: Vec<SettingsError> = errors
+                    .into_iter()
+                    .take(MAX_SETTINGS_ERRORS)
+                    .map(|e| SettingsError::from_guest(e.path, e.message))
+                    .collect();
+                if errors.is_empty() {
+                    errors.push(SettingsError::from_guest(
+                        String::new(),
+                        "refused (the plugin named no field)".into(),
+                    ));
+                }
+                Ok(errors)
+            }
+            Err(err) => {
+                let log = store.data().log.finish();
+                Err(classify(
+                    &plugin.name,
+                    &self.config,
+                    store.data(),
+                    &log,
+                    err,
+                ))
+            }
+        }
     }
 
     /// Runs `plugin` on `objects` and applies its patches (see `outcome::apply_outcomes_to`);
@@ -388,7 +578,7 @@ impl PluginHost {
         plugin: &LoadedPlugin,
         objects: StepObjects<'_>,
         texts: Option<&[String]>,
-        spec: &str,
+        input: &CallInput<'_>,
         ctx: &TransformContext,
     ) -> Result<(Vec<Option<Value>>, PluginLog), PluginError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -400,15 +590,29 @@ impl PluginHost {
                 &serialized
             }
         };
-        let mut ctx = make_context(ctx);
-        if plugin.bundle {
-            ctx.state = plugin.name.to_string();
-        }
         let mut store = self.new_store(&plugin.name);
-        let result = plugin
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| instance.call_transform(&mut store, texts, spec, &ctx));
+        let result = match &plugin.pre {
+            Pre::V1(pre) => {
+                let mut ctx = make_context_v1(ctx);
+                if plugin.bundle {
+                    ctx.state = plugin.name.to_string();
+                }
+                pre.instantiate(&mut store).and_then(|instance| {
+                    instance
+                        .call_transform(&mut store, texts, input.spec, &ctx)
+                        .map(|r| r.map_err(GuestError::from).map(v1_outcomes))
+                })
+            }
+            Pre::V2(pre, _) => {
+                let ctx = make_context_v2(ctx, &plugin.name, input.policy);
+                let settings = input.settings.unwrap_or("null");
+                pre.instantiate(&mut store).and_then(|instance| {
+                    instance
+                        .call_transform(&mut store, texts, input.spec, settings, &ctx)
+                        .map(|r| r.map_err(GuestError::from).map(v2_outcomes))
+                })
+            }
+        };
         let log = store.data().log.finish();
         let outcomes = match result {
             Err(err) => {
@@ -423,7 +627,7 @@ impl PluginHost {
             Ok(Err(error)) => {
                 return Err(PluginError::Guest {
                     plugin: plugin.name.to_string(),
-                    error: GuestError::from(error),
+                    error,
                 });
             }
             Ok(Ok(outcomes)) => outcomes,
@@ -441,11 +645,7 @@ impl PluginHost {
 
     /// A fresh store for one call of `plugin`, with every limit set.
     fn new_store(&self, plugin: &Arc<str>) -> Store<CallState> {
-        let state = CallState::new(
-            plugin.clone(),
-            self.config.memory_limit_bytes,
-            self.config.log_limit_bytes,
-        );
+        let state = CallState::new(plugin.clone(), &self.config);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         if let Some(fuel) = self.config.fuel {
@@ -474,16 +674,24 @@ impl PluginHost {
             .as_ref()
             .map(|d| d.join(format!("{name}.wasm")));
         if let Some(path) = &drop_in {
-            match read_bounded(path, self.config.max_component_bytes) {
+            // A file somewhat over the size bound is still read, so that the audit names every
+            // bound it exceeds; past the ceiling only its size is.
+            let ceiling = self
+                .config
+                .max_component_bytes
+                .saturating_mul(AUDIT_CEILING);
+            match read_bounded(path, ceiling) {
                 Ok(Ok(bytes)) => {
                     return Ok((Cow::Owned(bytes), PluginSource::DropIn(path.clone())));
                 }
                 Ok(Err(actual)) => {
                     return Err(PluginError::ComponentLimit {
                         plugin: name.to_string(),
-                        what: "bytes",
-                        actual,
-                        limit: self.config.max_component_bytes as u64,
+                        exceeded: vec![crate::Bound {
+                            what: "bytes",
+                            actual,
+                            limit: self.config.max_component_bytes as u64,
+                        }],
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -514,10 +722,6 @@ impl PluginHost {
         cache_hit: CacheHit,
         component: &wasmtime::component::Component,
     ) -> Result<LoadedPlugin, PluginError> {
-        let load_failed = |e: wasmtime::Error| PluginError::LoadFailed {
-            plugin: name.to_string(),
-            message: format!("{e:#}"),
-        };
         let forbidden = forbidden_imports(&self.engine, component);
         if !forbidden.is_empty() {
             return Err(PluginError::ForbiddenImport {
@@ -525,11 +729,7 @@ impl PluginHost {
                 imports: forbidden,
             });
         }
-        let pre = self
-            .linker
-            .instantiate_pre(component)
-            .map_err(load_failed)?;
-        let pre = OperandTransformPre::new(pre).map_err(load_failed)?;
+        let pre = self.link_pre(name, component)?;
         let plugin: Arc<str> = name.into();
         let exported = self.call_name(&plugin, &pre)?;
         let bundle = accepts_name(name, &exported)?;
@@ -546,21 +746,79 @@ impl PluginHost {
         })
     }
 
-    /// Calls the `name` export in a fresh sandbox.
-    pub(crate) fn call_name(
+    /// Links `component` as a `kiln:operand@0.2.0` plugin, else as a `0.1.0` one.
+    ///
+    /// # Errors
+    /// [`PluginError::LoadFailed`] naming both mismatches when it is neither.
+    pub(crate) fn link_pre(
         &self,
-        plugin: &Arc<str>,
-        pre: &OperandTransformPre<CallState>,
-    ) -> Result<String, PluginError> {
+        name: &str,
+        component: &wasmtime::component::Component,
+    ) -> Result<Pre, PluginError> {
+        let load_failed = |message: String| PluginError::LoadFailed {
+            plugin: name.to_string(),
+            message,
+        };
+        let instance_pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| load_failed(format!("{e:#}")))?;
+        match v2::OperandTransformPre::new(instance_pre.clone()) {
+            Ok(pre) => Ok(Pre::V2(
+                pre,
+                component.get_export_index(None, VALIDATE_SETTINGS),
+            )),
+            Err(e2) => match v1::OperandTransformPre::new(instance_pre) {
+                Ok(pre) => Ok(Pre::V1(pre)),
+                Err(e1) => Err(load_failed(format!(
+                    "not a kiln:operand@0.2.0 plugin ({e2:#}), nor a kiln:operand@0.1.0 plugin ({e1:#})"
+                ))),
+            },
+        }
+    }
+
+    /// Calls the `name` export in a fresh sandbox.
+    pub(crate) fn call_name(&self, plugin: &Arc<str>, pre: &Pre) -> Result<String, PluginError> {
         let mut store = self.new_store(plugin);
-        let result = pre
-            .instantiate(&mut store)
-            .and_then(|i: OperandTransform| i.call_name(&mut store));
+        let result = match pre {
+            Pre::V1(pre) => pre
+                .instantiate(&mut store)
+                .and_then(|i| i.call_name(&mut store)),
+            Pre::V2(pre, _) => pre
+                .instantiate(&mut store)
+                .and_then(|i| i.call_name(&mut store)),
+        };
         result.map_err(|err| {
             let log = store.data().log.finish();
             classify(plugin, &self.config, store.data(), &log, err)
         })
     }
+}
+
+/// A drop-in up to this many times [`HostConfig::max_component_bytes`] is read and audited
+/// whole (every exceeded bound reported); a bigger one is refused by its size alone.
+const AUDIT_CEILING: usize = 4;
+
+/// Most settings checks a host remembers (digest and settings text); past it they are
+/// forgotten and asked again.
+const MAX_SETTINGS_CHECKED: usize = 256;
+/// Most refused fields of one `validate-settings` answer that are kept.
+const MAX_SETTINGS_ERRORS: usize = 32;
+
+/// 0.1.0 outcomes as 0.2.0's (the same variant).
+fn v1_outcomes(outcomes: Vec<v1::Outcome>) -> Vec<v2::Outcome> {
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            v1::Outcome::Patch(p) => v2::Outcome::Patch(p),
+            v1::Outcome::Omit => v2::Outcome::Omit,
+        })
+        .collect()
+}
+
+/// 0.2.0 outcomes as they are.
+fn v2_outcomes(outcomes: Vec<v2::Outcome>) -> Vec<v2::Outcome> {
+    outcomes
 }
 
 /// Whether a component whose `name()` returned `exported` may be loaded as plugin `name`: when

@@ -2,12 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::bindings::OperandTransformPre;
 use crate::cache::sha256_hex;
 use crate::config::HostConfig;
 use crate::error::PluginError;
-use crate::host::PluginHost;
-use crate::sandbox::{exports_of, forbidden_imports, imports_of};
+use crate::host::{Interface, PluginHost, Pre};
+use crate::sandbox::{exports_of, imports_of};
 
 /// The name [`inspect`] uses in errors about the bytes, whose real name is not known yet
 /// ([`inspect_as`] takes one, e.g. the file name a drop-in would be looked up by).
@@ -20,10 +19,16 @@ pub struct PluginReport {
     pub sha256: String,
     /// Full names of the component's imports.
     pub imports: Vec<String>,
-    /// Full names of the component's exports.
+    /// Full names of the component's exports (empty when it was refused before compiling).
     pub exports: Vec<String>,
+    /// Every bound of the host with what the component has against it.
+    pub bounds: Vec<crate::Bound>,
     /// What its `name()` export returned, when it could be called.
     pub name: Option<String>,
+    /// The WIT package it implements, when it links as a plugin.
+    pub interface: Option<Interface>,
+    /// Whether it exports `validate-settings`.
+    pub validates_settings: bool,
     /// Why the host would refuse it; none when it would be accepted.
     pub refusal: Option<PluginError>,
 }
@@ -71,12 +76,17 @@ impl PluginHost {
     /// # Errors
     /// As [`inspect`].
     pub fn inspect_as(&self, bytes: &[u8], label: &str) -> Result<PluginReport, PluginError> {
-        if let Err(e) = crate::audit::check_bytes(label, bytes, self.config.max_component_bytes) {
+        let declared = crate::audit::declared(bytes);
+        let bounds = crate::audit::bounds(bytes.len() as u64, &declared, &self.config);
+        if let Err(e) = crate::audit::check_bytes(label, bytes, &self.config) {
             return Ok(PluginReport {
                 sha256: sha256_hex(bytes),
-                imports: Vec::new(),
+                imports: declared.imports,
                 exports: Vec::new(),
+                bounds,
                 name: None,
+                interface: None,
+                validates_settings: false,
                 refusal: Some(e),
             });
         }
@@ -90,31 +100,24 @@ impl PluginHost {
             sha256: sha256_hex(bytes),
             imports: imports_of(&self.engine, &component),
             exports: exports_of(&self.engine, &component),
+            bounds,
             name: None,
+            interface: None,
+            validates_settings: false,
             refusal: None,
         };
-        let forbidden = forbidden_imports(&self.engine, &component);
-        if !forbidden.is_empty() {
-            report.refusal = Some(PluginError::ForbiddenImport {
-                plugin: label.into(),
-                imports: forbidden,
-            });
-            return Ok(report);
-        }
-        if let Err(e) =
-            crate::audit::check_resources(label, &component, self.config.memory_limit_bytes)
-        {
+        if let Err(e) = crate::audit::check_resources(label, &component, &self.config) {
             report.refusal = Some(e);
             return Ok(report);
         }
-        let pre = self
-            .linker()
-            .instantiate_pre(&component)
-            .and_then(OperandTransformPre::new)
-            .map_err(|e| PluginError::LoadFailed {
-                plugin: label.into(),
-                message: format!("{e:#}"),
+        let pre = self.link_pre(label, &component);
+        if let Ok(pre) = &pre {
+            report.interface = Some(match pre {
+                Pre::V1(_) => Interface::V0_1,
+                Pre::V2(..) => Interface::V0_2,
             });
+            report.validates_settings = matches!(pre, Pre::V2(_, Some(_)));
+        }
         match pre.and_then(|pre| self.call_name(&Arc::from(label), &pre)) {
             // The host looks a drop-in up by file name and refuses one whose `name()` differs
             // (unless it is a standard bundle).

@@ -1,13 +1,17 @@
 //! kiln's plugin host: runs operand transforms as sandboxed WebAssembly components.
 //!
-//! A plugin implements the `kiln:operand/operand-transform` world (`wit/operand.wit`): it gets
-//! a state's objects, the ClusterPolicy spec and the cluster facts, and answers one outcome
-//! (an RFC 6902 JSON Patch, or *omit*) per object. The host applies and validates the patches.
+//! A plugin implements the `kiln:operand/operand-transform` world of `kiln:operand@0.2.0`
+//! (`wit/operand.wit`; `0.1.0` components, `wit/v0.1.0/operand.wit`, still load): it gets a
+//! state's objects, the ClusterPolicy spec, its chain entry's settings and the cluster facts,
+//! and answers one outcome (an RFC 6902 JSON Patch, or *omit*) per object. The host applies and
+//! validates the patches.
 //!
 //! ```text
-//! name ──► drop-in dir / bundled (shadowing?) ──► sha256 (pin?) ──► audit (size, counts)
-//!      ──► compile (deadline) or cache (memory, disk: artifact digest checked)
-//!      ──► import audit ──► link (InstancePre) ──► name() check ──► LoadedPlugin
+//! name ──► drop-in dir / bundled (shadowing?) ──► audit on the bytes (every bound, imports)
+//!      ──► sha256 (pin?) ──► compile (deadline) or cache (memory, disk: artifact digest checked)
+//!      ──► link as 0.2.0 or 0.1.0 (InstancePre) ──► name() check ──► LoadedPlugin
+//!          (refused after compiling: its artifact is removed)
+//! chain ─► every step loaded, settings checked (validate-settings) ──► per step:
 //! call ──► fresh Store (memory cap, epoch deadline, fuel if set, empty WASI) ──► transform()
 //!      ──► outcomes ──► json-patch ──► output policy (identity, DaemonSet selector, size;
 //!          site: typed DaemonSet, RBAC, pod privileges) ──► Rendered
@@ -39,6 +43,7 @@ mod engine;
 mod error;
 mod host;
 mod inspect;
+mod meta;
 mod outcome;
 mod patch;
 mod sandbox;
@@ -58,9 +63,10 @@ pub use config::{
     default_cache_dir,
 };
 pub use engine::PERFMAP_ENV;
-pub use error::{GuestError, PluginError};
-pub use host::{LoadedPlugin, PluginHost, PluginSource, TransformOutput};
+pub use error::{Bound, GuestError, PluginError, SettingsError};
+pub use host::{CallInput, Interface, LoadedPlugin, PluginHost, PluginSource, TransformOutput};
 pub use inspect::{INSPECTED, PluginReport, inspect, inspect_as};
+pub use meta::PolicyMeta;
 pub use outcome::Rendered;
 pub use sandbox::{ALLOWED_WASI_INTERFACES, is_allowed_import};
 

@@ -25,7 +25,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde_json::Value;
 
-use crate::bindings::kiln::operand::types::Outcome;
+use crate::bindings::v2::kiln::operand::types::Outcome;
 use crate::config::PodPrivileges;
 use crate::error::PluginError;
 

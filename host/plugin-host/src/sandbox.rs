@@ -7,10 +7,9 @@ use wasmtime::component::{Component, HasData, HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, ResourceLimiter};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::bindings::OperandTransform;
-use crate::bindings::kiln::operand::types::LogLevel;
+use crate::bindings::{v1, v2};
 use crate::capture::{LogCollector, LogSource};
-use crate::config::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLE_ELEMENTS, MAX_TABLES};
+use crate::config::{HostConfig, MAX_TABLE_ELEMENTS};
 
 /// The interfaces (without version) a plugin may import, besides the world's own `log`.
 ///
@@ -70,7 +69,8 @@ pub(crate) fn forbidden_imports(engine: &Engine, component: &Component) -> Vec<S
 
 /// The budget of one call: all of its linear memories together are capped at `limit_bytes`,
 /// all of its tables together at [`MAX_TABLE_ELEMENTS`] elements, and it may create at most
-/// [`MAX_MEMORIES`] memories, [`MAX_TABLES`] tables and [`MAX_CORE_INSTANCES`] core instances
+/// [`HostConfig::max_memories`] memories, [`HostConfig::max_tables`] tables and
+/// [`HostConfig::max_core_instances`] core instances
 /// (the same bounds `load` checks). One store per call, so the sums are per call.
 #[derive(Debug)]
 pub(crate) struct MemoryCap {
@@ -85,12 +85,19 @@ pub(crate) struct MemoryCap {
     pending_table: usize,
     /// Set when a memory or table was refused growth past the budget.
     pub(crate) hit: bool,
+    /// Most memories, tables and core instances of the call.
+    counts: (u32, u32, u32),
 }
 
 impl MemoryCap {
-    pub(crate) fn new(limit_bytes: usize) -> Self {
+    pub(crate) fn new(config: &HostConfig) -> Self {
         MemoryCap {
-            limit_bytes,
+            limit_bytes: config.memory_limit_bytes,
+            counts: (
+                config.max_memories,
+                config.max_tables,
+                config.max_core_instances,
+            ),
             memory_bytes: 0,
             table_elements: 0,
             pending_memory: 0,
@@ -152,15 +159,15 @@ impl ResourceLimiter for MemoryCap {
     }
 
     fn instances(&self) -> usize {
-        MAX_CORE_INSTANCES as usize
+        self.counts.2 as usize
     }
 
     fn tables(&self) -> usize {
-        MAX_TABLES as usize
+        self.counts.1 as usize
     }
 
     fn memories(&self) -> usize {
-        MAX_MEMORIES as usize
+        self.counts.0 as usize
     }
 }
 
@@ -173,9 +180,9 @@ pub(crate) struct CallState {
 }
 
 impl CallState {
-    /// A state granting nothing, logging into a fresh collector capped at `log_limit_bytes`.
-    pub(crate) fn new(plugin: Arc<str>, memory_limit_bytes: usize, log_limit_bytes: usize) -> Self {
-        let log = LogCollector::new(plugin, log_limit_bytes);
+    /// A state granting nothing, with the budgets of `config`, logging into a fresh collector.
+    pub(crate) fn new(plugin: Arc<str>, config: &HostConfig) -> Self {
+        let log = LogCollector::new(plugin, config.log_limit_bytes);
         // The builder starts empty: no env, args, preopens or network; stdin is empty.
         let wasi = WasiCtx::builder()
             .stdout(log.stream(LogSource::Stdout))
@@ -184,7 +191,7 @@ impl CallState {
         CallState {
             wasi,
             table: ResourceTable::new(),
-            memory: MemoryCap::new(memory_limit_bytes),
+            memory: MemoryCap::new(config),
             log,
         }
     }
@@ -199,18 +206,26 @@ impl WasiView for CallState {
     }
 }
 
-impl crate::bindings::kiln::operand::types::Host for CallState {}
+impl v1::kiln::operand::types::Host for CallState {}
+impl v2::kiln::operand::types::Host for CallState {}
 
-impl crate::bindings::OperandTransformImports for CallState {
-    fn log(&mut self, level: LogLevel, message: String) {
-        let source = match level {
-            LogLevel::Debug => LogSource::Debug,
-            LogLevel::Info => LogSource::Info,
-            LogLevel::Warn => LogSource::Warn,
-        };
-        self.log.push(source, message);
-    }
+/// The world's `log` import, as both packages spell it.
+macro_rules! log_import {
+    ($m:ident) => {
+        impl $m::OperandTransformImports for CallState {
+            fn log(&mut self, level: $m::LogLevel, message: String) {
+                let source = match level {
+                    $m::LogLevel::Debug => LogSource::Debug,
+                    $m::LogLevel::Info => LogSource::Info,
+                    $m::LogLevel::Warn => LogSource::Warn,
+                };
+                self.log.push(source, message);
+            }
+        }
+    };
 }
+log_import!(v1);
+log_import!(v2);
 
 /// `HasData` projection to the resource table, for the `wasi:io` interfaces.
 struct TableOnly;
@@ -226,7 +241,12 @@ pub(crate) fn make_linker(engine: &Engine) -> wasmtime::Result<Linker<CallState>
     use wasmtime_wasi::p2::bindings::{cli, sync::io};
 
     let mut l = Linker::<CallState>::new(engine);
-    OperandTransform::add_to_linker::<CallState, HasSelf<CallState>>(&mut l, |s| s)?;
+    // Both packages define the top-level `log` import; their `log-level` enums are equal case
+    // by case, so the second definition serves both (component types are structural).
+    l.allow_shadowing(true);
+    v1::OperandTransform::add_to_linker::<CallState, HasSelf<CallState>>(&mut l, |s| s)?;
+    v2::OperandTransform::add_to_linker::<CallState, HasSelf<CallState>>(&mut l, |s| s)?;
+    l.allow_shadowing(false);
     wasmtime_wasi_io::bindings::wasi::io::error::add_to_linker::<CallState, TableOnly>(
         &mut l,
         |s| &mut s.table,

@@ -150,7 +150,7 @@ impl Renderer {
         let chain = policy.plugins.chain(state);
         let out = self
             .host
-            .run_chain(&chain, &input, &policy.spec_text, &ctx)
+            .run_chain_for(&chain, &input, &policy.spec_text, &policy.meta, &ctx)
             .map_err(|source| RenderError::Plugin { state, source })?;
         for object in &out.objects {
             check::check_object(object).map_err(|source| RenderError::Invalid { state, source })?;

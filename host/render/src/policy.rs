@@ -64,6 +64,8 @@ pub struct Policy {
     pub pruned: Vec<String>,
     /// Site plugins and pins from the `kiln.dev/plugins` annotation.
     pub plugins: PluginConfig,
+    /// The policy's name and annotations, as `kiln:operand@0.2.0` plugins see them.
+    pub meta: kiln_plugin_host::PolicyMeta,
 }
 
 impl Policy {
@@ -117,6 +119,7 @@ impl Policy {
             spec,
             pruned,
             plugins,
+            meta: kiln_plugin_host::PolicyMeta::from_metadata(meta),
         })
     }
 }

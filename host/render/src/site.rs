@@ -12,7 +12,11 @@
 //!         then:                 # site plugins run after it, in order
 //!           - name: site-tolerations
 //!             sha256: 9c1e…     # optional pin
+//!             settings:         # optional, any YAML: handed to the plugin as JSON
+//!               tolerations: [{key: pool, operator: Exists}]
 //! ```
+//! Settings are for `kiln:operand@0.2.0` plugins (`wit/README.md`); the host checks them with
+//! the plugin's `validate-settings` before any transform runs.
 //! Site plugins are looked up by name in the drop-in directory (`/etc/kiln/plugins/<name>.wasm`),
 //! then among the bundled plugins.
 
@@ -46,6 +50,9 @@ pub struct SitePlugin {
     /// Optional sha256 (hex) pin.
     #[serde(default)]
     pub sha256: Option<String>,
+    /// Optional settings (any YAML value), handed to the plugin as JSON text.
+    #[serde(default)]
+    pub settings: Option<serde_json::Value>,
 }
 
 /// The parsed annotation: plugins per state.
@@ -96,11 +103,13 @@ impl PluginConfig {
         let mut chain = vec![PluginRef {
             name: state.name().to_string(),
             sha256: cfg.and_then(|c| c.pin.clone()),
+            settings: None,
         }];
         for p in cfg.into_iter().flat_map(|c| &c.then) {
             chain.push(PluginRef {
                 name: p.name.clone(),
                 sha256: p.sha256.clone(),
+                settings: p.settings.as_ref().map(serde_json::Value::to_string),
             });
         }
         chain
@@ -123,6 +132,14 @@ mod tests {
         assert_eq!(chain[0].name, "device-plugin");
         assert_eq!(chain[0].sha256.as_deref(), Some(pin.as_str()));
         assert_eq!(chain[1], PluginRef::named("site-x"));
+        let with_settings = PluginConfig::parse(
+            "dcgm:\n  then:\n    - name: place\n      settings:\n        nodeSelector: {pool: a}\n        n: 1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            with_settings.chain(State::Dcgm)[1].settings.as_deref(),
+            Some(r#"{"n":1,"nodeSelector":{"pool":"a"}}"#)
+        );
         assert_eq!(cfg.chain(State::Dcgm), vec![PluginRef::named("dcgm")]);
         assert!(
             PluginConfig::parse("bogus-state: {}")

@@ -43,11 +43,17 @@ fn upstream_sample() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nvidia-v26.7.0/policies/sample.yaml")
 }
 
+/// Bundled plugins that are not a state's standard plugin: configured by settings, named in a
+/// `then:` chain.
+const BUNDLED_SITE_PLUGINS: &[&str] = &["node-placement"];
+
+/// The standard plugins' crates (`plugins/*` less the SDK, the bundle and
+/// [`BUNDLED_SITE_PLUGINS`]).
 fn plugin_dirs() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(repo().join("plugins"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "sdk" && n != "bundle")
+        .filter(|n| n != "sdk" && n != "bundle" && !BUNDLED_SITE_PLUGINS.contains(&n.as_str()))
         .collect();
     v.sort();
     v
@@ -73,6 +79,7 @@ fn states_assets_plugins_and_bundle_agree() {
     let mut bundled: Vec<String> = kiln_bundled_plugins::BUNDLED
         .iter()
         .map(|(n, _)| n.to_string())
+        .filter(|n| !BUNDLED_SITE_PLUGINS.contains(&n.as_str()))
         .collect();
     bundled.sort();
     assert_eq!(bundled, states, "bundled plugins vs the states");
@@ -120,7 +127,7 @@ fn state_input(state: State, ctx: &kiln_core::context::TransformContext) -> Vec<
 
 /// The standard bundle runs the plugin it is loaded as, not the state being rendered: a
 /// bundled plugin in another state's chain (`kiln.dev/plugins` … `then:`) edits as itself,
-/// because the host hands the bundle the plugin's name as `state`. Without that, the bundle
+/// because the host hands the bundle the plugin's name (`context.plugin`). Without that, the bundle
 /// would run the driver's transform on the DCGM objects here, which have no driver container.
 #[test]
 fn a_bundled_plugin_in_another_states_chain_runs_as_itself() {
@@ -148,7 +155,7 @@ fn a_bundled_plugin_in_another_states_chain_runs_as_itself() {
 }
 
 /// A standard bundle dropped in under a name it does not carry loads (its `name()` is the
-/// bundle's), and each call fails naming the plugin.
+/// bundle's), and each call fails naming the plugin, before any transform runs.
 #[test]
 fn a_bundle_under_a_name_it_does_not_carry_fails_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,13 +182,16 @@ fn a_bundle_under_a_name_it_does_not_carry_fails_naming_it() {
             &defaults::render_context(),
         )
         .unwrap_err();
+    // Its `validate-settings` (asked before any transform) already says so.
+    let PluginError::InvalidSettings { errors, .. } = &e else {
+        panic!("{e}")
+    };
     assert_eq!(
-        guest_error_parts(&e),
-        Some((
-            "failed",
-            None,
-            r#"the standard bundle carries no plugin "site-extra""#.to_string()
-        )),
+        (errors[0].path.as_str(), errors[0].message.as_str()),
+        (
+            "settings",
+            r#"the standard bundle carries no plugin "site-extra""#
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("site-extra"), "{e}");
@@ -206,7 +216,10 @@ fn guest_error_parts(e: &PluginError) -> Option<(&'static str, Option<&str>, Str
 fn every_transform_case_passes_through_the_wasm_plugin() {
     let mut ran = 0;
     let mut failures = Vec::new();
-    for plugin in plugin_dirs() {
+    let plugins = plugin_dirs()
+        .into_iter()
+        .chain(BUNDLED_SITE_PLUGINS.iter().map(|p| p.to_string()));
+    for plugin in plugins {
         let dir = repo().join("plugins").join(&plugin).join("cases");
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
@@ -221,8 +234,19 @@ fn every_transform_case_passes_through_the_wasm_plugin() {
                 serde_yaml_ng::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
             let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let mut ctx = case.context.clone();
-            ctx.state = plugin.clone();
-            let result = match host().transform(&plugin, &case.objects, &case.spec, &ctx) {
+            if !BUNDLED_SITE_PLUGINS.contains(&plugin.as_str()) {
+                ctx.state = plugin.clone();
+            }
+            let spec = case.spec.to_string();
+            let settings = (!case.settings.is_null()).then(|| case.settings.to_string());
+            let meta = kiln_plugin_host::PolicyMeta::default();
+            let input = kiln_plugin_host::CallInput {
+                spec: &spec,
+                settings: settings.as_deref(),
+                policy: &meta,
+            };
+            let loaded = host().plugin(&plugin, None).unwrap();
+            let result = match host().call_with(&loaded, &case.objects, &input, &ctx) {
                 Ok(out) => {
                     let got: Vec<Option<Value>> = out
                         .rendered
@@ -234,6 +258,11 @@ fn every_transform_case_passes_through_the_wasm_plugin() {
                         .collect();
                     case.check(&got)
                 }
+                Err(PluginError::InvalidSettings { errors, .. }) => case.check_error(
+                    "invalid-settings",
+                    Some(&errors[0].path),
+                    &errors[0].message,
+                ),
                 Err(e) => match guest_error_parts(&e) {
                     Some((kind, path, msg)) => case.check_error(kind, path, &msg),
                     None => Err(format!("host error: {e}")),
@@ -356,4 +385,66 @@ fn render_returns_each_enabled_state_once_in_apply_order() {
         let one = renderer.render_state(state, &policy, &ctx).unwrap();
         assert_eq!(result.unwrap(), one, "{state}");
     }
+}
+
+/// The upstream sample with a `kiln.dev/plugins` annotation.
+fn sample_with_plugins(annotation: &str) -> Policy {
+    let mut doc: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(upstream_sample()).unwrap()).unwrap();
+    doc["metadata"]["annotations"] = serde_json::json!({ "kiln.dev/plugins": annotation });
+    Policy::from_object(&doc).unwrap()
+}
+
+/// gpu-operator #2626 without a fork: the bundled `node-placement` plugin, configured by
+/// settings in the state's chain, places its pods; bad settings fail the state before any
+/// transform runs, naming the plugin and the field.
+#[test]
+fn node_placement_places_a_states_pods_by_settings() {
+    let renderer = Renderer::new(host());
+    let ctx = defaults::render_context();
+    let policy = sample_with_plugins(
+        "device-plugin:\n  then:\n    - name: node-placement\n      settings:\n        nodeSelector: {pool: gpu-a}\n        tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]\n",
+    );
+    let rendered = renderer
+        .render_state(State::DevicePlugin, &policy, &ctx)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ds = rendered
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"]["pool"], "gpu-a");
+    assert_eq!(
+        pod["nodeSelector"]["nvidia.com/gpu.deploy.device-plugin"], "true",
+        "the standard selector is kept"
+    );
+    assert!(
+        pod["tolerations"].as_array().unwrap().contains(
+            &serde_json::json!({"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"})
+        ),
+        "{pod}"
+    );
+    // Another state is untouched.
+    let dcgm = renderer
+        .render_state(State::DcgmExporter, &policy, &ctx)
+        .unwrap();
+    let ds = dcgm
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .unwrap();
+    assert!(ds["spec"]["template"]["spec"]["nodeSelector"]["pool"].is_null());
+
+    let bad = sample_with_plugins(
+        "device-plugin:\n  then:\n    - name: node-placement\n      settings: {nodeSelector: {pool: gpu a}}\n",
+    );
+    let err = renderer
+        .render_state(State::DevicePlugin, &bad, &ctx)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "state device-plugin: plugin \"node-placement\": invalid settings: settings.nodeSelector.pool: \
+         value \"gpu a\": at most 63 characters, alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+    );
 }

@@ -13,6 +13,9 @@
 //! `kiln-bundled-plugins` builds this crate with `--cfg kiln_standard_bundle`, which turns off
 //! each plugin crate's own exports (`kiln_plugin_sdk::export_operand!`); built without it (or
 //! natively) the plugin crates are ordinary standalone plugins.
+//!
+//! After the `;` come the bundled plugins configured by settings (`kiln_plugin_sdk::Plugin`),
+//! which a policy names in a state's `then:` chain (`node-placement`).
 
 kiln_plugin_sdk::export_standard_bundle!(
     kiln_plugin_cc_manager::CcManager,
@@ -38,5 +41,6 @@ kiln_plugin_sdk::export_standard_bundle!(
     kiln_plugin_sandbox_validation::SandboxValidation,
     kiln_plugin_vfio_manager::VfioManager,
     kiln_plugin_vgpu_device_manager::VgpuDeviceManager,
-    kiln_plugin_vgpu_manager::VgpuManager,
+    kiln_plugin_vgpu_manager::VgpuManager;
+    kiln_plugin_node_placement::NodePlacement,
 );

@@ -23,6 +23,7 @@ mod macros;
 pub mod monitoring;
 pub mod pod;
 mod run;
+pub mod settings;
 pub mod validator;
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
@@ -43,6 +44,7 @@ pub use kiln_core::context::{STANDARD_BUNDLE_NAME, TransformContext};
 pub use kiln_core::spec::ClusterPolicySpec;
 pub use run::{Decision, Operand, Outcome, apply_native, run_operand, transform_each};
 pub use serde_json;
+pub use settings::{Call, FieldError, Plugin};
 
 /// Write a line to the host's log (the `log` import); a no-op natively.
 pub fn log_info(message: &str) {
@@ -67,7 +69,9 @@ pub mod testing {
 
     use kiln_core::testcase::Case;
 
-    use crate::{Operand, TransformError, apply_native};
+    use serde_json::Value;
+
+    use crate::{Operand, Plugin, TransformError, apply_native};
 
     /// The standard `cases()` test of a plugin crate: run every case file of
     /// `<manifest_dir>/cases` natively, assert that each ran and that there are at least `min`.
@@ -90,6 +94,66 @@ pub mod testing {
     /// Run every `*.yaml` case in `dir` through `O` natively; panics listing every failing case.
     /// Returns how many cases ran (callers assert it is non-zero).
     pub fn run_cases<O: Operand>(dir: &Path) -> usize {
+        each_case(dir, |case| {
+            let mut ctx = case.context.clone();
+            ctx.state = O::NAME.to_string();
+            match apply_native::<O>(&case.objects, &case.spec, &ctx) {
+                Ok(out) => case.check(&out),
+                Err(e) => check_transform_error(case, &e),
+            }
+        })
+    }
+
+    /// [`assert_cases`] for a [`Plugin`] configured by settings: each case's `settings` are
+    /// validated first (a refusal is the error kind `invalid-settings`, path
+    /// `settings.<field>`), then the plugin runs natively.
+    pub fn assert_plugin_cases<P: Plugin>(manifest_dir: &str, min: usize) {
+        let dir = Path::new(manifest_dir).join("cases");
+        let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        let ran = each_case(&dir, |case| {
+            let settings = case.settings.to_string();
+            if let Some(e) = crate::settings::validate_plugin::<P>(&settings).first() {
+                let path = if e.path.is_empty() {
+                    "settings".to_string()
+                } else {
+                    format!("settings.{}", e.path)
+                };
+                return case.check_error("invalid-settings", Some(&path), &e.message);
+            }
+            let texts: Vec<String> = case.objects.iter().map(Value::to_string).collect();
+            let result = crate::settings::run_plugin::<P>(
+                &texts,
+                &case.spec.to_string(),
+                &settings,
+                &case.context,
+                "",
+                &[],
+            )
+            .and_then(|outcomes| crate::run::apply_outcomes(&case.objects, outcomes));
+            match result {
+                Ok(out) => case.check(&out),
+                Err(e) => check_transform_error(case, &e),
+            }
+        });
+        assert_eq!(ran, files, "every file in {} is a case", dir.display());
+        assert!(
+            files >= min,
+            "{} has {files} cases, expected at least {min}",
+            dir.display()
+        );
+    }
+
+    fn check_transform_error(case: &Case, e: &TransformError) -> Result<(), String> {
+        let (kind, path) = match e {
+            TransformError::InvalidField { path, .. } => ("invalid-field", Some(path.as_str())),
+            TransformError::InvalidObject(_) => ("invalid-object", None),
+            TransformError::Failed(_) => ("failed", None),
+        };
+        case.check_error(kind, path, &e.to_string())
+    }
+
+    /// Runs `check` on every `*.yaml` case of `dir`; panics listing every failure; how many ran.
+    fn each_case(dir: &Path, mut check: impl FnMut(&Case) -> Result<(), String>) -> usize {
         let mut files: Vec<_> = std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.unwrap().path())
@@ -102,22 +166,7 @@ pub mod testing {
             let raw: serde_json::Value =
                 serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             let case = Case::from_value(raw).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            let mut ctx = case.context.clone();
-            ctx.state = O::NAME.to_string();
-            let result = match apply_native::<O>(&case.objects, &case.spec, &ctx) {
-                Ok(out) => case.check(&out),
-                Err(e) => {
-                    let (kind, path) = match &e {
-                        TransformError::InvalidField { path, .. } => {
-                            ("invalid-field", Some(path.as_str()))
-                        }
-                        TransformError::InvalidObject(_) => ("invalid-object", None),
-                        TransformError::Failed(_) => ("failed", None),
-                    };
-                    case.check_error(kind, path, &e.to_string())
-                }
-            };
-            if let Err(msg) = result {
+            if let Err(msg) = check(&case) {
                 failures.push(format!("{} ({}): {msg}", f.display(), case.name));
             }
         }

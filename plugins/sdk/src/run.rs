@@ -451,6 +451,17 @@ pub fn apply_native<O: Operand>(
 ) -> Result<Vec<Option<Value>>, TransformError> {
     let texts: Vec<String> = objects.iter().map(Value::to_string).collect();
     let outcomes = run_operand::<O>(&texts, &spec.to_string(), ctx)?;
+    apply_outcomes(objects, outcomes)
+}
+
+/// Applies SDK outcomes to their objects natively (`None`: omitted).
+///
+/// # Errors
+/// Never for outcomes the SDK produced; the `Result` lets callers chain it.
+pub(crate) fn apply_outcomes(
+    objects: &[Value],
+    outcomes: Vec<Outcome>,
+) -> Result<Vec<Option<Value>>, TransformError> {
     Ok(outcomes
         .into_iter()
         .zip(objects)

@@ -3,14 +3,16 @@
 #![allow(missing_docs, unsafe_code)]
 
 wit_bindgen::generate!({
-    world: "operand-transform",
+    world: "operand-transform-validated",
     path: "../../wit",
     pub_export_macro: true,
     export_macro_name: "export_bindings",
     default_bindings_module: "kiln_plugin_sdk::wasm",
 });
 
-use self::kiln::operand::types::{ContainerRuntime as WitRuntime, FieldError};
+use self::kiln::operand::types::ContainerRuntime as WitRuntime;
+/// The WIT `field-error` (generated).
+pub type WitFieldError = FieldError;
 /// The WIT `outcome` (generated).
 pub type WitOutcome = Outcome;
 /// The WIT `transform-error` (generated).
@@ -20,9 +22,28 @@ use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformConte
 
 use crate::{Outcome as SdkOutcome, TransformError as SdkError};
 
-/// Convert the WIT context into the shared Rust type.
-pub fn context_from_wit(c: Context) -> TransformContext {
-    TransformContext {
+/// What a `kiln:operand@0.2.0` context says beyond the shared Rust type.
+pub struct CallMeta {
+    /// The name the plugin was loaded by (a bundle dispatches on it).
+    pub plugin: String,
+    /// The policy's `metadata.name`.
+    pub policy_name: String,
+    /// The policy's annotations, sorted by key.
+    pub policy_annotations: Vec<(String, String)>,
+}
+
+/// Convert the WIT context into the shared Rust type and the rest.
+pub fn context_from_wit(c: Context) -> (TransformContext, CallMeta) {
+    let meta = CallMeta {
+        plugin: c.plugin,
+        policy_name: c.policy_name,
+        policy_annotations: c
+            .policy_annotations
+            .into_iter()
+            .map(|a| (a.key, a.value))
+            .collect(),
+    };
+    let ctx = TransformContext {
         state: c.state,
         runtime: match c.runtime {
             WitRuntime::Containerd => ContainerRuntime::Containerd,
@@ -53,6 +74,33 @@ pub fn context_from_wit(c: Context) -> TransformContext {
             .collect(),
         default_workload: c.default_workload,
         has_service_monitor_crd: c.has_service_monitor_crd,
+    };
+    (ctx, meta)
+}
+
+/// Convert settings field errors into the WIT answer of `validate-settings`.
+pub fn settings_to_wit(errors: Vec<crate::settings::FieldError>) -> Result<(), Vec<FieldError>> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(errors
+        .into_iter()
+        .map(|e| FieldError {
+            path: e.path,
+            message: e.message,
+        })
+        .collect())
+}
+
+/// What a standard operand answers to settings: it takes none.
+pub fn operand_settings(settings: &str) -> Vec<crate::settings::FieldError> {
+    if settings.trim() == "null" {
+        Vec::new()
+    } else {
+        vec![crate::settings::FieldError::new(
+            "",
+            "a standard plugin takes no settings",
+        )]
     }
 }
 

@@ -10,6 +10,7 @@ mod gfd;
 mod operator;
 mod operator_hooks;
 mod plugin;
+mod plugin_author;
 mod render;
 mod validator;
 mod version;
@@ -63,8 +64,8 @@ pub const PROGRESS_TARGET: &str = "kiln::progress";
 enum Command {
     /// Render a ClusterPolicy into every object the operator would apply, offline.
     Render(render::RenderArgs),
-    /// Check a plugin, list the bundled ones, or precompile them into the cache (to try one:
-    /// `kiln render --plugins-dir DIR`).
+    /// Write, test, run and check plugins; list the bundled ones, or precompile them into the
+    /// cache (to try one in a render: `kiln render --plugins-dir DIR`).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Print the version, git commit and image of this binary.

@@ -42,6 +42,41 @@ pub enum PluginCommand {
     },
     /// List the bundled plugins with their sha256 (what a pin must say).
     List,
+    /// Write a new plugin project NAME (kiln:operand@0.2.0) that builds as it stands and ships
+    /// its own case files (`kiln plugin test`).
+    New {
+        /// The plugin's name: its file name without `.wasm`, and the crate's name.
+        name: String,
+        /// The project's language (the one template so far: rust).
+        #[arg(long, default_value = "rust", value_name = "rust")]
+        lang: String,
+        /// Directory to create the project in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Run case files (`*.yaml` in CASES_DIR; format in wit/README.md, "Testing a plugin")
+    /// through kiln's plugin host; exits 1 when an expectation is wrong.
+    Test {
+        /// The component (`.wasm`).
+        plugin: PathBuf,
+        /// Directory of case files.
+        cases_dir: PathBuf,
+    },
+    /// Show what a plugin does to a state's objects: the objects as the policy's own chain
+    /// renders them, then the plugin's JSON Patch (or omit) per object, and its log.
+    Run {
+        /// The component (`.wasm`).
+        plugin: PathBuf,
+        /// The state, e.g. `device-plugin`.
+        #[arg(long)]
+        state: String,
+        /// The ClusterPolicy (YAML).
+        #[arg(long)]
+        policy: PathBuf,
+        /// The plugin's settings (YAML), as a `then:` entry's `settings` would give them.
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
     /// Compile every bundled plugin (and every `<name>.wasm` in the drop-in directory) into
     /// the precompiled-artifact cache, so that a later `kiln operator` or `kiln render` loads
     /// them without compiling. The operator Deployment runs this as an init container.
@@ -75,6 +110,18 @@ impl PluginCommand {
                 }
                 Ok(ExitCode::SUCCESS)
             }
+            PluginCommand::New { name, lang, dir } => {
+                super::plugin_author::new_project(&name, &lang, &dir)
+            }
+            PluginCommand::Test { plugin, cases_dir } => {
+                super::plugin_author::test(&plugin, &cases_dir)
+            }
+            PluginCommand::Run {
+                plugin,
+                state,
+                policy,
+                settings,
+            } => super::plugin_author::run(&plugin, &state, &policy, settings.as_deref()),
             PluginCommand::Precompile {
                 cache_dir,
                 plugins_dir,
@@ -169,6 +216,26 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     super::outln!("file:    {}", file.display());
     super::outln!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
     super::outln!("sha256:  {}", report.sha256);
+    super::outln!(
+        "wit:     {}{}",
+        report
+            .interface
+            .map_or("(not a kiln:operand plugin)", |i| i.package()),
+        if report.validates_settings {
+            ", validate-settings"
+        } else {
+            ""
+        }
+    );
+    super::outln!("bounds:");
+    for b in &report.bounds {
+        let mark = if b.exceeded() { "OVER" } else { "ok" };
+        super::outln!("  {}: {} (limit {}, {mark})", b.what, b.actual, b.limit);
+    }
+    super::outln!("host limits:");
+    for (what, value) in kiln_plugin_host::HostConfig::default().limits() {
+        super::outln!("  {what}: {value}");
+    }
     super::outln!("exports:");
     for e in &report.exports {
         super::outln!("  {e}");
@@ -187,7 +254,7 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
         // build output (`site_node_pool.wasm`, `kiln_plugin_driver.wasm`) must be renamed.
         if name == kiln_core::context::STANDARD_BUNDLE_NAME {
             super::outln!(
-                "install: as <plugin>.wasm in the drop-in directory, once per plugin it carries (a standard bundle: the host calls it with ctx.state set to the name it was loaded by)"
+                "install: as <plugin>.wasm in the drop-in directory, once per plugin it carries (a standard bundle: the host tells it the name it was loaded by)"
             );
         } else if name == stem {
             super::outln!("install: as {name}.wasm in the drop-in directory");

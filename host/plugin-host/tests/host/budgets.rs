@@ -8,6 +8,15 @@ use serde_json::json;
 
 use crate::common::*;
 
+/// What the 63-memory component exceeds: (bound, has, limit).
+const HOG_BOUNDS: [(&str, u64, u64); 3] = [
+    ("memories", 63, 4),
+    ("core instances", 63, 16),
+    ("bytes of initial memory", 4_160_815_104, 67_108_864),
+];
+const HOG_MESSAGE: &str = "plugin \"hog\": the component is over several bounds: 63 memories (limit 4), \
+     63 core instances (limit 16), 4160815104 bytes of initial memory (limit 67108864)";
+
 #[test]
 fn a_component_with_63_memories_is_refused_at_load_and_others_keep_running() {
     let dirs = Dirs::new();
@@ -27,39 +36,37 @@ fn a_component_with_63_memories_is_refused_at_load_and_others_keep_running() {
             let err = host
                 .transform("hog", &[daemonset("ds")], &json!({}), &ctx())
                 .unwrap_err();
+            // Every exceeded bound at once, before compiling.
             match &err {
-                PluginError::ComponentLimit {
-                    plugin,
-                    what,
-                    actual,
-                    limit,
-                } => assert_eq!(
-                    (plugin.as_str(), *what, *actual, *limit),
-                    ("hog", "memories", 63, 4)
-                ),
+                PluginError::ComponentLimit { plugin, exceeded } => {
+                    assert_eq!(plugin, "hog");
+                    let found: Vec<_> = exceeded
+                        .iter()
+                        .map(|b| (b.what, b.actual, b.limit))
+                        .collect();
+                    assert_eq!(found, HOG_BOUNDS);
+                }
                 other => panic!("{other:?}"),
             }
-            assert_eq!(
-                err.to_string(),
-                "plugin \"hog\": the component has 63 memories, over the limit of 4"
-            );
+            assert_eq!(err.to_string(), HOG_MESSAGE);
         }
         for g in good {
             g.join().unwrap();
         }
     });
     assert_eq!(
-        kiln_plugin_host::inspect_as(&many_memories("hog", 63, 1), "hog")
+        kiln_plugin_host::inspect_as(&many_memories("hog", 63, 1024), "hog")
             .unwrap()
             .refusal
             .map(|e| e.to_string()),
-        Some("plugin \"hog\": the component has 63 memories, over the limit of 4".into())
+        Some(HOG_MESSAGE.into())
     );
 }
 
 #[test]
 fn all_memories_of_a_call_share_one_cap() {
-    // Three extra memories of 24 MiB each: each under the 64 MiB cap, together over it.
+    // Three extra memories of 24 MiB each: each under the 64 MiB cap, together over it, which
+    // their initial sizes already show: refused at load, before compiling.
     let dirs = Dirs::new();
     dirs.install("four", &many_memories("four", 4, 384));
     let host = host_with_good(&dirs, dirs.config());
@@ -67,7 +74,10 @@ fn all_memories_of_a_call_share_one_cap() {
         .transform("four", &[daemonset("ds")], &json!({}), &ctx())
         .unwrap_err();
     assert!(
-        matches!(&err, PluginError::MemoryLimit { plugin, limit_bytes: 67_108_864 } if plugin == "four"),
+        matches!(&err, PluginError::ComponentLimit { plugin, exceeded } if plugin == "four"
+            && exceeded.len() == 1
+            && (exceeded[0].what, exceeded[0].actual, exceeded[0].limit)
+                == ("bytes of initial memory", 3 * (24 << 20) + 65536, 67_108_864)),
         "{err:?}"
     );
     // Two fit (48 MiB and the shell's memory).
@@ -88,19 +98,23 @@ fn an_oversized_component_is_refused_before_compiling() {
         &dirs,
         HostConfig {
             max_component_bytes: 100,
+            cache_dir: Some(dirs.cache.clone()),
             ..dirs.config()
         },
     );
     let err = host.load("big", None).unwrap_err();
     match &err {
-        PluginError::ComponentLimit {
-            what: "bytes",
-            actual,
-            limit: 100,
-            ..
-        } => assert_eq!(*actual, bytes.len() as u64),
+        PluginError::ComponentLimit { exceeded, .. } => assert_eq!(
+            exceeded
+                .iter()
+                .map(|b| (b.what, b.actual, b.limit))
+                .collect::<Vec<_>>(),
+            [("bytes", bytes.len() as u64, 100)]
+        ),
         other => panic!("{other:?}"),
     }
+    // Refused before compiling: nothing was cached.
+    assert_eq!(std::fs::read_dir(&dirs.cache).unwrap().count(), 0);
 }
 
 #[test]

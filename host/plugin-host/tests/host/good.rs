@@ -66,7 +66,11 @@ fn round_trip_applies_outcomes_and_captures_the_log() {
     assert_eq!(log.messages(LogSource::Warn), ["warn line"]);
     assert_eq!(
         log.messages(LogSource::Info),
-        ["state device-plugin with 3 objects", "env vars: 0, args: 0"]
+        [
+            "policy \"\" annotations []",
+            "state device-plugin with 3 objects",
+            "env vars: 0, args: 0"
+        ]
     );
     assert_eq!(log.messages(LogSource::Stdout), ["hello from stdout"]);
     assert_eq!(log.messages(LogSource::Stderr), ["hello from stderr"]);
@@ -167,6 +171,7 @@ fn chain_feeds_results_forward_and_reports_omissions() {
         PluginRef {
             name: "good".into(),
             sha256: Some(digest),
+            settings: None,
         },
     ];
     let objects = vec![config_map("drop-me"), daemonset("ds")];
@@ -185,7 +190,7 @@ fn chain_feeds_results_forward_and_reports_omissions() {
     // The second plugin saw only what the first one kept.
     assert_eq!(out.logs.len(), 2);
     assert_eq!(
-        out.logs[1].1.messages(LogSource::Info)[0],
+        out.logs[1].1.messages(LogSource::Info)[1],
         "state device-plugin with 1 objects"
     );
 }

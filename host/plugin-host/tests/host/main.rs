@@ -7,3 +7,4 @@ mod hostile;
 mod integrity;
 mod loading;
 mod policy;
+mod settings;

@@ -10,13 +10,19 @@
 //! - `panic`: panics.
 //! - `chatty`: prints `spec.lines` lines of 100 bytes to stdout.
 //! - `count-mismatch`: returns no outcome at all.
+//!
+//! It implements `kiln:operand@0.2.0` with `validate-settings`: settings with a `reject` key are
+//! refused (field `reject`), and a string `settings.label` is added as label
+//! `kiln.test/setting`. It logs the policy's name and annotation keys.
+//! (`tests/fixtures/good-0.1.0.wasm` is this guest as it was built against `kiln:operand@0.1.0`,
+//! before settings: it labels and omits the same way.)
 
 wit_bindgen::generate!({
-    world: "operand-transform",
+    world: "operand-transform-validated",
     path: "../../../../../wit",
 });
 
-use kiln::operand::types::FieldError;
+
 use serde_json::{Value, json};
 
 /// The plugin's name.
@@ -29,7 +35,33 @@ impl Guest for Good {
         NAME.to_string()
     }
 
-    fn transform(objects: Vec<String>, spec: String, ctx: Context) -> Result<Vec<Outcome>, TransformError> {
+    fn validate_settings(plugin: String, settings: String) -> Result<(), Vec<FieldError>> {
+        let settings: Value = serde_json::from_str(&settings).map_err(|e| {
+            vec![FieldError {
+                path: String::new(),
+                message: e.to_string(),
+            }]
+        })?;
+        if plugin != NAME {
+            return Err(vec![FieldError {
+                path: String::new(),
+                message: format!("asked for plugin {plugin:?}"),
+            }]);
+        }
+        if settings.get("reject").is_some() {
+            return Err(vec![FieldError {
+                path: "reject".into(),
+                message: "refused on request".into(),
+            }]);
+        }
+        Ok(())
+    }
+
+    fn transform(objects: Vec<String>, spec: String, settings: String, ctx: Context) -> Result<Vec<Outcome>, TransformError> {
+        let settings: Value = serde_json::from_str(&settings).map_err(|e| TransformError::Failed(e.to_string()))?;
+        let label = settings.get("label").and_then(Value::as_str).map(str::to_string);
+        let keys: Vec<&str> = ctx.policy_annotations.iter().map(|a| a.key.as_str()).collect();
+        log(LogLevel::Info, &format!("policy {:?} annotations {keys:?}", ctx.policy_name));
         let spec: Value = serde_json::from_str(&spec).map_err(|e| TransformError::Failed(e.to_string()))?;
         match spec.get("mode").and_then(Value::as_str) {
             Some("refuse") => {
@@ -66,11 +98,14 @@ impl Guest for Good {
                     return Ok(Outcome::Omit);
                 }
                 let has_labels = object["metadata"].get("labels").is_some();
-                let patch = if has_labels {
+                let mut patch = if has_labels {
                     json!([{"op": "add", "path": "/metadata/labels/kiln.test~1seen", "value": ctx.state}])
                 } else {
                     json!([{"op": "add", "path": "/metadata/labels", "value": {"kiln.test/seen": ctx.state}}])
                 };
+                if let (Some(label), Some(ops)) = (&label, patch.as_array_mut()) {
+                    ops.push(json!({"op": "add", "path": "/metadata/labels/kiln.test~1setting", "value": label}));
+                }
                 Ok(Outcome::Patch(patch.to_string()))
             })
             .collect()

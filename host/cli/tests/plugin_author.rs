@@ -1,0 +1,118 @@
+//! A plugin author's loop, as CI runs it: `kiln plugin new` → `cargo build` → `kiln plugin test`
+//! (and a wrong expectation fails it), `kiln plugin run` showing the plugin's patch and log.
+//! The project builds against its own `Cargo.lock` into the target directory the host's test
+//! guests use (`target/test-guests`), so its dependencies are compiled once.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// `kiln`, with the compiled-plugin cache the other tests share (`target/kiln-test-plugin-cache`).
+fn kiln(args: &[&str]) -> Output {
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kiln-test-plugin-cache");
+    Command::new(KILN)
+        .args(args)
+        .env("KILN_PLUGIN_CACHE_DIR", cache)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Builds the project at `dir` for wasm32-wasip2; the `.wasm` cargo wrote.
+fn build(dir: &Path, krate: &str) -> PathBuf {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-guests");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--release", "--quiet", "--target", "wasm32-wasip2"])
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", &target);
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WRAPPER",
+        "CARGO_MAKEFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "building the new project failed");
+    target.join(format!("wasm32-wasip2/release/{krate}.wasm"))
+}
+
+#[test]
+fn a_new_rust_project_builds_and_passes_its_own_cases() {
+    let root = tempfile::tempdir().unwrap();
+    let out = kiln(&[
+        "plugin",
+        "new",
+        "site-labels",
+        "--dir",
+        root.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let project = root.path().join("site-labels");
+    let wasm = project.join("site-labels.wasm");
+    std::fs::copy(build(&project, "site_labels"), &wasm).unwrap();
+    let (wasm_arg, cases) = (wasm.to_str().unwrap(), project.join("cases"));
+
+    let out = kiln(&["plugin", "test", wasm_arg, cases.to_str().unwrap()]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains("2 cases, 2 passed, 0 failed (site-labels, kiln:operand@0.2.0)"),
+        "{report}"
+    );
+
+    // A wrong expectation fails the run, naming the file and the field.
+    let case = cases.join("labels.yaml");
+    let wrong = std::fs::read_to_string(&case).unwrap().replace(
+        "{metadata: {labels: {team: gpu}}}\n  - ",
+        "{metadata: {labels: {team: cpu}}}\n  - ",
+    );
+    std::fs::write(&case, wrong).unwrap();
+    let out = kiln(&["plugin", "test", wasm_arg, cases.to_str().unwrap()]);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("FAILED")
+            && report.contains(r#"[0].metadata.labels.team: got "gpu", expected "cpu""#),
+        "{report}"
+    );
+
+    // `kiln plugin run`: the plugin's patch of each object of the state, and its log.
+    let policy = root.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cluster-policy}\nspec: {}\n",
+    )
+    .unwrap();
+    let settings = root.path().join("settings.yaml");
+    std::fs::write(&settings, "labels: {team: gpu}\n").unwrap();
+    let out = kiln(&[
+        "plugin",
+        "run",
+        wasm_arg,
+        "--state",
+        "dcgm-exporter",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--settings",
+        settings.to_str().unwrap(),
+    ]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains(r#"DaemonSet/nvidia-dcgm-exporter: [{"op":"add","path":"/metadata/labels/team","value":"gpu"}]"#),
+        "{report}"
+    );
+    assert!(report.contains("log Info: "), "{report}");
+}
