@@ -121,6 +121,7 @@ impl Cli {
             | Command::DevicePlugin(_)
             | Command::Gfd(_)
             | Command::Validator(_)
+            | Command::Discover(_)
             | Command::Render(_)
             | Command::Plugin(_)
             | Command::Crdgen(_)

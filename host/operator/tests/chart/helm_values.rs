@@ -6,10 +6,12 @@
 //!   chart tags them with its appVersion; `gpuPodDeletion` becomes `podDeletion`);
 //! - `*.config.create` / `*.config.data` create the ConfigMaps NVIDIA's chart creates.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 
 use kiln_plugin_host::{HostConfig, PluginHost};
+use serde::Deserialize as _;
 use kiln_render::{Policy, Renderer, defaults};
 use serde_json::{Value, json};
 
