@@ -61,13 +61,14 @@ fn the_same_commands_print_in_full_to_an_open_pipe() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
-    // One line per bundled plugin: the 20 standard ones and node-placement.
+    // One line per bundled plugin: the 20 ClusterPolicy states, the 4 GPUCluster (DRA) states and
+    // node-placement.
     assert_eq!(
         text.lines().count(),
         kiln_bundled_plugins::BUNDLED.len(),
         "{text}"
     );
-    assert_eq!(text.lines().count(), 21, "{text}");
+    assert_eq!(text.lines().count(), 25, "{text}");
     assert!(
         text.lines().any(|l| l.starts_with("device-plugin\t")),
         "{text}"

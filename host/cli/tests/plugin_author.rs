@@ -116,3 +116,35 @@ fn a_new_rust_project_builds_and_passes_its_own_cases() {
     );
     assert!(report.contains("log Info: "), "{report}");
 }
+
+/// A standard bundle answers to the name it is loaded by: `kiln plugin test` and `kiln plugin
+/// run` run it under its file's stem, as `kiln render` finds it in a drop-in directory, so the
+/// bundle saved as `node-placement.wasm` passes node-placement's own case files.
+#[test]
+fn a_bundled_plugin_saved_under_its_name_runs_through_test_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = kiln_bundled_plugins::get("node-placement").expect("node-placement is bundled");
+    let wasm = dir.path().join("node-placement.wasm");
+    std::fs::write(&wasm, bytes).unwrap();
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/node-placement/cases");
+    let out = kiln(&[
+        "plugin",
+        "test",
+        wasm.to_str().unwrap(),
+        cases.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("0 failed"), "{}", text(&out));
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml");
+    let out = kiln(&[
+        "plugin",
+        "run",
+        wasm.to_str().unwrap(),
+        "--state",
+        "device-plugin",
+        "--policy",
+        policy.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}

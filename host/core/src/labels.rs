@@ -15,27 +15,10 @@ use std::collections::BTreeMap;
 use crate::context::{NodeOs, OS_ID_LABEL, OS_VERSION_LABEL};
 use crate::spec::{ClusterPolicySpec, SandboxMode, Workload};
 
-/// Node labels, key → value.
-pub type Labels = BTreeMap<String, String>;
-
-/// Read access to one node's labels, for rules that only look labels up: the API's map
-/// ([`Labels`]) or a caller's own compact copy of it (the operator's node store).
-pub trait LabelLookup {
-    /// The value of label `key`, `None` when the node does not carry it.
-    fn label(&self, key: &str) -> Option<&str>;
-}
-
-impl LabelLookup for Labels {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.get(key).map(String::as_str)
-    }
-}
-
-impl<T: LabelLookup + ?Sized> LabelLookup for &T {
-    fn label(&self, key: &str) -> Option<&str> {
-        (**self).label(key)
-    }
-}
+pub use crate::label_keys::{
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LabelLookup, Labels, MIG_CAPABLE,
+    MIG_CONFIG, NFD_GPU_LABELS, NFD_PREFIX, VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG,
+};
 
 /// Reading a node's OS facts from its labels (the type is [`crate::context`]'s).
 impl NodeOs {
@@ -53,31 +36,6 @@ impl NodeOs {
 
 /// A label change set: `Some(value)` sets the key, `None` removes it. Empty = nothing to write.
 pub type LabelPatch = BTreeMap<String, Option<String>>;
-
-/// The NFD labels (value `"true"`) that mark a node as having an NVIDIA PCI device.
-pub const NFD_GPU_LABELS: [&str; 3] = [
-    "feature.node.kubernetes.io/pci-10de.present",
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
-];
-/// Prefix of every Node Feature Discovery label (used for "NFD is installed").
-pub const NFD_PREFIX: &str = "feature.node.kubernetes.io/";
-/// `"true"` on GPU nodes, `"false"` once a GPU node lost its PCI labels.
-pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
-/// Per-node workload config (`container`, `vm-passthrough`, `vm-vgpu`) when sandbox is on.
-pub const WORKLOAD_CONFIG: &str = "nvidia.com/gpu.workload.config";
-/// Global per-node kill switch: `"false"` removes every deploy label.
-pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
-/// Prefix of the per-operand deploy labels the DaemonSet nodeSelectors require (`"true"`).
-pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
-/// Explicit MIG capability published by GFD.
-pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
-/// The MIG config the MIG manager applies.
-pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
-/// GPU product name published by GFD.
-pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
-/// Set on vGPU hosts; such nodes are never MIG capable here.
-pub const VGPU_HOST_DRIVER_VERSION: &str = "nvidia.com/vgpu.host-driver-version";
 
 /// Deploy components of the `container` workload (26.7 set; `mig-manager` is added separately).
 pub const CONTAINER_COMPONENTS: [&str; 9] = [

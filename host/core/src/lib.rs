@@ -13,6 +13,7 @@ pub mod drift;
 pub mod driver_digest;
 pub mod gpu_health;
 pub mod intstr;
+pub mod label_keys;
 pub mod labels;
 pub mod node_stuck;
 pub mod plan;

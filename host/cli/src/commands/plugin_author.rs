@@ -79,17 +79,31 @@ pub(super) fn new_project(name: &str, lang: &str, dir: &Path) -> anyhow::Result<
     Ok(ExitCode::SUCCESS)
 }
 
-/// A host holding only the plugin in `file`, installed under the name its `name()` returns
-/// in a scratch drop-in directory; the plugin and the directory (kept alive with it).
+/// A host holding only the plugin in `file`, installed in a scratch drop-in directory under
+/// the name its `name()` returns — or, for a standard bundle (which answers to the name it is
+/// loaded by), under `file`'s stem, as `kiln render` would find it in a drop-in directory; the
+/// plugin and the directory (kept alive with it).
 fn load_file(file: &Path) -> anyhow::Result<(PluginHost, Arc<LoadedPlugin>, tempfile::TempDir)> {
     let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
     let report = kiln_plugin_host::inspect(&bytes).with_context(|| file.display().to_string())?;
     if let Some(why) = report.refusal {
         bail!("{}: refused: {why}", file.display());
     }
-    let name = report
+    let mut name = report
         .name
         .with_context(|| format!("{}: no name", file.display()))?;
+    if name == kiln_core::context::STANDARD_BUNDLE_NAME {
+        name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .with_context(|| {
+                format!(
+                    "{}: a standard bundle is run under its file name",
+                    file.display()
+                )
+            })?
+            .to_string();
+    }
     let dir = tempfile::tempdir().context("scratch directory")?;
     std::fs::write(dir.path().join(format!("{name}.wasm")), &bytes)?;
     // The default cache directory keeps the bundled plugins (which `kiln plugin run` runs

@@ -32,7 +32,7 @@ use super::{
     RepoConfigSpec, ResourcesSpec, VirtualTopologySpec, WaitForCompletionSpec,
 };
 use crate::context::NodeOs;
-use crate::labels::{GPU_PRESENT, LabelLookup};
+use crate::label_keys::{GPU_PRESENT, LabelLookup};
 
 #[cfg(feature = "kube")]
 use super::schema::crd_default;

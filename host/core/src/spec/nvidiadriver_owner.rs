@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use super::NvidiaDriverSpec;
-use crate::labels::{GPU_PRESENT, LabelLookup};
+use crate::label_keys::{GPU_PRESENT, LabelLookup};
 
 /// Node label naming the NVIDIADriver that manages the node's driver
 /// (`nvidia.com/gpu-operator.driver.owner=<cr>`); operator-managed, reserved in selectors.
@@ -126,7 +126,7 @@ pub fn node_owners<N: AsRef<str>, L: LabelLookup>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::labels::Labels;
+    use crate::label_keys::Labels;
     use serde_json::json;
 
     fn spec(v: serde_json::Value) -> NvidiaDriverSpec {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::context::{OS_ID_LABEL, OS_VERSION_LABEL};
-use crate::labels::Labels;
+use crate::label_keys::Labels;
 use serde_json::json;
 
 fn nvd(v: Value) -> NvidiaDriverSpec {

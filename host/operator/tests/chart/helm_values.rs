@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use kiln_plugin_host::{HostConfig, PluginHost};
-use serde::Deserialize as _;
 use kiln_render::{Policy, Renderer, defaults};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use crate::support::repo;

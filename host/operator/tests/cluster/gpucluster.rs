@@ -85,7 +85,9 @@ async fn accepted(cluster: &kiln_testcluster::TestCluster) -> anyhow::Result<()>
             },
         )
         .await?;
-    let sample: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(repo().join("deploy/samples/gpucluster.yaml"))?)?;
+    let sample: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo().join("deploy/samples/gpucluster.yaml"),
+    )?)?;
     let gpuclusters = api_of(&client, &sample);
     let mut other = sample.clone();
     other["metadata"]["name"] = "mine".into();
