@@ -447,6 +447,20 @@ fn the_sample_gpucluster_renders_its_dra_states_and_a_misnamed_one_is_refused() 
     };
     let out = render(&sample);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Only a resource.k8s.io version serving DeviceClasses is accepted (usage error, exit 2).
+    let bad = Command::new(KILN)
+        .arg("render")
+        .arg("--gpu-cluster")
+        .arg(&sample)
+        .args(["--device-class-api", "v1"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("resource.k8s.io/v1beta2"),
+        "{}",
+        stderr(&bad)
+    );
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     let items = list["items"].as_array().expect("a List");
     let has = |kind: &str, name: &str| {

@@ -75,6 +75,17 @@ fn driver_step_and_wait_run_against_a_temporary_root() {
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Thu Nov 28 2024\n",
     )
     .unwrap();
+    // The unified-memory module's character device, and its device nodes on the host (the
+    // driver step creates them when missing, which needs mknod).
+    std::fs::write(
+        root.join("proc/devices"),
+        "Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("host/dev")).unwrap();
+    for node in ["host/dev/nvidia-uvm", "host/dev/nvidia-uvm-tools"] {
+        std::fs::write(root.join(node), "").unwrap();
+    }
     let lib = root.join("host/usr/lib64");
     std::fs::create_dir_all(&lib).unwrap();
     std::os::unix::fs::symlink("libnvidia-ml.so.550.144.03", lib.join("libnvidia-ml.so.1"))

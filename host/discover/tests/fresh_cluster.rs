@@ -302,8 +302,10 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             "only the node its pod runs on",
         ),
         (
+            // A key no one else writes: the operator may already have set gpu.present=true,
+            // and an unchanged label is no change the policy would refuse.
             own.as_str(),
-            "nvidia.com/gpu.present".to_string(),
+            "nvidia.com/kiln-discovery-probe".to_string(),
             "only feature.node.kubernetes.io/",
         ),
     ] {

@@ -31,7 +31,13 @@ pub struct RenderArgs {
     gpu_cluster: Option<PathBuf>,
     /// The `resource.k8s.io` version the cluster serves DeviceClasses at (with
     /// `--gpu-cluster`; the operator reads it from discovery).
-    #[arg(long, default_value = kiln_render::gpucluster::DEVICE_CLASS_API, value_name = "GROUP/VERSION")]
+    #[arg(
+        long,
+        default_value = kiln_render::gpucluster::DEVICE_CLASS_API,
+        value_name = "GROUP/VERSION",
+        value_parser = ["resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"],
+        requires = "gpu_cluster"
+    )]
     device_class_api: String,
     /// Drop-in directory searched for `<name>.wasm` before the bundled plugins.
     #[arg(long, env = "KILN_PLUGINS_DIR")]

@@ -64,6 +64,7 @@ pub fn under_kubelet_root(path: &str, root: &str) -> String {
         kind = "GPUCluster",
         plural = "gpuclusters",
         shortname = "gc",
+        doc = "The cluster's GPUs through Kubernetes Dynamic Resource Allocation: NVIDIA's DRA driver for GPUs, its validation, and DCGM and the metrics exporter claiming GPUs with admin access. A singleton named gpu-cluster; the driver comes from the host or an NVIDIADriver.",
         status = "GpuClusterStatus",
         printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -74,11 +75,12 @@ pub struct GpuClusterSpec {
     /// NVIDIA's DRA driver for GPUs (required by the CRD).
     #[serde(default)]
     pub dra_driver: DraDriverSpec,
-    /// The standalone DCGM host engine, claiming every GPU with admin access; nil or
-    /// `enabled` unset = off (the exporter then runs its embedded host engine).
+    /// The standalone DCGM host engine, claiming every GPU with admin access; off when absent or
+    /// `enabled` is unset (the exporter then runs its embedded host engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dcgm: Option<DcgmSpec>,
-    /// The metrics exporter, claiming every GPU with admin access; nil or `enabled` unset = on.
+    /// The metrics exporter, claiming every GPU with admin access; on when absent or `enabled` is
+    /// unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dcgm_exporter: Option<DcgmExporterSpec>,
     /// Host paths the DaemonSets mount.
@@ -99,7 +101,7 @@ pub struct GpuClusterHostPathsSpec {
     /// container's).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub driver_install_dir: String,
-    /// The kubelet's root directory (CRD default `/var/lib/kubelet`): its `plugins` and
+    /// The kubelet's root directory (default `/var/lib/kubelet`): its `plugins` and
     /// `plugins_registry` folders are where the DRA kubelet plugins register.
     #[serde(default = "kubelet_root")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
@@ -128,7 +130,7 @@ pub struct DraDriverSpec {
     /// Image repository, e.g. `registry.k8s.io/dra-driver-nvidia`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub repository: String,
-    /// Image name (CRD pattern `^[a-zA-Z0-9\-]+$`).
+    /// Image name (letters, digits and `-`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[cfg_attr(feature = "kube", schemars(extend("pattern" = r"^[a-zA-Z0-9\-]+$")))]
     pub image: String,
@@ -142,15 +144,15 @@ pub struct DraDriverSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<String>,
     /// The driver's feature gates, `{name: on}`, handed to every driver container as
-    /// `FEATURE_GATES` (see [`DraDriverSpec::feature_gates_value`]).
+    /// `FEATURE_GATES` (`Name=true|false` pairs joined by `,`, sorted by name).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_gates: BTreeMap<String, bool>,
     /// The `gpus` kubelet plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<GpusSpec>,
     /// ComputeDomains (multi-node NVLink): the `compute-domains` kubelet plugin and the
-    /// compute-domain controller. Nil = off (NVIDIA's controller treats a nil block as
-    /// disabled; the CRD defaults `enabled` to true only inside a present block).
+    /// compute-domain controller. Off when absent (NVIDIA's controller treats a missing block as
+    /// disabled; `enabled` defaults to true only inside a present block).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_domains: Option<ComputeDomainsSpec>,
 }
@@ -170,7 +172,7 @@ pub struct GpusSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ComputeDomainsSpec {
-    /// Whether ComputeDomains are deployed (CRD default true).
+    /// Whether ComputeDomains are deployed (default true).
     #[serde(default = "some_true", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub enabled: Option<bool>,
@@ -221,11 +223,11 @@ pub struct KubeletPluginSpec {
 #[cfg_attr(feature = "kube", derive(JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HealthcheckSpec {
-    /// Serve and probe it (CRD default true).
+    /// Serve and probe it (default true).
     #[serde(default = "some_true", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "kube", schemars(transform = crd_default))]
     pub enabled: Option<bool>,
-    /// TCP port, 1–65535 (nil = the container's default: 51516 for `gpus`, 51515 for
+    /// TCP port, 1–65535 (when unset, the container's default: 51516 for `gpus`, 51515 for
     /// `compute-domains`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(

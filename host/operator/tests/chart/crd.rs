@@ -82,10 +82,10 @@ fn crd_descriptions_carry_no_rust_terms() {
     }
     let mut found = Vec::new();
     for crd in [
-        kiln_operator::crd::crd(),
-        kiln_operator::crd::nvidia_driver_crd(),
+        serde_json::to_value(kiln_operator::crd::crd()).unwrap(),
+        serde_json::to_value(kiln_operator::crd::nvidia_driver_crd()).unwrap(),
+        serde_json::to_value(kiln_core::spec::gpucluster::crd()).unwrap(),
     ] {
-        let crd = serde_json::to_value(crd).unwrap();
         let name = crd["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
