@@ -7,7 +7,6 @@
 //! - `*.config.create` / `*.config.data` create the ConfigMaps NVIDIA's chart creates.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use kiln_plugin_host::{HostConfig, PluginHost};
@@ -183,12 +182,8 @@ fn helm_run(args: &[&str]) -> Option<(bool, String, String)> {
         return None;
     }
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(&helm)
-        .args(args)
-        .current_dir(repo())
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
+    let out = crate::support::helm::helm_command(None, home.path(), args)
+        .unwrap()
         .output()
         .unwrap();
     Some((

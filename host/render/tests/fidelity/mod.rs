@@ -793,3 +793,19 @@ fn normalise_drops_only_defaults_and_apply_time_fields() {
 }
 mod gpucluster;
 mod nvidiadriver;
+
+/// The differences `found` equal the allowlist's `listed` lines: fails naming every unlisted
+/// difference and every stale entry (both as YAML list items, ready to paste or delete).
+fn assert_allowlist_matches(found: &BTreeSet<&str>, listed: &BTreeSet<&str>) {
+    let item = |l: &&&str| format!("  - '{}'", l.replace('\'', "''"));
+    let unlisted: Vec<&&str> = found.difference(listed).collect();
+    let stale: Vec<&&str> = listed.difference(found).collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty(),
+        "{} differences not in the allowlist:\n{}\n{} allowlist entries that no longer occur:\n{}",
+        unlisted.len(),
+        unlisted.iter().map(item).collect::<Vec<_>>().join("\n"),
+        stale.len(),
+        stale.iter().map(item).collect::<Vec<_>>().join("\n"),
+    );
+}
