@@ -184,8 +184,10 @@ fn api(requests: Arc<AtomicU64>) -> kube::Client {
                     StatusCode::OK,
                     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid"}}),
                 )
-            } else if method == axum::http::Method::PATCH {
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            } else if method == axum::http::Method::POST || method == axum::http::Method::PUT {
+                let mut v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let n = requests.load(Ordering::Relaxed);
+                v["metadata"]["resourceVersion"] = json!(n.to_string());
                 *stored.lock().unwrap() = Some(v.clone());
                 (StatusCode::OK, v)
             } else {
@@ -235,7 +237,7 @@ async fn slice_requests() {
         .unwrap();
     let recovery = requests.load(Ordering::Relaxed) - start - rest - change;
     println!(
-        "ResourceSlice API requests (8 GPUs): start {start} (Node read, slice read, apply); \
+        "ResourceSlice API requests (8 GPUs): start {start} (Node read, slice read, create); \
          at rest {rest} over {intervals} health intervals; one GPU unhealthy {change}; \
          its recovery {recovery}"
     );

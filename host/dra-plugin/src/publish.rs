@@ -4,8 +4,11 @@
 //! the pool, owned by the Node so it goes with it) and writes it only when the device list
 //! changed: at start it reads the slice once and leaves it alone when it already lists the same
 //! devices; afterwards it compares with what it last wrote, so a node at rest costs no request
-//! and a change costs one server-side apply. The pool generation goes up by one with every
-//! change, as the API requires for the scheduler to drop the old devices.
+//! and a change costs one write. Writes are `create` and `update` (with the last
+//! resourceVersion), the verbs NVIDIA's kubelet-plugin ClusterRole grants on ResourceSlices (it
+//! grants no `patch`); a conflict makes the next attempt read the slice again. The pool
+//! generation goes up by one with every change, as the API requires for the scheduler to drop
+//! the old devices.
 //!
 //! [`ClaimCache`] is a reflector over ResourceClaims: prepare reads from it and waits (bounded)
 //! for the allocation the scheduler wrote to arrive, instead of a GET per call.
@@ -28,7 +31,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::PostParams,
     runtime::{
         reflector::{self, ObjectRef, Store},
         watcher,
@@ -37,16 +40,16 @@ use kube::{
 
 use crate::{server::ClaimSource, slices};
 
-/// The field manager of kiln's slice writes.
-pub const FIELD_MANAGER: &str = "kiln-dra-plugin";
-
 /// Publishes the node's slice (see the module docs).
 #[derive(Debug)]
 pub struct Publisher {
     api: Api<ResourceSlice>,
     node: String,
     owner: Option<OwnerReference>,
-    current: Option<(i64, Vec<Device>)>,
+    /// Whether the slice was read since the start or the last conflict.
+    read: bool,
+    /// The slice's generation, resourceVersion and the devices it lists, when it exists.
+    current: Option<(i64, Option<String>, Vec<Device>)>,
     requests: Arc<AtomicU64>,
 }
 
@@ -73,6 +76,7 @@ impl Publisher {
             api: Api::all(client),
             node: node.into(),
             owner,
+            read: false,
             current: None,
             requests,
         }
@@ -89,37 +93,50 @@ impl Publisher {
     /// # Errors
     /// The API error of the read or the write.
     pub async fn publish(&mut self, devices: Vec<Device>) -> Result<bool, kube::Error> {
-        if self.current.is_none() {
+        let name = slices::slice_name(&self.node);
+        if !self.read {
             self.requests.fetch_add(1, Ordering::Relaxed);
-            if let Some(s) = self.api.get_opt(&slices::slice_name(&self.node)).await? {
-                self.current = Some((s.spec.pool.generation, s.spec.devices.unwrap_or_default()));
-            }
+            self.current = self.api.get_opt(&name).await?.map(|s| {
+                (
+                    s.spec.pool.generation,
+                    s.metadata.resource_version,
+                    s.spec.devices.unwrap_or_default(),
+                )
+            });
+            self.read = true;
         }
-        let generation = match &self.current {
-            Some((_, d)) if *d == devices => return Ok(false),
-            Some((g, _)) => g + 1,
-            None => 1,
+        let (generation, resource_version) = match &self.current {
+            Some((_, _, d)) if *d == devices => return Ok(false),
+            Some((g, rv, _)) => (g + 1, rv.clone()),
+            None => (1, None),
         };
         let mut slice = slices::slice(&self.node, devices.clone(), generation);
         slice.metadata.owner_references = self.owner.clone().map(|o| vec![o]);
-        let mut value = serde_json::to_value(&slice).map_err(kube::Error::SerdeError)?;
-        value["apiVersion"] = "resource.k8s.io/v1".into();
-        value["kind"] = "ResourceSlice".into();
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.api
-            .patch(
-                &slices::slice_name(&self.node),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(value),
-            )
-            .await?;
+        let written = match resource_version {
+            None => self.api.create(&PostParams::default(), &slice).await,
+            Some(rv) => {
+                slice.metadata.resource_version = Some(rv);
+                self.api
+                    .replace(&name, &PostParams::default(), &slice)
+                    .await
+            }
+        };
+        let written = match written {
+            Ok(s) => s,
+            Err(e) => {
+                // A conflict or a slice created or deleted behind our back: read it again.
+                self.read = false;
+                return Err(e);
+            }
+        };
         tracing::info!(
             node = %self.node,
             generation,
             devices = devices.len(),
             "ResourceSlice published"
         );
-        self.current = Some((generation, devices));
+        self.current = Some((generation, written.metadata.resource_version, devices));
         Ok(true)
     }
 }

@@ -1,5 +1,7 @@
 //! kiln's DRA plugin against a real control plane (testcluster): the plugin's run loop for a
-//! simulated node with the fake GPU backend publishes the node's ResourceSlice; a pod with a
+//! simulated node with the fake GPU backend publishes the node's ResourceSlice, without the GPU
+//! that reports a fatal XID at start and with it again once it recovered (generation 2), and
+//! leaves the slice alone while nothing changes; a pod with a
 //! ResourceClaim for NVIDIA's DeviceClass `gpu.nvidia.com` (created here as NVIDIA's chart
 //! does) is scheduled by the real scheduler, which allocates a device of that slice; the test
 //! then plays the node's kubelet (kwok nodes run none) and calls NodePrepareResources over the
@@ -34,7 +36,7 @@ driver_version: "570.86.15"
 cuda_version: "12.8"
 gpus:
   - {uuid: GPU-d0000000-0000-0000-0000-000000000000, name: NVIDIA H100 80GB HBM3, pci_bus_id: "00000000:8D:00.0", memory_total_mib: 81559, compute_capability: "9.0"}
-  - {uuid: GPU-d1000000-0000-0000-0000-000000000000, name: NVIDIA H100 80GB HBM3, pci_bus_id: "00000000:9D:00.0", memory_total_mib: 81559, compute_capability: "9.0"}
+  - {uuid: GPU-d1000000-0000-0000-0000-000000000000, name: NVIDIA H100 80GB HBM3, pci_bus_id: "00000000:9D:00.0", memory_total_mib: 81559, compute_capability: "9.0", xid_events: [79]}
 "#;
 
 async fn dial(path: &Path) -> anyhow::Result<tonic::transport::Channel> {
@@ -80,7 +82,7 @@ async fn the_scheduler_allocates_from_kilns_slice_and_prepare_returns_defined_cd
         container_driver_root: root.join("driver-root"),
         nvidia_smi: None,
         health_interval: Duration::from_millis(100),
-        recovery_after: Duration::from_secs(300),
+        recovery_after: Duration::from_secs(2),
         xid_filter: XidFilter::default(),
         http_endpoint: None,
         metrics_path: "/metrics".into(),
@@ -91,9 +93,18 @@ async fn the_scheduler_allocates_from_kilns_slice_and_prepare_returns_defined_cd
         let _ = stopped.await;
     }));
 
-    // The slice: two devices in pool `dra-node`, generation 1.
+    // The slice: GPU 1 reported XID 79, so only gpu-0 at generation 1; after the quiet time
+    // GPU 1 answers again and is back at generation 2.
     let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let slice = cluster
+    let devices = |s: &ResourceSlice| -> Vec<String> {
+        s.spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let first = cluster
         .wait_for("the node's ResourceSlice", Duration::from_secs(20), || {
             let slices = slices.clone();
             async move {
@@ -104,17 +115,31 @@ async fn the_scheduler_allocates_from_kilns_slice_and_prepare_returns_defined_cd
             }
         })
         .await?;
-    assert_eq!(slice.spec.driver, "gpu.nvidia.com");
-    assert_eq!(slice.spec.pool.name, NODE);
-    assert_eq!(slice.spec.pool.generation, 1);
-    let names: Vec<String> = slice
-        .spec
-        .devices
-        .unwrap_or_default()
-        .into_iter()
-        .map(|d| d.name)
-        .collect();
-    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    assert_eq!(first.spec.driver, "gpu.nvidia.com");
+    assert_eq!(first.spec.pool.name, NODE);
+    assert_eq!(first.spec.pool.generation, 1);
+    assert_eq!(devices(&first), ["gpu-0"]);
+    let slice = cluster
+        .wait_for("GPU 1 back in the slice", Duration::from_secs(20), || {
+            let slices = slices.clone();
+            async move {
+                let s = slices.get(&slice_name(NODE)).await?;
+                Ok(if s.spec.pool.generation == 2 {
+                    Ok(s)
+                } else {
+                    Err(format!("generation {}", s.spec.pool.generation))
+                })
+            }
+        })
+        .await?;
+    assert_eq!(devices(&slice), ["gpu-0", "gpu-1"]);
+    // At rest (a dozen health intervals) the slice is not written again.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let again = slices.get(&slice_name(NODE)).await?;
+    assert_eq!(
+        again.metadata.resource_version,
+        slice.metadata.resource_version
+    );
 
     // A pod with a claim for one GPU of class gpu.nvidia.com.
     let ns = namespace(&client, "dra").await?;

@@ -25,6 +25,9 @@ use kiln_plugin_sdk::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
+/// The command of the `gpus` container on kiln's image: kiln's own DRA kubelet plugin.
+pub const KILN_COMMAND: [&str; 2] = ["kiln", "dra-plugin"];
+
 /// The placeholder the assets carry for the operator namespace.
 const PLACEHOLDER: &str = "FILLED_BY_OPERATOR";
 
@@ -139,6 +142,18 @@ fn kubelet_plugin(
         set_resources(ctr, s.resources.as_ref());
         env::apply_env(ctr, &s.env);
     }
+}
+
+/// The `gpus` container on kiln's image: `kiln dra-plugin` in place of NVIDIA's shell
+/// entrypoint (kiln reads the validator's driver-ready file itself and has no shell), and no
+/// gRPC health port or probes (kiln's plugin serves none; the kubelet sees a dead plugin by its
+/// socket).
+fn run_kiln(ctr: &mut Container) {
+    ctr.command = Some(KILN_COMMAND.iter().map(|s| (*s).to_string()).collect());
+    ctr.args = None;
+    env::remove_env(ctr, "HEALTHCHECK_PORT");
+    ctr.liveness_probe = None;
+    ctr.startup_probe = None;
 }
 
 /// A quantity in its base unit (`500m` → 0.5, `1Gi` → 2^30), for comparing; `None` for a
@@ -256,6 +271,16 @@ impl Operand for DraDriver {
             TransformError::InvalidObject("the kubelet plugin has no gpus container".into())
         })?;
         kubelet_plugin(ctr, d, &image, gpus_settings, GPUS_HEALTH_PORT);
+        if image::is_kiln_image(&image) {
+            if d.compute_domains_enabled() {
+                return Err(TransformError::field(
+                    "spec.draDriver.computeDomains.enabled",
+                    "kiln's image runs the gpus kubelet plugin only (`kiln dra-plugin`); \
+                     disable computeDomains or use NVIDIA's DRA driver image",
+                ));
+            }
+            run_kiln(ctr);
+        }
         if d.gate("PassthroughSupport") {
             let mounts: Vec<VolumeMount> = PASSTHROUGH_MOUNTS
                 .iter()

@@ -5,6 +5,7 @@ mod completion;
 mod crdgen;
 mod device_plugin;
 mod discover;
+mod dra_plugin;
 mod exporter;
 mod gfd;
 mod operator;
@@ -80,6 +81,8 @@ enum Command {
     Exporter(exporter::ExporterArgs),
     /// Kubelet device plugin for nvidia.com/gpu (time-slicing, CDI, per-node config).
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// DRA kubelet plugin for driver gpu.nvidia.com (ResourceSlices, CDI per claim, XID health).
+    DraPlugin(dra_plugin::DraPluginArgs),
     /// Validate the node's GPU stack step by step, writing /run/nvidia/validations/*-ready.
     Validator(validator::ValidatorArgs),
     /// GPU feature discovery: nvidia.com/* GPU labels on this node.
@@ -100,6 +103,7 @@ impl Cli {
             Command::Operator(_)
             | Command::Exporter(_)
             | Command::DevicePlugin(_)
+            | Command::DraPlugin(_)
             | Command::Gfd(_)
             | Command::Discover(_)
             | Command::Validator(_) => "info",
@@ -119,6 +123,7 @@ impl Cli {
             Command::Operator(_) => crate::alloc::Profile::Operator,
             Command::Exporter(_)
             | Command::DevicePlugin(_)
+            | Command::DraPlugin(_)
             | Command::Gfd(_)
             | Command::Validator(_)
             | Command::Discover(_)
@@ -151,6 +156,7 @@ impl Cli {
             Command::Crdgen(c) => c.run(),
             Command::Exporter(e) => e.run(),
             Command::DevicePlugin(d) => d.run(),
+            Command::DraPlugin(d) => d.run(),
             Command::Validator(v) => v.run(),
             Command::Gfd(g) => g.run(),
             Command::Discover(d) => d.run(),

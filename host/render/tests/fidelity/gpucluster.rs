@@ -33,6 +33,10 @@ fn allowlist_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpucluster-allowlist.yaml")
 }
 
+fn kiln_image_allowlist_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpucluster-kiln-image-allowlist.yaml")
+}
+
 /// One case of `cases.yaml`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +150,67 @@ fn kiln_renders_gpuclusters_as_nvidia_v26_7_0_field_by_field() {
             "an allowlist group without a reason"
         );
     }
+    let listed: BTreeSet<&str> = allowed
+        .iter()
+        .flat_map(|a| a.diffs.iter().map(String::as_str))
+        .collect();
+    let found: BTreeSet<&str> = all.iter().map(String::as_str).collect();
+    super::assert_allowlist_matches(&found, &listed);
+}
+
+/// The dra-driver goldens without ComputeDomains rendered with kiln's image as the DRA driver
+/// image (`kiln dra-plugin` in the `gpus` container, issue 39): every difference from NVIDIA's
+/// render lies in the `gpus` container and is listed in `gpucluster-kiln-image-allowlist.yaml`
+/// (which fails on unlisted and stale lines alike).
+#[test]
+fn kilns_dra_plugin_differs_from_nvidias_only_in_the_gpus_container() {
+    let mut raw: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(data().join("cases.yaml")).unwrap())
+            .expect("cases.yaml");
+    raw.apply_merge().expect("cases.yaml merge keys");
+    let cases: Cases = serde_yaml_ng::from_value(raw).expect("cases.yaml");
+    let renderer = Renderer::new(super::super::host());
+    let (repository, version) = defaults::KILN_IMAGE
+        .rsplit_once(':')
+        .expect("kiln's image has a tag");
+    let (repository, image) = repository
+        .rsplit_once('/')
+        .expect("kiln's image has a path");
+    let mut all = Vec::new();
+    let mut rendered = 0;
+    for (golden, case) in &cases.cases {
+        let cd = &case.spec["draDriver"]["computeDomains"]["enabled"];
+        if case.state != "dra-driver" || cd.as_bool() == Some(true) {
+            continue;
+        }
+        let mut spec = case.spec.clone();
+        spec["draDriver"]["repository"] = json!(repository);
+        spec["draDriver"]["image"] = json!(image);
+        spec["draDriver"]["version"] = json!(version);
+        let kiln_case = Case {
+            state: case.state.clone(),
+            images: case.images.clone(),
+            spec,
+        };
+        let d = super::nvidiadriver::golden_diffs(
+            golden,
+            &kiln_objects(&renderer, golden, &kiln_case),
+            &nvidia_objects(golden),
+        );
+        for line in &d {
+            assert!(
+                line.contains(".containers[gpus]."),
+                "a kiln-image difference outside the gpus container: {line}"
+            );
+        }
+        all.extend(d);
+        rendered += 1;
+    }
+    assert_eq!(rendered, 2, "the dra-driver goldens without ComputeDomains");
+    let allowed: Vec<Allowed> =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(kiln_image_allowlist_path()).unwrap())
+            .expect("kiln-image allowlist");
+    assert!(allowed.iter().all(|a| !a.reason.trim().is_empty()));
     let listed: BTreeSet<&str> = allowed
         .iter()
         .flat_map(|a| a.diffs.iter().map(String::as_str))
