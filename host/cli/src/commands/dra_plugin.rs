@@ -68,10 +68,10 @@ pub struct DraPluginArgs {
     metrics_path: String,
     #[arg(long, help = super::GPU_BACKEND_HELP, env = "KILN_GPU_BACKEND", default_value = "nvml")]
     gpu_backend: kiln_gpu::BackendSpec,
-    /// `nvidia-smi` for time-slicing claims (with `--gpu-backend fake:…` time-slicing is only
-    /// recorded).
-    #[arg(long, env = "KILN_NVIDIA_SMI", default_value = "nvidia-smi")]
-    nvidia_smi: PathBuf,
+    /// `nvidia-smi` for time-slicing claims; unset: the driver's, `usr/bin/nvidia-smi` under
+    /// the container's driver root (with `--gpu-backend fake:…` time-slicing is only recorded).
+    #[arg(long, env = "KILN_NVIDIA_SMI")]
+    nvidia_smi: Option<PathBuf>,
     /// How often XIDs and the driver version are checked, milliseconds (10 to 31622400000).
     #[arg(long, env = "KILN_HEALTH_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=kiln_input::MAX_DURATION_MS))]
@@ -145,8 +145,10 @@ impl DraPluginArgs {
             registrar_dir: self.kubelet_registrar_directory_path,
             plugins_dir: self.kubelet_plugins_directory_path,
             cdi_root: self.cdi_root,
-            nvidia_smi: matches!(self.gpu_backend, kiln_gpu::BackendSpec::Nvml)
-                .then_some(self.nvidia_smi),
+            nvidia_smi: matches!(self.gpu_backend, kiln_gpu::BackendSpec::Nvml).then(|| {
+                self.nvidia_smi
+                    .unwrap_or_else(|| container_driver_root.join("usr/bin/nvidia-smi"))
+            }),
             backend: self.gpu_backend,
             settings,
             container_driver_root,
