@@ -1,8 +1,9 @@
 //! The plugin's life: open the GPUs, read the checkpoint, serve the sockets, publish the
 //! slice, and on every health interval poll XIDs (kiln's device-plugin tracker) and the driver
-//! version. A GPU with a critical XID, or lost, leaves the slice (the API server this kiln
-//! targets serves no DeviceTaintRules by default, so the slice is republished without it), its
-//! devices turn `UNHEALTHY` on the dra-health stream, and both come back once it recovers.
+//! version. A GPU with a critical XID, or lost, leaves the slice (republished without its
+//! devices: this works on every API server; device taints, a beta API that Kubernetes 1.36 and
+//! testcluster do not serve without extra runtime config, are not used), its devices turn
+//! `UNHEALTHY` on the dra-health stream, and both come back once it recovers.
 
 use std::{
     collections::BTreeSet,
