@@ -465,6 +465,21 @@ pub(crate) fn imports_denied(engine: &Engine, component: &Component) -> bool {
 /// The marker type of the resources of a denied interface (none is ever created).
 struct Denied;
 
+/// The host type of resource `name` of a denied interface: the `wasi:io` resources it uses
+/// (`input-stream`, `output-stream`, `pollable`, `io-error`) are the linked `wasi:io` ones;
+/// its own resources are [`Denied`] (they can never be created).
+fn denied_resource_type(name: &str) -> wasmtime::component::ResourceType {
+    use wasmtime::component::ResourceType;
+    use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
+    match name {
+        "input-stream" => ResourceType::host::<DynInputStream>(),
+        "output-stream" => ResourceType::host::<DynOutputStream>(),
+        "pollable" => ResourceType::host::<DynPollable>(),
+        "io-error" => ResourceType::host::<wasmtime_wasi_io::streams::Error>(),
+        _ => ResourceType::host::<Denied>(),
+    }
+}
+
 /// Defines, in `linker`, every import of `component` from one of the [`DENIED_INTERFACES`]:
 /// its resource types, and functions that fail the call with "access denied" (so that an HTTP
 /// client linked but not used costs nothing, and one that is used gets no network).
@@ -491,11 +506,7 @@ pub(crate) fn deny_imports(
                     })?;
                 }
                 ComponentItem::Resource(_) => {
-                    defined.resource(
-                        export,
-                        wasmtime::component::ResourceType::host::<Denied>(),
-                        |_, _| Ok(()),
-                    )?;
+                    defined.resource(export, denied_resource_type(export), |_, _| Ok(()))?;
                 }
                 _ => {}
             }
