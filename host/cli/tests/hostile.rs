@@ -103,7 +103,7 @@ fn a_site_plugin_with_63_memories_fails_its_state_alone() {
     let line = fails_alone(&site.render(&[]), "hog");
     assert!(
         line.ends_with(
-            "the component is over several bounds: 63 memories (limit 4), 63 core instances (limit 16), \
+            "the component is over several bounds: 63 memories (limit 4), 63 core instances (limit 48), \
              4160815104 bytes of initial memory (limit 67108864)"
         ),
         "{line}"
@@ -229,15 +229,15 @@ fn plugin_check_refuses_a_name_that_differs_from_the_file_name() {
     assert_eq!(text.matches("(FORBIDDEN)").count(), 3, "{text}");
     // Every bound with its value, and the host's limits.
     for line in [
-        "  core instances: 0 (limit 16, ok)",
+        "  core instances: 0 (limit 48, ok)",
         "  memories: 0 (limit 4, ok)",
-        "  component bytes: 16777216",
+        "  component bytes: 33554432",
         "  deadline per call: 2000 ms",
     ] {
         assert!(text.contains(line), "{line:?} in {text}");
     }
     assert!(
-        text.contains("verdict: refused: plugin \"fs\": forbidden imports \"wasi:filesystem/preopens@0.2.6\", \"wasi:clocks/wall-clock@0.2.6\", \"wasi:random/random@0.2.6\""),
+        text.contains("verdict: refused: plugin \"fs\": forbidden imports \"wasi:keyvalue/store@0.2.0-draft\", \"wasi:config/store@0.2.0-draft\", \"wasi:http/incoming-handler@0.2.6\""),
         "{text}"
     );
 }

@@ -1,6 +1,8 @@
 //! A plugin author's loop, as CI runs it: `kiln plugin new` → `cargo build` → `kiln plugin test`
 //! (and a wrong expectation fails it), `kiln plugin run` showing the plugin's patch and log.
-//! The project builds against its own `Cargo.lock` into the target directory the host's test
+//! The Python and JavaScript templates go through the same loop with their toolchains' default
+//! commands (componentize-py, componentize-js) and pass the same case files.
+//! The Rust project builds against its own `Cargo.lock` into the target directory the host's test
 //! guests use (`target/test-guests`), so its dependencies are compiled once.
 
 use std::path::{Path, PathBuf};
@@ -147,4 +149,145 @@ fn a_bundled_plugin_saved_under_its_name_runs_through_test_and_run() {
         policy.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// A plugin toolchain that `.ci/run` installs under `target/plugin-tools` (pinned by the
+/// templates: `templates/python/requirements.txt`, `templates/js/package.json`), else found on
+/// `PATH`. Missing, the test is skipped with a loud message, unless
+/// `$KILN_REQUIRE_PLUGIN_TOOLS` is set (CI sets it), when it fails.
+fn toolchain(lang: &str) -> Option<Command> {
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/plugin-tools");
+    let (installed, program, pythonpath) = match lang {
+        "python" => (
+            tools.join("python/bin/componentize-py"),
+            "componentize-py",
+            Some(tools.join("python")),
+        ),
+        _ => (
+            tools.join("js/node_modules/.bin/componentize-js"),
+            "componentize-js",
+            None,
+        ),
+    };
+    if installed.exists() {
+        let mut cmd = Command::new(installed);
+        if let Some(path) = pythonpath {
+            cmd.env("PYTHONPATH", path);
+        }
+        return Some(cmd);
+    }
+    let on_path = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|dir| dir.join(program).is_file());
+    if on_path {
+        return Some(Command::new(program));
+    }
+    let msg = format!(
+        "\n\n!!!!!!!! {program} not found (in target/plugin-tools or on PATH): the {lang} \
+         template is NOT checked !!!!!!!!\n\n"
+    );
+    assert!(
+        std::env::var_os("KILN_REQUIRE_PLUGIN_TOOLS").is_none(),
+        "KILN_REQUIRE_PLUGIN_TOOLS is set: {msg}"
+    );
+    eprintln!("{msg}");
+    None
+}
+
+/// `kiln plugin new NAME --lang LANG`, then the template's build with its toolchain's default
+/// command, then `kiln plugin test` with the cases every template ships (the Rust template's),
+/// then `kiln plugin run` twice: the same patch as the Rust plugin, byte for byte the same
+/// output both times (the virtual WASI keeps the plugin a function of its inputs).
+fn new_build_test_run(lang: &str, name: &str) {
+    let Some(mut build) = toolchain(lang) else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let out = kiln(&[
+        "plugin",
+        "new",
+        name,
+        "--lang",
+        lang,
+        "--dir",
+        root.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let project = root.path().join(name);
+    let wasm = project.join(format!("{name}.wasm"));
+    // The tools' default commands, as the templates' READMEs give them.
+    match lang {
+        "python" => build.args([
+            "-d",
+            "wit",
+            "-w",
+            "operand-transform-validated",
+            "componentize",
+            "app",
+            "-o",
+        ]),
+        _ => build.args(["--wit", "wit", "-n", "operand-transform-validated", "-o"]),
+    };
+    build.arg(&wasm).current_dir(&project);
+    if lang == "js" {
+        build.arg("plugin.js");
+    }
+    let started = std::time::Instant::now();
+    let built = build.output().unwrap();
+    assert!(built.status.success(), "{}", text(&built));
+    println!(
+        "{lang}: built {} bytes in {:.1} s",
+        std::fs::metadata(&wasm).unwrap().len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let (wasm_arg, cases) = (wasm.to_str().unwrap(), project.join("cases"));
+    let out = kiln(&["plugin", "test", wasm_arg, cases.to_str().unwrap()]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    assert!(
+        report.contains(&format!(
+            "2 cases, 2 passed, 0 failed ({name}, kiln:operand@0.2.0)"
+        )),
+        "{report}"
+    );
+
+    let policy = root.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cluster-policy}\nspec: {}\n",
+    )
+    .unwrap();
+    let settings = root.path().join("settings.yaml");
+    std::fs::write(&settings, "labels: {team: gpu}\n").unwrap();
+    let run = || {
+        let out = kiln(&[
+            "plugin",
+            "run",
+            wasm_arg,
+            "--state",
+            "dcgm-exporter",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--settings",
+            settings.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = run();
+    assert!(
+        first.contains(r#"DaemonSet/nvidia-dcgm-exporter: [{"op":"add","path":"/metadata/labels/team","value":"gpu"}]"#),
+        "{first}"
+    );
+    assert_eq!(first, run(), "a second run printed something else");
+}
+
+#[test]
+fn a_new_python_project_builds_with_componentize_py_and_passes_the_same_cases() {
+    new_build_test_run("python", "py-labels");
+}
+
+#[test]
+fn a_new_js_project_builds_with_componentize_js_and_passes_the_same_cases() {
+    new_build_test_run("js", "js-labels");
 }

@@ -3,6 +3,12 @@
 //! it versus from the disk cache.
 //!
 //! Run with `cargo bench -p kiln-plugin-host`; the test guest is built on first use.
+//!
+//! With `KILN_BENCH_PLUGINS=a.wasm:b.wasm` (e.g. the Python and JavaScript templates built by
+//! `kiln plugin new --lang python|js`), it first prints, for the Rust test guest and each of
+//! those, the time to compile it, to load it from the disk cache, and the median of 50 warm
+//! calls on one DaemonSet (one line each; plain figures, not criterion runs: a Python
+//! component takes seconds to compile).
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
@@ -73,5 +79,55 @@ fn load(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, warm_call, load);
+/// Compile, disk-cache load and median warm call of the test guest and of every plugin in
+/// `$KILN_BENCH_PLUGINS`, printed (see the crate documentation above).
+fn other_languages(_: &mut Criterion) {
+    let Some(list) = std::env::var_os("KILN_BENCH_PLUGINS") else {
+        return;
+    };
+    let mut files: Vec<(String, Vec<u8>)> = vec![("good".into(), common::good_wasm().to_vec())];
+    for path in std::env::split_paths(&list) {
+        let bytes = std::fs::read(&path).unwrap();
+        let name = kiln_plugin_host::inspect(&bytes).unwrap().name.unwrap();
+        files.push((name, bytes));
+    }
+    let objects = [common::daemonset("nvidia-device-plugin-daemonset")];
+    let ctx = common::ctx();
+    for (name, bytes) in files {
+        let dirs = common::Dirs::new();
+        dirs.install(&name, &bytes);
+        let config = HostConfig {
+            cache_dir: Some(dirs.cache.clone()),
+            ..dirs.config()
+        };
+        let started = std::time::Instant::now();
+        let host = PluginHost::new(config.clone(), &[]).unwrap();
+        assert_eq!(
+            host.load(&name, None).unwrap().cache_hit(),
+            CacheHit::Compiled
+        );
+        let compile = started.elapsed();
+        let started = std::time::Instant::now();
+        let host = PluginHost::new(config, &[]).unwrap();
+        assert_eq!(host.load(&name, None).unwrap().cache_hit(), CacheHit::Disk);
+        let load = started.elapsed();
+        let mut calls: Vec<_> = (0..50)
+            .map(|_| {
+                let started = std::time::Instant::now();
+                black_box(host.transform(&name, &objects, &json!({}), &ctx).unwrap());
+                started.elapsed()
+            })
+            .collect();
+        calls.sort();
+        println!(
+            "{name}: {} bytes; compile {:.2} s; load from cache {:.1} ms; warm call {:.2} ms (median of 50)",
+            bytes.len(),
+            compile.as_secs_f64(),
+            load.as_secs_f64() * 1e3,
+            calls[25].as_secs_f64() * 1e3
+        );
+    }
+}
+
+criterion_group!(benches, other_languages, warm_call, load);
 criterion_main!(benches);

@@ -265,13 +265,15 @@ mod tests {
         let one_memory_each = wat::parse_str(
             r#"(component
                 (import "wasi:clocks/wall-clock@0.2.0" (instance))
+                (import "wasi:keyvalue/store@0.2.0-draft" (instance))
                 (import "log" (func))
                 (core module $a (memory 1)))"#,
         )
         .unwrap();
         match check_bytes("p", &one_memory_each, &config).unwrap_err() {
             PluginError::ForbiddenImport { imports, .. } => {
-                assert_eq!(imports, ["wasi:clocks/wall-clock@0.2.0"]);
+                // The clock is the virtual WASI's; the key-value store is not.
+                assert_eq!(imports, ["wasi:keyvalue/store@0.2.0-draft"]);
             }
             other => panic!("{other:?}"),
         }

@@ -20,10 +20,14 @@ pub const MAX_MEMORIES_PER_MODULE: u32 = 1;
 /// Most tables one core module may define.
 pub const MAX_TABLES_PER_MODULE: u32 = 1;
 /// Default of [`HostConfig::max_core_instances`]: most core instances one component may create
-/// (a Rust `wasm32-wasip2` guest has 4).
-pub const MAX_CORE_INSTANCES: u32 = 16;
-/// Default cap on a plugin's wasm file: 16 MiB (the standard plugins are 0.3–0.6 MiB).
-pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 16 << 20;
+/// (a Rust `wasm32-wasip2` guest has 4, componentize-js's default output 4, componentize-py's
+/// 14, and 38 with `--stub-wasi`).
+pub const MAX_CORE_INSTANCES: u32 = 48;
+/// Default cap on a plugin's wasm file: 32 MiB. The standard plugins are 0.3–0.6 MiB; the
+/// default outputs of componentize-js (about 12 MB, a JavaScript engine) and componentize-py
+/// (about 18.4 MB, a Python interpreter and its standard library) fit, and the compile deadline
+/// and memory budgets still bound what such a plugin costs.
+pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 32 << 20;
 /// Default of [`HostConfig::max_function_body_bytes`]: most bytes of one function body. Compile
 /// time grows faster than linearly in a function's size, so one huge function is refused rather
 /// than compiled (rustc's largest functions in the standard plugins are under 64 KiB).

@@ -71,7 +71,7 @@ pub enum PluginError {
     },
     /// The component imports something outside the allowed surface.
     #[error(
-        "plugin {plugin:?}: forbidden import{} {} (plugins may import only the world's own imports and WASI io/cli)",
+        "plugin {plugin:?}: forbidden import{} {} (plugins may import only the world's own imports and the virtual WASI)",
         if imports.len() == 1 { "" } else { "s" },
         quoted_list(imports)
     )]

@@ -19,7 +19,9 @@ use crate::engine::{EpochTicker, make_engine};
 use crate::error::{GuestError, PluginError, SettingsError};
 use crate::meta::PolicyMeta;
 use crate::outcome::{OutputPolicy, Rendered, StepObjects, apply_outcomes_to, rendered};
-use crate::sandbox::{CallState, forbidden_imports, imports_of, make_linker};
+use crate::sandbox::{
+    CallState, call_seed, deny_imports, forbidden_imports, imports_denied, imports_of, make_linker,
+};
 use crate::trap::classify;
 
 /// Where a plugin's bytes came from.
@@ -79,6 +81,9 @@ pub struct LoadedPlugin {
     source: PluginSource,
     cache_hit: CacheHit,
     imports: Vec<String>,
+    /// Whether it imports `wasi:random` (its calls then get a seed digested from their inputs;
+    /// the others skip the digest).
+    draws_random: bool,
     shadows_bundled: bool,
     /// Whether it is a standard bundle, called with the context's `state` set to its name
     /// (see [`accepts_name`]).
@@ -531,7 +536,12 @@ impl PluginHost {
             return Ok(Vec::new());
         };
         type FieldErrors = Vec<v2::kiln::operand::types::FieldError>;
-        let mut store = self.new_store(&plugin.name);
+        let seed = call_seed([
+            plugin.digest.as_bytes(),
+            VALIDATE_SETTINGS.as_bytes(),
+            settings.as_bytes(),
+        ]);
+        let mut store = self.new_store(&plugin.name, seed);
         let result = pre
             .instance_pre()
             .instantiate(&mut store)
@@ -590,7 +600,17 @@ impl PluginHost {
                 &serialized
             }
         };
-        let mut store = self.new_store(&plugin.name);
+        let seed = if plugin.draws_random {
+            let head = [
+                plugin.digest.as_bytes(),
+                input.spec.as_bytes(),
+                input.settings.unwrap_or("null").as_bytes(),
+            ];
+            call_seed(head.into_iter().chain(texts.iter().map(String::as_bytes)))
+        } else {
+            [0; 32]
+        };
+        let mut store = self.new_store(&plugin.name, seed);
         let result = match &plugin.pre {
             Pre::V1(pre) => {
                 let mut ctx = make_context_v1(ctx);
@@ -643,9 +663,10 @@ impl PluginHost {
         Ok((results, log))
     }
 
-    /// A fresh store for one call of `plugin`, with every limit set.
-    fn new_store(&self, plugin: &Arc<str>) -> Store<CallState> {
-        let state = CallState::new(plugin.clone(), &self.config);
+    /// A fresh store for one call of `plugin`, with every limit set, its virtual
+    /// `wasi:random` seeded with `seed`.
+    fn new_store(&self, plugin: &Arc<str>, seed: [u8; 32]) -> Store<CallState> {
+        let state = CallState::new(plugin.clone(), &self.config, seed);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.memory);
         if let Some(fuel) = self.config.fuel {
@@ -734,12 +755,14 @@ impl PluginHost {
         let exported = self.call_name(&plugin, &pre)?;
         let bundle = accepts_name(name, &exported)?;
         let imports = imports_of(&self.engine, component);
+        let draws_random = imports.iter().any(|i| i.starts_with("wasi:random/"));
         Ok(LoadedPlugin {
             name: plugin,
             digest,
             source,
             cache_hit,
             imports,
+            draws_random,
             shadows_bundled: false,
             bundle,
             pre,
@@ -759,10 +782,16 @@ impl PluginHost {
             plugin: name.to_string(),
             message,
         };
-        let instance_pre = self
-            .linker
-            .instantiate_pre(component)
-            .map_err(|e| load_failed(format!("{e:#}")))?;
+        // A component importing a denied interface gets its own linker, with that interface's
+        // functions failing the call; the others share the host's.
+        let instance_pre = if imports_denied(&self.engine, component) {
+            let mut linker = self.linker.clone();
+            deny_imports(&mut linker, &self.engine, component)
+                .and_then(|()| linker.instantiate_pre(component))
+        } else {
+            self.linker.instantiate_pre(component)
+        }
+        .map_err(|e| load_failed(format!("{e:#}")))?;
         match v2::OperandTransformPre::new(instance_pre.clone()) {
             Ok(pre) => Ok(Pre::V2(
                 pre,
@@ -779,7 +808,7 @@ impl PluginHost {
 
     /// Calls the `name` export in a fresh sandbox.
     pub(crate) fn call_name(&self, plugin: &Arc<str>, pre: &Pre) -> Result<String, PluginError> {
-        let mut store = self.new_store(plugin);
+        let mut store = self.new_store(plugin, call_seed([plugin.as_bytes()]));
         let result = match pre {
             Pre::V1(pre) => pre
                 .instantiate(&mut store)

@@ -12,15 +12,17 @@
 //!      ──► link as 0.2.0 or 0.1.0 (InstancePre) ──► name() check ──► LoadedPlugin
 //!          (refused after compiling: its artifact is removed)
 //! chain ─► every step loaded, settings checked (validate-settings) ──► per step:
-//! call ──► fresh Store (memory cap, epoch deadline, fuel if set, empty WASI) ──► transform()
+//! call ──► fresh Store (memory cap, epoch deadline, fuel if set, virtual WASI) ──► transform()
 //!      ──► outcomes ──► json-patch ──► output policy (identity, DaemonSet selector, size;
 //!          site: typed DaemonSet, RBAC, pod privileges) ──► Rendered
 //! ```
 //!
 //! Plugins get **no capabilities** and are deterministic: the only imports they may have are
-//! the world's `log` and the WASI io/cli surface a `std` Rust guest needs
-//! ([`ALLOWED_WASI_INTERFACES`]), linked to an empty context; anything else is refused at load
-//! with [`PluginError::ForbiddenImport`].
+//! the world's `log` and WASI 0.2 ([`ALLOWED_WASI_INTERFACES`], [`DENIED_INTERFACES`]), linked
+//! to a deterministic virtual system: empty environment, clocks fixed at
+//! [`VIRTUAL_WALL_CLOCK`] (sleeps return at once), random seeded from the call's inputs, no
+//! files, no network, HTTP "access denied". Anything else is refused at load with
+//! [`PluginError::ForbiddenImport`].
 //!
 //! ```no_run
 //! use kiln_plugin_host::{HostConfig, PluginHost, Rendered};
@@ -68,7 +70,9 @@ pub use host::{CallInput, Interface, LoadedPlugin, PluginHost, PluginSource, Tra
 pub use inspect::{INSPECTED, PluginReport, inspect, inspect_as};
 pub use meta::PolicyMeta;
 pub use outcome::Rendered;
-pub use sandbox::{ALLOWED_WASI_INTERFACES, is_allowed_import};
+pub use sandbox::{
+    ALLOWED_WASI_INTERFACES, DENIED_INTERFACES, VIRTUAL_WALL_CLOCK, is_allowed_import,
+};
 
 #[cfg(test)]
 mod send_sync {

@@ -47,8 +47,9 @@ pub enum PluginCommand {
     New {
         /// The plugin's name: its file name without `.wasm`, and the crate's name.
         name: String,
-        /// The project's language (the one template so far: rust).
-        #[arg(long, default_value = "rust", value_name = "rust")]
+        /// The project's language: rust (cargo), python (componentize-py) or js
+        /// (componentize-js); each template builds with its toolchain's default command.
+        #[arg(long, default_value = "rust", value_parser = ["rust", "python", "js"])]
         lang: String,
         /// Directory to create the project in.
         #[arg(long, default_value = ".")]
@@ -242,7 +243,10 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
     }
     super::outln!("imports:");
     for i in &report.imports {
-        let mark = if kiln_plugin_host::is_allowed_import(i) {
+        let interface = i.split_once('@').map_or(i.as_str(), |(n, _)| n);
+        let mark = if kiln_plugin_host::DENIED_INTERFACES.contains(&interface) {
+            "linked, calls denied"
+        } else if kiln_plugin_host::is_allowed_import(i) {
             "allowed"
         } else {
             "FORBIDDEN"

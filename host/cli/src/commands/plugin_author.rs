@@ -17,8 +17,25 @@ use super::outln;
 /// The WIT package a new project is written against (`wit/operand.wit`).
 const WIT: &str = include_str!("../../../../wit/operand.wit");
 
-/// The Rust template's files: (path in the project, text with `@NAME@`/`@CRATE@` placeholders).
-const RUST_TEMPLATE: &[(&str, &str)] = &[
+/// A template's file: (path in the project, text with `@NAME@`/`@CRATE@` placeholders).
+type TemplateFile = (&'static str, &'static str);
+
+/// What every template ships besides its own files: the case files (the same for every
+/// language, so every template passes the same cases) and the WIT.
+const COMMON_FILES: &[TemplateFile] = &[
+    (
+        "cases/labels.yaml",
+        include_str!("../../templates/cases/labels.yaml"),
+    ),
+    (
+        "cases/bad-settings.yaml",
+        include_str!("../../templates/cases/bad-settings.yaml"),
+    ),
+    ("wit/operand.wit", WIT),
+];
+
+/// The Rust template's own files.
+const RUST_TEMPLATE: &[TemplateFile] = &[
     (
         "Cargo.toml",
         include_str!("../../templates/rust/Cargo.toml.in"),
@@ -31,16 +48,46 @@ const RUST_TEMPLATE: &[(&str, &str)] = &[
         "src/lib.rs",
         include_str!("../../templates/rust/src/lib.rs"),
     ),
-    (
-        "cases/labels.yaml",
-        include_str!("../../templates/rust/cases/labels.yaml"),
-    ),
-    (
-        "cases/bad-settings.yaml",
-        include_str!("../../templates/rust/cases/bad-settings.yaml"),
-    ),
     ("README.md", include_str!("../../templates/rust/README.md")),
-    ("wit/operand.wit", WIT),
+];
+
+/// The Python template's own files (componentize-py, pinned in `requirements.txt`).
+const PYTHON_TEMPLATE: &[TemplateFile] = &[
+    ("app.py", include_str!("../../templates/python/app.py")),
+    (
+        "requirements.txt",
+        include_str!("../../templates/python/requirements.txt"),
+    ),
+    (
+        "README.md",
+        include_str!("../../templates/python/README.md"),
+    ),
+];
+
+/// The JavaScript template's own files (componentize-js, pinned in `package.json`).
+const JS_TEMPLATE: &[TemplateFile] = &[
+    ("plugin.js", include_str!("../../templates/js/plugin.js")),
+    (
+        "package.json",
+        include_str!("../../templates/js/package.json"),
+    ),
+    ("README.md", include_str!("../../templates/js/README.md")),
+];
+
+/// The languages `kiln plugin new --lang` has a template for: (name, its files, the command
+/// that builds `NAME.wasm` in the project; `@NAME@`/`@CRATE@` replaced).
+pub(super) const LANGUAGES: &[(&str, &[TemplateFile], &str)] = &[
+    (
+        "rust",
+        RUST_TEMPLATE,
+        "cargo build --release --target wasm32-wasip2 && cp target/wasm32-wasip2/release/@CRATE@.wasm @NAME@.wasm",
+    ),
+    (
+        "python",
+        PYTHON_TEMPLATE,
+        "pip install -r requirements.txt && componentize-py -d wit -w operand-transform-validated componentize app -o @NAME@.wasm",
+    ),
+    ("js", JS_TEMPLATE, "npm install && npm run build"),
 ];
 
 /// `kiln plugin new`: writes a project under `dir/NAME` (which must not exist).
@@ -56,25 +103,27 @@ pub(super) fn new_project(name: &str, lang: &str, dir: &Path) -> anyhow::Result<
             "plugin name {name:?}: use 1-63 lowercase letters, digits and '-', starting with a letter (it is the file name <name>.wasm and the crate name)"
         );
     }
-    if lang != "rust" {
-        bail!("--lang {lang}: only rust has a template (wit/README.md lists the other languages)");
-    }
+    let Some((_, files, build)) = LANGUAGES.iter().find(|(l, ..)| *l == lang) else {
+        let known: Vec<&str> = LANGUAGES.iter().map(|(l, ..)| *l).collect();
+        bail!("--lang {lang}: expected one of {}", known.join(", "));
+    };
     let root = dir.join(name);
     if root.exists() {
         bail!("{} exists", root.display());
     }
     let krate = name.replace('-', "_");
-    for (path, text) in RUST_TEMPLATE {
+    let fill = |text: &str| text.replace("@NAME@", name).replace("@CRATE@", &krate);
+    for (path, text) in files.iter().chain(COMMON_FILES) {
         let file = root.join(path);
         std::fs::create_dir_all(file.parent().unwrap_or(&root))
             .with_context(|| format!("creating {}", file.display()))?;
-        let text = text.replace("@NAME@", name).replace("@CRATE@", &krate);
-        std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+        std::fs::write(&file, fill(text)).with_context(|| format!("writing {}", file.display()))?;
     }
     outln!("created {} ({lang}, kiln:operand@0.2.0)", root.display());
     outln!(
-        "next:    cd {} && cargo build --release --target wasm32-wasip2 && cp target/wasm32-wasip2/release/{krate}.wasm {name}.wasm && kiln plugin test {name}.wasm cases",
-        root.display()
+        "next:    cd {} && {} && kiln plugin test {name}.wasm cases",
+        root.display(),
+        fill(build)
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -83,29 +132,13 @@ pub(super) fn new_project(name: &str, lang: &str, dir: &Path) -> anyhow::Result<
 /// the name its `name()` returns — or, for a standard bundle (which answers to the name it is
 /// loaded by), under `file`'s stem, as `kiln render` would find it in a drop-in directory; the
 /// plugin and the directory (kept alive with it).
+///
+/// It is first loaded under the file's stem, which is its name when the file is installed as
+/// the host would find it: then it is compiled once (a Python or JavaScript component takes
+/// seconds); only a file named otherwise is inspected for its name and loaded again.
 fn load_file(file: &Path) -> anyhow::Result<(PluginHost, Arc<LoadedPlugin>, tempfile::TempDir)> {
     let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
-    let report = kiln_plugin_host::inspect(&bytes).with_context(|| file.display().to_string())?;
-    if let Some(why) = report.refusal {
-        bail!("{}: refused: {why}", file.display());
-    }
-    let mut name = report
-        .name
-        .with_context(|| format!("{}: no name", file.display()))?;
-    if name == kiln_core::context::STANDARD_BUNDLE_NAME {
-        name = file
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .with_context(|| {
-                format!(
-                    "{}: a standard bundle is run under its file name",
-                    file.display()
-                )
-            })?
-            .to_string();
-    }
     let dir = tempfile::tempdir().context("scratch directory")?;
-    std::fs::write(dir.path().join(format!("{name}.wasm")), &bytes)?;
     // The default cache directory keeps the bundled plugins (which `kiln plugin run` runs
     // first) compiled between runs; the scratch plugin is compiled once per digest.
     let host = PluginHost::new(
@@ -116,6 +149,33 @@ fn load_file(file: &Path) -> anyhow::Result<(PluginHost, Arc<LoadedPlugin>, temp
         kiln_bundled_plugins::BUNDLED,
     )?
     .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    let installed = dir.path().join(format!("{stem}.wasm"));
+    if !stem.is_empty() && std::fs::write(&installed, &bytes).is_ok() {
+        match host.load(stem, None) {
+            Ok(plugin) => return Ok((host, plugin, dir)),
+            Err(PluginError::NameMismatch { .. } | PluginError::InvalidName { .. }) => {
+                std::fs::remove_file(&installed)?;
+            }
+            Err(why) => bail!("{}: refused: {why}", file.display()),
+        }
+    }
+    let report = host
+        .inspect(&bytes)
+        .with_context(|| file.display().to_string())?;
+    if let Some(why) = report.refusal {
+        bail!("{}: refused: {why}", file.display());
+    }
+    let name = report
+        .name
+        .with_context(|| format!("{}: no name", file.display()))?;
+    if name == kiln_core::context::STANDARD_BUNDLE_NAME {
+        bail!(
+            "{}: a standard bundle is run under its file name, which must be a plugin name",
+            file.display()
+        );
+    }
+    std::fs::write(dir.path().join(format!("{name}.wasm")), &bytes)?;
     let plugin = host.load(&name, None)?;
     Ok((host, plugin, dir))
 }

@@ -11,11 +11,11 @@ use crate::common::*;
 /// What the 63-memory component exceeds: (bound, has, limit).
 const HOG_BOUNDS: [(&str, u64, u64); 3] = [
     ("memories", 63, 4),
-    ("core instances", 63, 16),
+    ("core instances", 63, 48),
     ("bytes of initial memory", 4_160_815_104, 67_108_864),
 ];
 const HOG_MESSAGE: &str = "plugin \"hog\": the component is over several bounds: 63 memories (limit 4), \
-     63 core instances (limit 16), 4160815104 bytes of initial memory (limit 67108864)";
+     63 core instances (limit 48), 4160815104 bytes of initial memory (limit 67108864)";
 
 #[test]
 fn a_component_with_63_memories_is_refused_at_load_and_others_keep_running() {

@@ -194,3 +194,40 @@ fn chain_feeds_results_forward_and_reports_omissions() {
         "state device-plugin with 1 objects"
     );
 }
+
+/// The virtual WASI: the wall clock reads the epoch, an hour's sleep returns at once (the
+/// monotonic clock moves by the hour), there are no files and no network, and the random
+/// draws are a function of the inputs: the same inputs render the same result twice, and
+/// other inputs draw other values.
+#[test]
+fn clocks_and_random_are_virtual_and_a_function_of_the_inputs() {
+    let dirs = Dirs::new();
+    let host = host_with_good(&dirs, dirs.config());
+    let spec = json!({"mode": "virtual-wasi"});
+    let render = |spec: &serde_json::Value| {
+        let out = host
+            .transform("good", &[daemonset("ds")], spec, &ctx())
+            .unwrap();
+        let Rendered::Keep(ds) = &out.rendered[0] else {
+            panic!("omitted")
+        };
+        ds["metadata"]["labels"].clone()
+    };
+    let first = render(&spec);
+    println!("what a std guest sees: {first}");
+    assert_eq!(first["kiln.test/wall"], json!("0"));
+    assert_eq!(first["kiln.test/slept"], json!("3600"));
+    assert!(
+        first["kiln.test/files"]
+            .as_str()
+            .is_some_and(|f| !f.ends_with("entries")),
+        "{first}"
+    );
+    assert!(first["kiln.test/net"] != json!("connected"), "{first}");
+    assert_eq!(render(&spec), first, "the same inputs rendered differently");
+    let other = render(&json!({"mode": "virtual-wasi", "other": 1}));
+    assert_ne!(
+        other["kiln.test/random"], first["kiln.test/random"],
+        "other inputs drew the same random value"
+    );
+}

@@ -10,6 +10,9 @@
 //! - `panic`: panics.
 //! - `chatty`: prints `spec.lines` lines of 100 bytes to stdout.
 //! - `count-mismatch`: returns no outcome at all.
+//! - `virtual-wasi`: reads the wall clock, sleeps an hour on the monotonic clock, draws a
+//!   random hash key, lists `/` and connects to 127.0.0.1:80, and labels every object with what
+//!   it saw (`kiln.test/wall`, `/slept`, `/random`, `/files`, `/net`).
 //!
 //! It implements `kiln:operand@0.2.0` with `validate-settings`: settings with a `reject` key are
 //! refused (field `reject`), and a string `settings.label` is added as label
@@ -79,6 +82,7 @@ impl Guest for Good {
                 }
             }
             Some("count-mismatch") => return Ok(Vec::new()),
+            Some("virtual-wasi") => return Ok(virtual_wasi(objects.len())),
             _ => {}
         }
         log(LogLevel::Debug, "debug line");
@@ -110,6 +114,35 @@ impl Guest for Good {
             })
             .collect()
     }
+}
+
+/// What the guest sees of clocks, randomness, files and the network, as one patch per object.
+fn virtual_wasi(objects: usize) -> Vec<Outcome> {
+    use std::hash::BuildHasher as _;
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or_else(|e| format!("before the epoch: {e}"), |d| d.as_nanos().to_string());
+    let start = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs(3600));
+    let slept = start.elapsed().as_secs().to_string();
+    let random = std::collections::hash_map::RandomState::new().hash_one(0u8).to_string();
+    let files = match std::fs::read_dir("/") {
+        Ok(entries) => format!("{} entries", entries.count()),
+        Err(e) => format!("{:?}", e.kind()),
+    };
+    let net = match std::net::TcpStream::connect("127.0.0.1:80") {
+        Ok(_) => "connected".to_string(),
+        Err(e) => format!("{:?}", e.kind()),
+    };
+    let labels = json!({
+        "kiln.test/wall": wall,
+        "kiln.test/slept": slept,
+        "kiln.test/random": random,
+        "kiln.test/files": files,
+        "kiln.test/net": net,
+    });
+    let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]).to_string();
+    (0..objects).map(|_| Outcome::Patch(patch.clone())).collect()
 }
 
 export!(Good);
