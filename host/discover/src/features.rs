@@ -34,7 +34,8 @@ pub struct HostPaths {
     /// procfs (`sys/kernel/osrelease`: the kernel release `uname -r` prints; the kernel is the
     /// host's in any container).
     pub proc: PathBuf,
-    /// The host's root as mounted in the pod: `etc/os-release`, else `usr/lib/os-release`.
+    /// The host's root as mounted in the pod: `etc/os-release`, else `usr/lib/os-release`;
+    /// NFD's local feature files in [`crate::local::FEATURES_DIR`].
     pub host_root: PathBuf,
     /// PCI class prefixes (4 hex digits or fewer) whose devices are labelled; see
     /// [`NVIDIA_PCI_CLASSES`].
@@ -55,7 +56,9 @@ impl Default for HostPaths {
     }
 }
 
-/// Every label of this node: [`pci_labels`], [`kernel_labels`], [`os_release_labels`]. A
+/// Every label of this node: [`pci_labels`], [`kernel_labels`], [`os_release_labels`], and
+/// the labels of NFD's local feature files under the host root
+/// ([`crate::local::local_labels`]: GFD's `nvidia.com/*`; a computed key wins over a file's). A
 /// missing os-release leaves the OS labels out (a warning); a missing kernel release or an
 /// unreadable PCI directory is an error (the agent runs on Linux nodes only).
 ///
@@ -71,7 +74,9 @@ pub fn discover(paths: &HostPaths) -> Result<Labels, Error> {
         Ok(text) => labels.extend(os_release_labels(&text)),
         Err(e) => tracing::warn!(error = %e, "no os-release; OS labels left out"),
     }
-    Ok(labels)
+    let mut all = crate::local::local_labels(&paths.host_root.join(crate::local::FEATURES_DIR));
+    all.extend(labels);
+    Ok(all)
 }
 
 /// `pci-<vendor>.present=true` for each vendor with a device whose class (the first 4 hex digits
