@@ -56,9 +56,8 @@ impl Default for HostPaths {
     }
 }
 
-/// Every label of this node: [`pci_labels`], [`kernel_labels`], [`os_release_labels`], and
-/// the labels of NFD's local feature files under the host root
-/// ([`crate::local::local_labels`]: GFD's `nvidia.com/*`; a computed key wins over a file's). A
+/// Every label computed from this node's facts: [`pci_labels`], [`kernel_labels`],
+/// [`os_release_labels`] (the agent adds the feature files' labels, `node::node_labels`). A
 /// missing os-release leaves the OS labels out (a warning); a missing kernel release or an
 /// unreadable PCI directory is an error (the agent runs on Linux nodes only).
 ///
@@ -74,9 +73,7 @@ pub fn discover(paths: &HostPaths) -> Result<Labels, Error> {
         Ok(text) => labels.extend(os_release_labels(&text)),
         Err(e) => tracing::warn!(error = %e, "no os-release; OS labels left out"),
     }
-    let mut all = crate::local::local_labels(&paths.host_root.join(crate::local::FEATURES_DIR));
-    all.extend(labels);
-    Ok(all)
+    Ok(labels)
 }
 
 /// `pci-<vendor>.present=true` for each vendor with a device whose class (the first 4 hex digits

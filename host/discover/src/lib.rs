@@ -5,10 +5,10 @@
 //!
 //! ```text
 //! <sys>/bus/pci/devices/*/{vendor,class} ─┐
-//! <proc>/sys/kernel/osrelease ────────────┼─► features::discover (pure) ─► Labels
-//! <host>/etc/os-release ──────────────────┤
-//! <host>/etc/kubernetes/node-feature-discovery/features.d/* ─► local (NFD's local source:
-//!                                          GFD's nvidia.com/* labels) ┘
+//! <proc>/sys/kernel/osrelease ────────────┼─► features::discover (pure) ──┐
+//! <host>/etc/os-release ──────────────────┘                               ├─► node::node_labels
+//! <host>/etc/kubernetes/node-feature-discovery/features.d/*                │
+//!   ─► local::local_labels (NFD's local source: GFD's nvidia.com/* labels) ┘
 //! Labels ─► node::apply: server-side apply on the agent's own Node (field manager kiln-discover)
 //! ```
 //!
@@ -58,7 +58,7 @@ pub use features::{
     os_release_labels, pci_labels,
 };
 pub use local::{GFD_LABEL_KEY_PATTERN, is_gfd_label, local_labels, may_write};
-pub use node::{FIELD_MANAGER, apply, run};
+pub use node::{FIELD_MANAGER, apply, node_labels, run};
 
 /// What can go wrong discovering or labelling.
 #[derive(Debug, thiserror::Error)]
