@@ -6,7 +6,7 @@
 # give one image index over them (a multi-arch image: linux/amd64 and linux/arm64).
 #
 #   scripts/build-image.sh [--platform linux/amd64[,linux/arm64]] [--binary [ARCH=]FILE]...
-#                          [--output FILE.tar]
+#                          [--profile dist|dev] [--output FILE.tar]
 #
 #   --platform P   linux/amd64 (default: this machine's) and/or linux/arm64, comma-separated.
 #                  arm64 is cross-compiled on an amd64 machine: `rustup target add
@@ -14,11 +14,15 @@
 #                  binary once before packing it, qemu-user; its Debian packages are downloaded
 #                  as foreign-architecture packages (`dpkg --add-architecture arm64 && apt-get
 #                  update` once). jemalloc is built for 64 KiB pages there (JEMALLOC_SYS_WITH_LG_PAGE
-#                  =16: GH200/GB200 kernels use them; it also runs on 4 KiB pages).
+#                  =16: GH200/GB200 kernels use them; it also runs on 4 KiB pages). The cross build
+#                  goes to target/cross (its own cargo target directory, so that a build started
+#                  from a running `cargo test`, the image test, never waits on the test's lock).
 #   --binary FILE  the kiln binary to put in the image; with several platforms, `ARCH=FILE` per
 #                  platform (amd64=…, arm64=…). Default: `cargo build --profile dist -p kiln-cli
 #                  --target <triple>` (release with whole-program LTO; about 20 min on 2 cores
 #                  per platform). It must link against glibc no newer than the packages' (2.36).
+#   --profile P    the cargo profile of the binaries built here: dist (default, shipped) or dev
+#                  (what the image test uses: minutes, not tens of minutes, for arm64 on 2 cores).
 #   --output FILE  the OCI archive (default target/image/kiln-<version>-linux-<arch>[-<arch>].oci.tar).
 #
 # The image name, tag and labels come from the binary (`kiln version --only …`), so they are
@@ -31,7 +35,7 @@ cd "$(dirname "$0")/.."
 say() { printf '[build-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-platforms="" output=""
+platforms="" output="" profile=dist
 declare -A binaries=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,7 +47,8 @@ while [ $# -gt 0 ]; do
       esac
       shift 2 ;;
     --output) output="$2"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --profile) profile="$2"; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -64,7 +69,27 @@ for p in "${wanted[@]}"; do
   esac
 done
 [ -n "${binaries[any]:-}" ] && [ ${#archs[@]} -gt 1 ] && die "with several platforms, name each binary: --binary ARCH=FILE"
+case "$profile" in dist|dev) ;; *) die "unsupported profile $profile (dist, dev)" ;; esac
 triple() { case "$1" in amd64) echo x86_64-unknown-linux-gnu ;; arm64) echo aarch64-unknown-linux-gnu ;; esac; }
+# cargo's output directory of a profile (`dev` builds into `debug`).
+profile_dir() { [ "$profile" = dev ] && echo debug || echo "$profile"; }
+
+# The cross build's environment, in this one place: Debian's cross gcc as linker and C compiler
+# (jemalloc and ring compile C), and jemalloc for 64 KiB pages (lg 16: the largest page size an
+# arm64 kernel may use; GH200/GB200 systems run 64 KiB kernels, and jemalloc built for 4 KiB
+# pages fails there with "Unsupported system page size"). A larger lg page costs a little
+# memory on 4 KiB kernels and nothing else.
+cross_build_arm64() {
+  command -v aarch64-linux-gnu-gcc >/dev/null ||
+    die "no aarch64 cross compiler (apt-get install -y gcc-aarch64-linux-gnu)"
+  rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu ||
+    die "no Rust target aarch64-unknown-linux-gnu (rustup target add aarch64-unknown-linux-gnu)"
+  CARGO_TARGET_DIR="$PWD/target/cross" \
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+  JEMALLOC_SYS_WITH_LG_PAGE=16 \
+    cargo build --profile "$profile" --locked -p kiln-cli --target aarch64-unknown-linux-gnu
+}
 
 # The binary of each platform: given, or a dist build (cross-compiled for arm64).
 declare -A bin=()
@@ -72,21 +97,16 @@ for arch in "${archs[@]}"; do
   b=${binaries[$arch]:-${binaries[any]:-}}
   if [ -z "$b" ]; then
     t=$(triple "$arch")
-    say "building the shipped binary for linux/$arch (cargo build --profile dist --target $t)"
+    say "building kiln for linux/$arch (cargo build --profile $profile --target $t)"
+    local_started=$(date +%s)
     if [ "$arch" = arm64 ]; then
-      command -v aarch64-linux-gnu-gcc >/dev/null ||
-        die "no aarch64 cross compiler (apt-get install -y gcc-aarch64-linux-gnu)"
-      rustup target list --installed 2>/dev/null | grep -qx "$t" ||
-        die "no Rust target $t (rustup target add $t)"
-      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-      CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-      JEMALLOC_SYS_WITH_LG_PAGE=16 \
-        cargo build --profile dist --locked -p kiln-cli --target "$t"
-      b=target/$t/dist/kiln
+      cross_build_arm64
+      b=target/cross/$t/$(profile_dir)/kiln
     else
-      cargo build --profile dist --locked -p kiln-cli
-      b=target/dist/kiln
+      cargo build --profile "$profile" --locked -p kiln-cli
+      b=target/$(profile_dir)/kiln
     fi
+    say "built $b in $(( $(date +%s) - local_started )) s"
   fi
   [ -x "$b" ] || die "$b is not an executable"
   file_arch=$(od -An -tx1 -j18 -N2 "$b" | tr -d ' ')   # ELF e_machine: 3e00 x86-64, b700 aarch64

@@ -34,7 +34,8 @@ pub struct HostPaths {
     /// procfs (`sys/kernel/osrelease`: the kernel release `uname -r` prints; the kernel is the
     /// host's in any container).
     pub proc: PathBuf,
-    /// The host's root as mounted in the pod: `etc/os-release`, else `usr/lib/os-release`.
+    /// The host's root as mounted in the pod: `etc/os-release`, else `usr/lib/os-release`;
+    /// NFD's local feature files in [`crate::local::FEATURES_DIR`].
     pub host_root: PathBuf,
     /// PCI class prefixes (4 hex digits or fewer) whose devices are labelled; see
     /// [`NVIDIA_PCI_CLASSES`].
@@ -55,7 +56,8 @@ impl Default for HostPaths {
     }
 }
 
-/// Every label of this node: [`pci_labels`], [`kernel_labels`], [`os_release_labels`]. A
+/// Every label computed from this node's facts: [`pci_labels`], [`kernel_labels`],
+/// [`os_release_labels`] (the agent adds the feature files' labels, `node::node_labels`). A
 /// missing os-release leaves the OS labels out (a warning); a missing kernel release or an
 /// unreadable PCI directory is an error (the agent runs on Linux nodes only).
 ///

@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! <sys>/bus/pci/devices/*/{vendor,class} ─┐
-//! <proc>/sys/kernel/osrelease ────────────┼─► features::discover (pure) ─► Labels
-//! <host>/etc/os-release ──────────────────┘
+//! <proc>/sys/kernel/osrelease ────────────┼─► features::discover (pure) ──┐
+//! <host>/etc/os-release ──────────────────┘                               ├─► node::node_labels
+//! <host>/etc/kubernetes/node-feature-discovery/features.d/*                │
+//!   ─► local::local_labels (NFD's local source: GFD's nvidia.com/* labels) ┘
 //! Labels ─► node::apply: server-side apply on the agent's own Node (field manager kiln-discover)
 //! ```
 //!
@@ -15,6 +17,7 @@
 //! | `feature.node.kubernetes.io/pci-<vendor>.present` | a PCI device of that vendor whose class starts with one of the allowed prefixes (NVIDIA's: `02`, `0200`, `0207`, `0300`, `0302`) | `pci` with NVIDIA's `deviceClassWhitelist` and `deviceLabelFields: [vendor]` |
 //! | `…/kernel-version.full`, `.major`, `.minor`, `.revision` | the kernel release (`6.8.0-51-generic`: 6, 8, 0) | `kernel` |
 //! | `…/system-os_release.ID`, `.VERSION_ID`, `.VERSION_ID.major`, `.VERSION_ID.minor` | the host's os-release | `system` |
+//! | GFD's `nvidia.com/gpu.product`, `gpu.count`, `cuda.driver.major`, … ([`local::is_gfd_label`]) and `feature.node.kubernetes.io/*` | the `key=value` files in the host's `features.d` (kiln's GFD writes `gfd` there) | `local` |
 //!
 //! These are the labels the operator reads: a PCI vendor `10de` label makes a GPU node
 //! (`kiln_core::labels::NFD_GPU_LABELS`), the OS labels pick the driver image tag, the full kernel
@@ -26,23 +29,36 @@
 //! no CRD, and may write only its own node: the chart gives its ServiceAccount node `patch`, and
 //! a ValidatingAdmissionPolicy (`kiln-node-discovery`) admits a change only when the node named by
 //! the pod-bound token (`authentication.kubernetes.io/node-name`) is the node changed and only
-//! `feature.node.kubernetes.io/` labels change. A node that was taken over can so mislabel only
-//! itself. A cluster that already runs NFD sets `nfd.enabled=false` (as with NVIDIA's chart).
-//! NVIDIA's GFD labels (`nvidia.com/gpu.product`, …) still reach nodes through NFD's NodeFeature
-//! objects: the agent does not publish those.
+//! `feature.node.kubernetes.io/` labels and GFD's own keys ([`local::GFD_LABEL_KEY_PATTERN`])
+//! change. A node that was taken over can so mislabel only itself, and cannot set the
+//! operator's `nvidia.com/gpu.deploy.*` or upgrade labels. A cluster that already runs NFD sets
+//! `nfd.enabled=false` (as with NVIDIA's chart).
+//!
+//! **GFD's labels without NFD.** NVIDIA's GFD publishes `nvidia.com/gpu.product` and the rest
+//! through NFD (a NodeFeature object for nfd-master, or a features.d file for nfd-worker's
+//! local source); without NFD nothing would turn them into node labels. With the chart's
+//! discovery, the chart sets `USE_NODE_FEATURE_API=false` in the ClusterPolicy's `gfd.env` (as
+//! NVIDIA's operator does on OpenShift), so GFD writes the host's features.d file that its
+//! DaemonSet already mounts, and this agent, reading the host's `/etc` anyway, applies those
+//! labels as nfd-worker would ([`local`]). No new RBAC: GFD keeps NVIDIA's (it writes no
+//! objects in that mode) and the agent keeps its one node `patch`. The agent looks again every
+//! interval (`kiln discover --interval`, 60 s as nfd-worker's), so GFD's labels reach the node
+//! within a minute of GFD writing them.
 //!
 //! Labels this agent applied and no longer computes (a GPU removed) are removed by the same
 //! apply (server-side apply drops the fields a manager stops sending); labels another manager
 //! wrote (NFD itself) are left alone unless this agent takes them over with the same key.
 
 pub mod features;
+pub mod local;
 pub mod node;
 
 pub use features::{
     HostPaths, Labels, NVIDIA_PCI_CLASSES, NVIDIA_VENDOR, PREFIX, discover, kernel_labels,
     os_release_labels, pci_labels,
 };
-pub use node::{FIELD_MANAGER, apply, run};
+pub use local::{GFD_LABEL_KEY_PATTERN, is_gfd_label, local_labels, may_write};
+pub use node::{FIELD_MANAGER, apply, node_labels, run};
 
 /// What can go wrong discovering or labelling.
 #[derive(Debug, thiserror::Error)]

@@ -8,6 +8,7 @@ use kube::api::{Api, Patch, PatchParams};
 
 use crate::Error;
 use crate::features::{self, HostPaths, Labels};
+use crate::local;
 
 /// The field manager of the agent's node writes; a label it stops sending is removed.
 pub const FIELD_MANAGER: &str = "kiln-discover";
@@ -39,6 +40,18 @@ pub async fn apply(client: &kube::Client, node: &str, labels: &Labels) -> Result
     Ok(())
 }
 
+/// Every label the agent writes on its node: the labels of NFD's local feature files under the
+/// host root ([`local::local_labels`]: GFD's `nvidia.com/*`), with the computed ones
+/// ([`features::discover`]) over them (a computed key wins over a file's).
+///
+/// # Errors
+/// [`features::discover`]'s.
+pub fn node_labels(paths: &HostPaths) -> Result<Labels, Error> {
+    let mut labels = local::local_labels(&paths.host_root.join(local::FEATURES_DIR));
+    labels.extend(features::discover(paths)?);
+    Ok(labels)
+}
+
 /// Discover and label `node` now, then look again every `interval` until `shutdown` resolves
 /// (`None`: once) and apply only when the labels changed (a kernel or OS update without a
 /// reboot, a device hot-plugged), so that an idle cluster gets no writes. A failed round is
@@ -54,7 +67,7 @@ pub async fn run(
     interval: Option<Duration>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
-    let mut last = features::discover(paths)?;
+    let mut last = node_labels(paths)?;
     apply(client, node, &last).await?;
     tracing::info!(
         node,
@@ -71,7 +84,7 @@ pub async fn run(
             () = &mut shutdown => return Ok(()),
             () = tokio::time::sleep(interval) => {}
         }
-        let labels = match features::discover(paths) {
+        let labels = match node_labels(paths) {
             Ok(l) if l == last => continue,
             Ok(l) => l,
             Err(e) => {

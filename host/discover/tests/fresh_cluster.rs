@@ -7,7 +7,15 @@
 //! against a fake host of that node (an NVIDIA 3D controller on the GPU nodes, an Intel VGA on
 //! the others). Then the GPU nodes, and only they, become GPU nodes and get the operands
 //! scheduled. On the way, the chart's admission policy refuses a discovery token labelling
-//! another node, or writing a label outside `feature.node.kubernetes.io/`.
+//! another node, or writing a label outside `feature.node.kubernetes.io/` and GFD's keys (the
+//! operator's `nvidia.com/gpu.deploy.*` included).
+//!
+//! Then GFD's labels without NFD: the operator's GFD DaemonSet has `USE_NODE_FEATURE_API=false`
+//! (from the chart under `nfd.enabled`), so GFD writes the host's features.d file; the file is
+//! stood in for on one GPU node's fake host (the `key=value` lines `kiln_gfd::write_features_file`
+//! writes, with an operator key smuggled in), and the agent's next round puts GFD's
+//! `nvidia.com/gpu.product` and the rest on that node, leaves the operator key alone, and takes
+//! them off again once the file is gone.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -284,12 +292,12 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         kiln_discover::run(&client, &node, &paths, None, std::future::pending())
             .await
             .with_context(|| format!("discovery on {node}"))?;
-        clients.push((node, client));
+        clients.push((node, client, paths));
     }
 
     // Least privilege: a node's agent labels no other node and no label outside NFD's prefix
     // (the admission policy may take a moment to be enforced after the install).
-    let (own, client) = &clients[0];
+    let (own, client, _) = &clients[0];
     let other = all_nodes
         .iter()
         .find(|n| *n != own)
@@ -308,13 +316,19 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
             "nvidia.com/kiln-discovery-probe".to_string(),
             "only feature.node.kubernetes.io/",
         ),
+        (
+            // An operator label next to GFD's (the value below is one no one else sets).
+            own.as_str(),
+            "nvidia.com/gpu.deploy.driver".to_string(),
+            "only feature.node.kubernetes.io/",
+        ),
     ] {
         cluster
             .wait_for(format!("{key} on {target} refused"), TIMEOUT, || {
                 let theirs = theirs.clone();
                 let key = key.clone();
                 async move {
-                    let body = json!({"metadata": {"labels": {key: "true"}}});
+                    let body = json!({"metadata": {"labels": {key: "kiln-probe"}}});
                     let res = theirs
                         .patch(
                             target,
@@ -380,6 +394,82 @@ async fn scenario(cluster: &TestCluster) -> anyhow::Result<()> {
         reason != "NFDLabelsMissing" && reason != "NoGPUNodes",
         "{state} {reason}: {message}"
     );
+    gfd_labels_reach_the_node(cluster, &daemonsets, &nodes, &clients, &gpu_nodes).await?;
     task.abort();
+    Ok(())
+}
+
+/// GFD's labels without NFD (see the module docs).
+async fn gfd_labels_reach_the_node(
+    cluster: &TestCluster,
+    daemonsets: &Api<DaemonSet>,
+    nodes: &Api<Node>,
+    clients: &[(String, Client, HostPaths)],
+    gpu_nodes: &[String],
+) -> anyhow::Result<()> {
+    let env = cluster
+        .wait_for("the GFD DaemonSet", TIMEOUT, || async {
+            let Some(ds) = daemonsets.get_opt("gpu-feature-discovery").await? else {
+                return Ok(Err("not yet".to_string()));
+            };
+            let spec = ds.spec.and_then(|s| s.template.spec).context("pod spec")?;
+            let main = spec
+                .containers
+                .into_iter()
+                .find(|c| c.name == "gpu-feature-discovery")
+                .context("GFD container")?;
+            Ok(Ok(main.env.unwrap_or_default()))
+        })
+        .await?;
+    anyhow::ensure!(
+        env.iter()
+            .any(|e| e.name == "USE_NODE_FEATURE_API" && e.value.as_deref() == Some("false")),
+        "GFD publishes through NFD's NodeFeature API, which no NFD serves: {env:?}"
+    );
+
+    let (node, client, paths) = clients
+        .iter()
+        .find(|(n, _, _)| gpu_nodes.contains(n))
+        .context("a GPU node's agent")?;
+    let dir = paths.host_root.join(kiln_discover::local::FEATURES_DIR);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("gfd"),
+        "nvidia.com/cuda.driver.major=580\nnvidia.com/gfd.timestamp=1733400000\n\
+         nvidia.com/gpu.count=2\nnvidia.com/gpu.deploy.driver=false\n\
+         nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\nnvidia.com/mig.capable=true\n",
+    )?;
+    kiln_discover::run(client, node, paths, None, std::future::pending()).await?;
+    let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+    for (key, want) in [
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "2"),
+        ("nvidia.com/cuda.driver.major", "580"),
+        ("nvidia.com/mig.capable", "true"),
+        ("nvidia.com/gfd.timestamp", "1733400000"),
+        (&format!("{PREFIX}pci-10de.present"), "true"),
+    ] {
+        anyhow::ensure!(
+            labels.get(key).map(String::as_str) == Some(want),
+            "{key} on {node}: {labels:?}"
+        );
+    }
+    anyhow::ensure!(
+        labels
+            .get("nvidia.com/gpu.deploy.driver")
+            .map(String::as_str)
+            != Some("false"),
+        "an operator label came from a features.d file: {labels:?}"
+    );
+
+    // GFD's file gone (its DaemonSet removed and the host cleaned): the labels go too.
+    std::fs::remove_file(dir.join("gfd"))?;
+    kiln_discover::run(client, node, paths, None, std::future::pending()).await?;
+    let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+    anyhow::ensure!(
+        !labels.contains_key("nvidia.com/gpu.product")
+            && labels.contains_key(&format!("{PREFIX}pci-10de.present")),
+        "{labels:?}"
+    );
     Ok(())
 }

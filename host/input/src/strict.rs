@@ -237,11 +237,17 @@ mod tests {
         assert_eq!(doc.by_name["x"].initial_delay_seconds, None);
         assert_eq!(doc.mode, Some(Mode::Shared { replicas: 4 }));
         assert_eq!(doc.pair, Some((1, "a".into())));
-        let doc: Doc = from_str("mode: off\nstartupProbe: null\n").unwrap();
+        let doc: Doc = from_str("mode: 'off'\nstartupProbe: null\n").unwrap();
         assert_eq!((doc.mode, doc.startup_probe), (Some(Mode::Off), None));
+        // Unquoted, `off` is YAML 1.1's boolean false, as the API server reads it.
+        let e = from_str::<Doc>("mode: off\n").unwrap_err();
+        assert!(
+            e.path == "mode" && e.message.contains("boolean `false`"),
+            "{e}"
+        );
         let doc: Doc = from_str("mode: {named: x}").unwrap();
         assert_eq!(doc.mode, Some(Mode::Named("x".into())));
-        let e = from_str::<Doc>("mode: {off: 1, named: x}").unwrap_err();
+        let e = from_str::<Doc>("mode: {'off': 1, named: x}").unwrap_err();
         assert_eq!(e.path, "mode");
         let e = from_str::<Doc>("pair: [1, a, 3]").unwrap_err();
         assert_eq!(e.path, "pair");

@@ -2,23 +2,35 @@
 //! files (`kiln render`), agent configs, GPU fixtures.
 //!
 //! ```text
-//! text ──► ≤ MAX_TEXT_BYTES ──► depth pre-check (yaml-rust2 events, stops at MAX_DEPTH)
-//!      ──► serde_yaml_ng ──► strict serde_json::Value (duplicate keys refused) ──► T (field paths)
+//! text ──► ≤ MAX_TEXT_BYTES ──► serde-saphyr (one pass: depth budget, duplicate keys refused,
+//!          merge keys, YAML 1.1 scalars) ──► serde_json::Value (field paths) ──► T (field paths)
 //! ```
+//!
+//! serde-saphyr (already in the build through kube) parses in one streaming pass with budgets:
+//! the depth is counted as the events come, so a document nested 100,000 deep stops at
+//! [`MAX_DEPTH`] at once (libyaml, under the serde_yaml_ng this replaced, was quadratic in flow
+//! nesting and needed a second parser to pre-check the depth).
 //!
 //! Rules, each refused with the field path (`spec.driver`, `gpus[0].name`, `.` for the
 //! document) and a message:
-//! - at most [`MAX_TEXT_BYTES`] of text and [`MAX_DEPTH`] nested collections. libyaml (under
-//!   serde_yaml_ng) is quadratic in flow nesting (`{a: {a: …` 100,000 deep took 39 s), so the
-//!   depth is checked first by a streaming pass of yaml-rust2's parser that stops at the limit;
+//! - at most [`MAX_TEXT_BYTES`] of text and [`MAX_DEPTH`] nested collections;
 //! - a key repeated in one mapping (kubectl refuses such files; a later `driver: {}` would
 //!   silently replace the whole driver block);
-//! - values JSON cannot hold: tagged values (`!foo x`), NaN/infinite floats, integers outside
-//!   i64/u64, non-scalar keys. Scalar keys (`1: x`, `true: y`) become strings, as kubectl's
-//!   YAML-to-JSON conversion does;
+//! - values JSON cannot hold: NaN/infinite floats, integers outside i64/u64, non-scalar keys.
+//!   Scalar keys (`1: x`, `true: y`) become strings, as kubectl's YAML-to-JSON conversion does;
 //! - more than one document;
 //! - a list where the target type wants a mapping (a struct): serde would read it positionally
 //!   (`startupProbe: [5, 7, 9]` setting three fields); see [`crate::strict`].
+//!
+//! **As the API server reads YAML** (sigs.k8s.io/yaml over go-yaml, YAML 1.1 scalars), so a
+//! file `kubectl apply` takes means the same to kiln:
+//! - merge keys (`<<: *defaults`) are merged, the mapping's own keys winning;
+//! - YAML 1.1 octals (`0755` = 493) and `0o755`, hex `0x1F`, as go-yaml resolves them;
+//! - YAML 1.1 booleans: `yes`/`no`/`on`/`off`/`y`/`n` (any case) are booleans, values and keys
+//!   alike (`n: 1` is `{"false": 1}`), as go-yaml reads them: quote such a string (`mode:
+//!   'off'`), as for the API server;
+//! - **deviation**: a tag other than YAML's own (`!!str`, `!!int`, …), say `!secret x`, is
+//!   refused; go-yaml drops an unknown tag and keeps the value.
 //!
 //! A leading UTF-8 byte order mark is skipped, as kubectl and the API server skip it.
 
@@ -54,6 +66,22 @@ impl YamlError {
     }
 }
 
+/// serde-saphyr's settings for the rules of the module docs.
+fn options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_DEPTH;
+    let mut o = serde_saphyr::Options::default();
+    o.budget = Some(budget);
+    o.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
+    o.merge_keys = serde_saphyr::MergeKeyPolicy::Merge;
+    o.legacy_octal_numbers = true;
+    o.reject_unsupported_tags = true;
+    o.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::Reject;
+    o.with_snippet = false;
+    o.crop_radius = 0;
+    o
+}
+
 /// Parses `text` (YAML, or JSON which is YAML) into a JSON value under the rules of the module
 /// docs. Empty text is `null`; a leading byte order mark (U+FEFF) is skipped.
 ///
@@ -66,19 +94,60 @@ pub fn to_value(text: &str) -> Result<Value, YamlError> {
             "document larger than {MAX_TEXT_BYTES} bytes"
         )));
     }
-    check_depth(text)?;
+    if text.trim().is_empty() {
+        return Ok(Value::Null);
+    }
     let errors = RefCell::new(None);
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let seed = Strict {
-        depth: 0,
-        at: &Loc::Root,
-        errors: &errors,
-    };
-    seed.deserialize(de).map_err(|e| {
+    let failed_at = RefCell::new(None);
+    let res = serde_saphyr::with_deserializer_from_str_with_options(text, options(), |de| {
+        Strict {
+            at: &Loc::Root,
+            errors: &errors,
+            failed_at: &failed_at,
+        }
+        .deserialize(de)
+    });
+    res.map_err(|e| {
         errors
             .take()
-            .unwrap_or_else(|| YamlError::document(e.to_string()))
+            .unwrap_or_else(|| from_parser(e.without_snippet(), failed_at.take()))
     })
+}
+
+/// A serde-saphyr error as a [`YamlError`]: `at` is where the value being read was (for a
+/// duplicate key, the mapping).
+fn from_parser(e: &serde_saphyr::Error, at: Option<String>) -> YamlError {
+    use serde_saphyr::Error as E;
+    let line = e
+        .location()
+        .map(|l| format!(" (line {})", l.line()))
+        .unwrap_or_default();
+    match e {
+        E::DuplicateMappingKey { key, .. } => {
+            let key = key.as_deref().unwrap_or("?");
+            let path = match at.as_deref() {
+                None | Some(".") => key.to_string(),
+                Some(p) => format!("{p}.{key}"),
+            };
+            YamlError {
+                path,
+                message: format!("duplicate key `{key}` (each key may appear once per mapping)"),
+            }
+        }
+        E::Budget {
+            breach: serde_saphyr::budget::BudgetBreach::Depth { .. },
+            ..
+        } => YamlError::document(format!("nested deeper than {MAX_DEPTH} levels{line}")),
+        E::MultipleDocuments { .. } => YamlError::document(format!("more than one document{line}")),
+        E::UnsupportedTag { tag, .. } => YamlError {
+            path: at.unwrap_or_else(|| ".".into()),
+            message: format!("YAML tags (`!name value`) are not supported: {tag}{line}"),
+        },
+        other => YamlError {
+            path: at.unwrap_or_else(|| ".".into()),
+            message: format!("invalid YAML: {other}"),
+        },
+    }
 }
 
 /// Parses `text` with [`to_value`], then decodes it as `T`; decode errors carry the field path
@@ -102,33 +171,6 @@ pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, YamlError> {
     })
 }
 
-/// Streams the events of `text` and refuses it once more than [`MAX_DEPTH`] collections are
-/// open; linear in the text, and stops at the limit.
-fn check_depth(text: &str) -> Result<(), YamlError> {
-    use yaml_rust2::parser::{Event, Parser};
-    let mut parser = Parser::new_from_str(text);
-    let mut depth = 0usize;
-    loop {
-        let (event, mark) = parser
-            .next_token()
-            .map_err(|e| YamlError::document(format!("invalid YAML: {e}")))?;
-        match event {
-            Event::StreamEnd => return Ok(()),
-            Event::SequenceStart(..) | Event::MappingStart(..) => {
-                depth += 1;
-                if depth > MAX_DEPTH {
-                    return Err(YamlError::document(format!(
-                        "nested deeper than {MAX_DEPTH} levels (line {})",
-                        mark.line()
-                    )));
-                }
-            }
-            Event::SequenceEnd | Event::MappingEnd => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-}
-
 /// Where a node is, for error paths: a chain of parents, formatted only on error.
 enum Loc<'a> {
     Root,
@@ -148,12 +190,13 @@ impl fmt::Display for Loc<'_> {
     }
 }
 
-/// Builds a [`Value`] and records the first rule violation (with its path) in `errors`.
+/// Builds a [`Value`], records the first rule violation (with its path) in `errors`, and the
+/// innermost path where the parser failed in `failed_at`.
 #[derive(Clone, Copy)]
 struct Strict<'a> {
-    depth: usize,
     at: &'a Loc<'a>,
     errors: &'a RefCell<Option<YamlError>>,
+    failed_at: &'a RefCell<Option<String>>,
 }
 
 impl Strict<'_> {
@@ -168,12 +211,13 @@ impl Strict<'_> {
         E::custom(message)
     }
 
-    fn enter<E: de::Error>(&self) -> Result<usize, E> {
-        let depth = self.depth + 1;
-        if depth > MAX_DEPTH {
-            return Err(self.fail(self.at, format!("nested deeper than {MAX_DEPTH} levels")));
+    /// Remembers `at` as where the parser failed, unless a deeper place was recorded.
+    fn failed<E>(&self, at: &Loc<'_>, e: E) -> E {
+        let mut slot = self.failed_at.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(at.to_string());
         }
-        Ok(depth)
+        e
     }
 }
 
@@ -250,16 +294,14 @@ impl<'de> Visitor<'de> for Strict<'_> {
     }
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let depth = self.enter()?;
         let mut out = Vec::new();
         loop {
             let at = Loc::Index(self.at, out.len());
-            let child = Strict {
-                depth,
-                at: &at,
-                errors: self.errors,
-            };
-            match seq.next_element_seed(child)? {
+            let child = Strict { at: &at, ..self };
+            match seq
+                .next_element_seed(child)
+                .map_err(|e| self.failed(&at, e))?
+            {
                 Some(v) => out.push(v),
                 None => return Ok(Value::Array(out)),
             }
@@ -267,32 +309,19 @@ impl<'de> Visitor<'de> for Strict<'_> {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let depth = self.enter()?;
         let mut out = Map::new();
-        while let Some(key) = map.next_key_seed(Key(self))? {
+        while let Some(key) = map
+            .next_key_seed(Key(self))
+            .map_err(|e| self.failed(self.at, e))?
+        {
             let at = Loc::Key(self.at, &key);
-            if out.contains_key(&key) {
-                return Err(self.fail(
-                    &at,
-                    format!("duplicate key `{key}` (each key may appear once per mapping)"),
-                ));
-            }
-            let child = Strict {
-                depth,
-                at: &at,
-                errors: self.errors,
-            };
-            let value = map.next_value_seed(child)?;
+            let child = Strict { at: &at, ..self };
+            let value = map
+                .next_value_seed(child)
+                .map_err(|e| self.failed(&at, e))?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))
-    }
-
-    fn visit_enum<A: de::EnumAccess<'de>>(self, _data: A) -> Result<Value, A::Error> {
-        Err(self.fail(
-            self.at,
-            "YAML tags (`!name value`) are not supported".into(),
-        ))
     }
 }
 
@@ -303,26 +332,14 @@ impl<'de> DeserializeSeed<'de> for Key<'_> {
     type Value = String;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
-        let v = d.deserialize_any(Strict {
-            depth: MAX_DEPTH, // a collection as a key is refused below anyway
-            ..self.0
-        });
-        match v {
-            Ok(Value::String(s)) => Ok(s),
-            Ok(Value::Number(n)) => Ok(n.to_string()),
-            Ok(Value::Bool(b)) => Ok(b.to_string()),
-            Ok(Value::Null) => Ok("null".into()),
-            Ok(_) => Err(self
+        match d.deserialize_any(self.0)? {
+            Value::String(s) => Ok(s),
+            Value::Number(n) => Ok(n.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            Value::Null => Ok("null".into()),
+            _ => Err(self
                 .0
                 .fail(self.0.at, "a mapping key must be a scalar".into())),
-            Err(e) => {
-                // A collection key hits the depth guard; report it as what it is.
-                let mut slot = self.0.errors.borrow_mut();
-                if let Some(err) = slot.as_mut().filter(|e| e.message.starts_with("nested")) {
-                    err.message = "a mapping key must be a scalar".into();
-                }
-                Err(e)
-            }
         }
     }
 }
@@ -390,17 +407,47 @@ mod tests {
     fn sizes_tags_and_odd_numbers_are_refused() {
         let big = format!("a: \"{}\"\n", "x".repeat(MAX_TEXT_BYTES));
         assert_eq!(err(&big), ".: document larger than 1048576 bytes");
-        assert_eq!(
-            err("a: !secret x\n"),
-            "a: YAML tags (`!name value`) are not supported"
+        let e = to_value("a: !secret x\n").unwrap_err();
+        assert!(
+            e.message
+                .starts_with("YAML tags (`!name value`) are not supported: !secret"),
+            "{e}"
         );
-        assert_eq!(err("a: .nan\n"), "a: NaN is not a number JSON can hold");
+        let e = err("a: .nan\n");
+        assert!(e.contains("nan") || e.contains("NaN"), "{e}");
         assert!(err("a: 1\n---\nb: 2\n").contains("more than one document"));
         // A byte order mark is not a second document (kubectl skips it too).
         assert_eq!(to_value("\u{feff}a: 1\n").unwrap(), json!({"a": 1}));
         assert_eq!(to_value("\u{feff}{\"a\": 1}").unwrap(), json!({"a": 1}));
         assert!(err("a: [1\n").contains("invalid YAML"));
-        assert_eq!(err("[a, b]: 1\n"), ".: a mapping key must be a scalar");
+        assert!(err("[a, b]: 1\n").contains("a mapping key must be a scalar"));
+    }
+
+    /// What sigs.k8s.io/yaml (go-yaml, YAML 1.1 scalars) makes of the same text, or the
+    /// deviation the module docs list.
+    #[test]
+    fn scalars_and_merge_keys_read_as_the_api_server_reads_them() {
+        // Merge keys are merged; the mapping's own key wins, and is no duplicate.
+        assert_eq!(
+            to_value("base: &b {a: 1, b: 2}\nm:\n  <<: *b\n  b: 3\n").unwrap(),
+            json!({"base": {"a": 1, "b": 2}, "m": {"a": 1, "b": 3}})
+        );
+        // YAML 1.1 octal, YAML 1.2 octal and hex integers, as go-yaml resolves them.
+        assert_eq!(
+            to_value("a: 0755\nb: 0o755\nc: 0x1F\nd: 10\n").unwrap(),
+            json!({"a": 493, "b": 493, "c": 31, "d": 10})
+        );
+        // YAML 1.1 booleans, values and keys (the "Norway problem", as go-yaml has it).
+        assert_eq!(
+            to_value("a: true\nb: False\nc: TRUE\nd: yes\ne: on\nf: n\ny: 1\ng: 'no'\n").unwrap(),
+            json!({"a": true, "b": false, "c": true, "d": true, "e": true, "f": false,
+                   "true": 1, "g": "no"})
+        );
+        // YAML's own tags work; quoted scalars stay strings.
+        assert_eq!(
+            to_value("a: !!str 123\nb: '0755'\nc: ~\nd: null\n").unwrap(),
+            json!({"a": "123", "b": "0755", "c": null, "d": null})
+        );
     }
 
     #[test]
@@ -413,12 +460,12 @@ mod tests {
         #[derive(Debug, serde::Deserialize)]
         #[allow(dead_code)]
         struct Item {
-            n: u32,
+            count: u32,
         }
-        let e = from_str::<Doc>("items: [{n: 1}, {n: 4294967296}]").unwrap_err();
-        assert_eq!(e.path, "items[1].n");
+        let e = from_str::<Doc>("items: [{count: 1}, {count: 4294967296}]").unwrap_err();
+        assert_eq!(e.path, "items[1].count");
         assert!(e.message.contains("4294967296"), "{e}");
-        let e = from_str::<Doc>("items: [{n: 99999999999999999999999}]").unwrap_err();
-        assert_eq!(e.path, "items[0].n");
+        let e = from_str::<Doc>("items: [{count: 99999999999999999999999}]").unwrap_err();
+        assert_eq!(e.path, "items[0].count");
     }
 }

@@ -133,12 +133,12 @@ mod tests {
         assert_eq!(chain[0].sha256.as_deref(), Some(pin.as_str()));
         assert_eq!(chain[1], PluginRef::named("site-x"));
         let with_settings = PluginConfig::parse(
-            "dcgm:\n  then:\n    - name: place\n      settings:\n        nodeSelector: {pool: a}\n        n: 1\n",
+            "dcgm:\n  then:\n    - name: place\n      settings:\n        nodeSelector: {pool: a}\n        count: 1\n",
         )
         .unwrap();
         assert_eq!(
             with_settings.chain(State::Dcgm)[1].settings.as_deref(),
-            Some(r#"{"n":1,"nodeSelector":{"pool":"a"}}"#)
+            Some(r#"{"count":1,"nodeSelector":{"pool":"a"}}"#)
         );
         assert_eq!(cfg.chain(State::Dcgm), vec![PluginRef::named("dcgm")]);
         assert!(

@@ -1,6 +1,7 @@
 //! `kiln discover`: GPU node discovery without Node Feature Discovery — labels this node with
-//! the `feature.node.kubernetes.io/*` labels kiln's states read (see `kiln_discover`). The
-//! chart runs it on every node under NVIDIA's `nfd.enabled`.
+//! the `feature.node.kubernetes.io/*` labels kiln's states read and GFD's `nvidia.com/*` labels
+//! from the host's features.d files (see `kiln_discover`). The chart runs it on every node
+//! under NVIDIA's `nfd.enabled`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,9 +34,9 @@ pub struct DiscoverArgs {
         default_value = "02,0200,0207,0300,0302"
     )]
     pci_classes: Vec<String>,
-    /// How often to look again, as a Go duration (`5m`); labels are written only when they
-    /// change.
-    #[arg(long, env = "KILN_DISCOVER_INTERVAL", default_value = "5m", value_parser = parse_interval)]
+    /// How often to look again, as a Go duration (nfd-worker's 60 s: GFD's labels in the
+    /// features.d files reach the node within it); labels are written only when they change.
+    #[arg(long, env = "KILN_DISCOVER_INTERVAL", default_value = "60s", value_parser = parse_interval)]
     interval: Duration,
     /// Label once and exit.
     #[arg(long)]
@@ -99,12 +100,12 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_nvidias_classes_and_five_minutes() {
+    fn defaults_are_nvidias_classes_and_nfds_minute() {
         let a = Top::try_parse_from(["discover", "--node-name", "n1"])
             .unwrap()
             .discover;
         assert_eq!(a.pci_classes, ["02", "0200", "0207", "0300", "0302"]);
-        assert_eq!(a.interval, Duration::from_secs(300));
+        assert_eq!(a.interval, Duration::from_secs(60));
         let a = Top::try_parse_from([
             "discover",
             "--node-name",

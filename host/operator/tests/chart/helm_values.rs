@@ -346,6 +346,32 @@ fn per_key_checks() -> Vec<(&'static str, Vec<&'static str>, Effect)> {
             vec!["--set", "nfd.enabled=false"],
             NoObject("DaemonSet", "kiln-node-discovery"),
         ),
+        // Without NFD, GFD writes the features.d file kiln's discovery applies; a value the
+        // user sets wins.
+        (
+            "nfd",
+            vec![],
+            Spec(
+                "/gfd/env",
+                json!([{"name": "USE_NODE_FEATURE_API", "value": "false"}]),
+            ),
+        ),
+        (
+            "nfd",
+            vec!["--set", "nfd.enabled=false"],
+            Spec("/gfd/env", Value::Null),
+        ),
+        (
+            "nfd",
+            vec![
+                "--set-json",
+                r#"gfd.env=[{"name":"USE_NODE_FEATURE_API","value":"true"}]"#,
+            ],
+            Spec(
+                "/gfd/env",
+                json!([{"name": "USE_NODE_FEATURE_API", "value": "true"}]),
+            ),
+        ),
         (
             "nfd",
             vec!["--set", "nfd.nodefeaturerules=true"],
