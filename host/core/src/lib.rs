@@ -16,6 +16,7 @@ pub mod intstr;
 pub mod label_keys;
 pub mod labels;
 pub mod node_stuck;
+pub mod oci_ref;
 pub mod plan;
 pub mod readiness;
 pub mod singleton;

@@ -60,6 +60,16 @@ pub enum PluginError {
         /// The digest of the bytes found (lowercase hex).
         actual: String,
     },
+    /// A plugin named `oci://…@sha256:…` could not be pulled, or what the registry served is
+    /// not the artifact the digest names (a tampered manifest or blob): nothing of it is run or
+    /// stored.
+    #[error("plugin {plugin:?}: cannot pull: {message}")]
+    PullFailed {
+        /// The chain entry (the reference).
+        plugin: String,
+        /// What failed, with expected and actual digests for a mismatch.
+        message: String,
+    },
     /// The bytes are not a valid component, or it does not implement the
     /// `kiln:operand/operand-transform` world.
     #[error("plugin {plugin:?}: cannot load component: {message}")]
@@ -345,6 +355,7 @@ impl PluginError {
             | ReadFailed { plugin, .. }
             | InvalidPin { plugin, .. }
             | DigestMismatch { plugin, .. }
+            | PullFailed { plugin, .. }
             | LoadFailed { plugin, .. }
             | ForbiddenImport { plugin, .. }
             | ComponentLimit { plugin, .. }

@@ -31,6 +31,8 @@ pub enum PluginSource {
     DropIn(PathBuf),
     /// Compiled into the binary.
     Bundled,
+    /// Pulled from a registry by digest: the chain entry `oci://…@sha256:…` (`crate::oci`).
+    Oci(String),
 }
 
 /// The WIT package a plugin implements, told apart by the `kiln:operand/types` version it
@@ -196,6 +198,8 @@ pub struct PluginHost {
     calls: AtomicU64,
     /// `validate-settings` answers by (digest, settings text): the refused fields.
     settings_checked: std::sync::Mutex<HashMap<(String, String), Vec<SettingsError>>>,
+    /// Plugins named `oci://…` ([`PluginHost::with_oci_fetch`]).
+    oci: crate::oci::OciSource,
     _ticker: EpochTicker,
 }
 
@@ -215,7 +219,8 @@ impl PluginHost {
         let linker = make_linker(&engine).map_err(|e| PluginError::EngineSetup {
             message: format!("{e:#}"),
         })?;
-        let cache = ComponentCache::new(&engine, config.cache_dir.clone());
+        let cache_dir = config.cache_dir.clone();
+        let cache = ComponentCache::new(&engine, cache_dir.clone());
         let _ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             bundled: bundled.iter().map(|(n, b)| (n.to_string(), *b)).collect(),
@@ -227,6 +232,7 @@ impl PluginHost {
             plugins: RwLock::default(),
             calls: AtomicU64::new(0),
             settings_checked: Default::default(),
+            oci: crate::oci::OciSource::new(None, cache_dir.as_deref()),
             _ticker,
         })
     }
@@ -244,6 +250,15 @@ impl PluginHost {
             .filter(|(n, _)| self.bundled.contains_key(*n))
             .map(|(n, d)| (n.to_string(), d.to_ascii_lowercase()))
             .collect();
+        self
+    }
+
+    /// Lets chain entries named `oci://REGISTRY/REPOSITORY@sha256:<hex>` be pulled with
+    /// `fetch` (once per digest, verified, kept in `<cache dir>/oci/`, else in memory; see
+    /// `crate::oci`). Without it such a plugin loads only when already stored.
+    #[must_use]
+    pub fn with_oci_fetch(mut self, fetch: std::sync::Arc<dyn crate::oci::OciFetch>) -> Self {
+        self.oci = crate::oci::OciSource::new(Some(fetch), self.config.cache_dir.as_deref());
         self
     }
 
@@ -289,7 +304,7 @@ impl PluginHost {
             }
             tracing::warn!(plugin = name, path = %path.display(), "drop-in plugin shadows the bundled plugin of the same name");
         }
-        if let PluginSource::DropIn(_) = source {
+        if source != PluginSource::Bundled {
             // Site code is audited (bounds, imports) before any time is spent compiling it
             // and before anything of it is cached.
             crate::audit::check_bytes(name, &bytes, &self.config)?;
@@ -315,8 +330,7 @@ impl PluginHost {
         }
         // Site code gets the compile deadline; bundled code is known and compiles unbounded
         // (under load a standard plugin can take tens of seconds).
-        let deadline =
-            matches!(source, PluginSource::DropIn(_)).then_some(self.config.compile_deadline);
+        let deadline = (source != PluginSource::Bundled).then_some(self.config.compile_deadline);
         let (component, cache_hit) =
             self.cache
                 .get_or_compile(name, &digest, || Ok(bytes), deadline)?;
@@ -689,6 +703,11 @@ impl PluginHost {
     /// The plugin's bytes: read from the drop-in file, or borrowed from the binary (not copied,
     /// not touched until compiled).
     fn read(&self, name: &str) -> Result<(Cow<'static, [u8]>, PluginSource), PluginError> {
+        if let Some(reference) = oci_ref(name)? {
+            let max = self.config.max_component_bytes;
+            let bytes = self.oci.read(name, &reference, max)?;
+            return Ok((Cow::Owned(bytes), PluginSource::Oci(name.to_string())));
+        }
         let drop_in = self
             .config
             .drop_in_dir
@@ -753,7 +772,9 @@ impl PluginHost {
         let pre = self.link_pre(name, component)?;
         let plugin: Arc<str> = name.into();
         let exported = self.call_name(&plugin, &pre)?;
-        let bundle = accepts_name(name, &exported)?;
+        let expected = oci_ref(name)?.map(|r| r.plugin_name().to_string());
+        let bundle = accepts_name(expected.as_deref().unwrap_or(name), &exported)
+            .map_err(|e| rename_plugin(e, name))?;
         let imports = imports_of(&self.engine, component);
         let draws_random = imports.iter().any(|i| i.starts_with("wasi:random/"));
         Ok(LoadedPlugin {
@@ -891,6 +912,9 @@ fn read_bounded(path: &std::path::Path, max_bytes: usize) -> std::io::Result<Res
 
 /// A plugin name must be usable as a file name: non-empty, no path separators, not `.`/`..`.
 fn check_name(name: &str) -> Result<(), PluginError> {
+    if oci_ref(name)?.is_some() {
+        return Ok(());
+    }
     let ok = !name.is_empty()
         && name != "."
         && name != ".."
@@ -914,5 +938,32 @@ fn check_pin(name: &str, pin: &str) -> Result<String, PluginError> {
             plugin: name.to_string(),
             pin: pin.to_string(),
         })
+    }
+}
+
+/// The registry reference a chain entry names, when it starts with `oci://`.
+///
+/// # Errors
+/// [`PluginError::InvalidName`] when it starts with `oci://` but is not a valid reference by
+/// digest ([`kiln_core::oci_ref::OciRef::parse`]).
+fn oci_ref(name: &str) -> Result<Option<kiln_core::oci_ref::OciRef>, PluginError> {
+    if !kiln_core::oci_ref::is_oci(name) {
+        return Ok(None);
+    }
+    kiln_core::oci_ref::OciRef::parse(name)
+        .map(Some)
+        .map_err(|_| PluginError::InvalidName {
+            plugin: name.to_string(),
+        })
+}
+
+/// A [`PluginError::NameMismatch`] of an `oci://` plugin names the chain entry.
+fn rename_plugin(e: PluginError, name: &str) -> PluginError {
+    match e {
+        PluginError::NameMismatch { exported, .. } => PluginError::NameMismatch {
+            plugin: name.to_string(),
+            exported,
+        },
+        e => e,
     }
 }

@@ -46,6 +46,7 @@ mod error;
 mod host;
 mod inspect;
 mod meta;
+pub mod oci;
 mod outcome;
 mod patch;
 mod sandbox;

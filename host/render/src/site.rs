@@ -18,7 +18,9 @@
 //! Settings are for `kiln:operand@0.2.0` plugins (`wit/README.md`); the host checks them with
 //! the plugin's `validate-settings` before any transform runs.
 //! Site plugins are looked up by name in the drop-in directory (`/etc/kiln/plugins/<name>.wasm`),
-//! then among the bundled plugins.
+//! then among the bundled plugins. A name `oci://REGISTRY/REPOSITORY@sha256:<64 hex>` is pulled
+//! from a registry by that digest instead (a tag is refused here, naming the entry;
+//! [`kiln_core::oci_ref`], `kiln_plugin_host::oci`).
 
 use std::collections::BTreeMap;
 
@@ -85,6 +87,13 @@ impl PluginConfig {
                 .pin
                 .iter()
                 .chain(plugins.then.iter().filter_map(|p| p.sha256.as_ref()));
+            for (i, site) in plugins.then.iter().enumerate() {
+                if kiln_core::oci_ref::is_oci(&site.name) {
+                    kiln_core::oci_ref::OciRef::parse(&site.name).map_err(|e| {
+                        format!("annotation {PLUGINS_ANNOTATION}: {key}: then[{i}].name: {e}")
+                    })?;
+                }
+            }
             for pin in pins {
                 if pin.len() != 64 || !pin.chars().all(|c| c.is_ascii_hexdigit()) {
                     return Err(format!(
@@ -166,6 +175,20 @@ mod tests {
             PluginConfig::parse("dcgm: {extra: 1}")
                 .unwrap_err()
                 .contains("unknown field `extra`")
+        );
+        let digest = "b".repeat(64);
+        let oci = PluginConfig::parse(&format!(
+            "dcgm: {{then: [{{name: a}}, {{name: 'oci://ghcr.io/acme/a@sha256:{digest}'}}]}}"
+        ))
+        .unwrap();
+        assert_eq!(
+            oci.chain(State::Dcgm)[2].name,
+            format!("oci://ghcr.io/acme/a@sha256:{digest}")
+        );
+        assert_eq!(
+            PluginConfig::parse("dcgm: {then: [{name: a}, {name: 'oci://ghcr.io/acme/a:v1'}]}")
+                .unwrap_err(),
+            "annotation kiln.dev/plugins: dcgm: then[1].name: \"oci://ghcr.io/acme/a:v1\" names no digest: a plugin is pulled by digest only (oci://REGISTRY/REPOSITORY@sha256:<64 hex>; `kiln plugin push` prints it), never by tag"
         );
         let err = PluginConfig::parse("dcgm: {then: [{name: a}]}\ndcgm: {}\n").unwrap_err();
         assert_eq!(

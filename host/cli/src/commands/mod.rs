@@ -12,6 +12,7 @@ mod operator;
 mod operator_hooks;
 mod plugin;
 mod plugin_author;
+mod plugin_oci;
 mod render;
 mod validator;
 mod version;
@@ -195,7 +196,8 @@ pub(crate) fn plugin_host(
         ..Default::default()
     };
     let host = kiln_plugin_host::PluginHost::new(cfg, kiln_bundled_plugins::BUNDLED)?
-        .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+        .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256)
+        .with_oci_fetch(std::sync::Arc::new(policy.registry.registry()?));
     Ok(std::sync::Arc::new(host))
 }
 

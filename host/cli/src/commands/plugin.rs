@@ -28,6 +28,8 @@ pub struct HostPolicyArgs {
           value_parser = clap::builder::BoolishValueParser::new(),
           action = clap::ArgAction::SetTrue)]
     pub refuse_shadowing: bool,
+    #[command(flatten)]
+    pub registry: super::plugin_oci::RegistryArgs,
 }
 
 /// Plugin tools.
@@ -93,6 +95,28 @@ pub enum PluginCommand {
         #[arg(long)]
         prune: bool,
     },
+    /// Push a component to a registry as a Wasm OCI artifact (the layout `wkg` uses) and print
+    /// the reference to pin in a chain: `oci://REGISTRY/REPOSITORY@sha256:…`. The repository's
+    /// last path component must be the plugin's `name()`.
+    Push {
+        /// The component (`.wasm`).
+        file: PathBuf,
+        /// `oci://REGISTRY/REPOSITORY:TAG`.
+        target: String,
+        #[command(flatten)]
+        registry: super::plugin_oci::RegistryArgs,
+    },
+    /// Pull a component by digest (`oci://REGISTRY/REPOSITORY@sha256:…`), verify the manifest
+    /// and layer digests, and write it.
+    Pull {
+        /// `oci://REGISTRY/REPOSITORY@sha256:<64 hex>` (a tag is refused).
+        reference: String,
+        /// Where to write it (default `<plugin name>.wasm`).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        registry: super::plugin_oci::RegistryArgs,
+    },
 }
 
 impl PluginCommand {
@@ -128,6 +152,16 @@ impl PluginCommand {
                 plugins_dir,
                 prune,
             } => precompile(cache_dir, plugins_dir, prune),
+            PluginCommand::Push {
+                file,
+                target,
+                registry,
+            } => super::plugin_oci::push(&file, &target, &registry),
+            PluginCommand::Pull {
+                reference,
+                output,
+                registry,
+            } => super::plugin_oci::pull(&reference, output.as_deref(), &registry),
         }
     }
 }
@@ -180,6 +214,7 @@ fn precompile(
                 let from = match p.source() {
                     kiln_plugin_host::PluginSource::Bundled => "bundled".to_string(),
                     kiln_plugin_host::PluginSource::DropIn(path) => path.display().to_string(),
+                    kiln_plugin_host::PluginSource::Oci(reference) => reference.clone(),
                 };
                 super::outln!("{name}\t{how}\t{from}\t{}", p.sha256());
             }

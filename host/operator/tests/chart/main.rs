@@ -12,3 +12,4 @@ mod crd;
 mod crd_fidelity;
 mod deploy;
 mod helm_values;
+mod site_plugins;
