@@ -1,23 +1,20 @@
-//! Operator configuration and the shared context every reconcile receives: the cluster handle
-//! ([`Cluster`]), the status writer ([`StatusWriter`]) and the caches ([`Caches`]).
+//! Operator configuration and the shared context every ClusterPolicy reconcile receives: the
+//! cluster handle ([`Cluster`]), the status writer ([`StatusWriter`]), the view of the cluster
+//! ([`View`]) and what the reconciler remembers ([`Memo`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use crate::cluster::node::SlimNode;
 use kiln_core::State;
 use kiln_core::labels::LabelPolicy;
 use kiln_render::Renderer;
 use kube::Client;
-use kube::api::DynamicObject;
 use kube::runtime::events::Reporter;
 
 use crate::signals::events::Events;
-use kube::runtime::reflector::Store;
 
 use crate::apply::Applier;
-use crate::cluster::live::Wake;
-use crate::cluster::store::NamedStore;
+use crate::cluster::view::View;
 use crate::signals::metrics::Metrics;
 use crate::status::StatusWriter;
 
@@ -73,18 +70,11 @@ pub struct Cluster {
     pub kubernetes_version: String,
 }
 
-/// The caches reconciles read instead of the API server: the ClusterPolicies (the controller's
-/// store), the nodes (slimmed, [`crate::controllers::policy::nodes::watch_nodes`]), the labelled objects
-/// ([`crate::cluster::live`]), each state's last render, and what the last full reconcile of each
-/// policy decided ([`Last`]). Stores not set (tests, before `run` wires them) fall back to
-/// reads from the API server.
+/// What the ClusterPolicy reconciler remembers between reconciles (its own state, not the
+/// cluster's: that is the [`View`]): each state's last render, what the last full reconcile of
+/// each policy decided ([`Last`]), the labelling rules node events use and the pacing.
 #[derive(Default)]
-pub struct Caches {
-    policies: OnceLock<Store<DynamicObject>>,
-    nodes: OnceLock<NamedStore<SlimNode>>,
-    /// The labelled objects in the cluster (what kiln applied, found again after a restart);
-    /// started by the first reconcile ([`Context::live`]) unless set before.
-    live: tokio::sync::OnceCell<Arc<crate::cluster::live::LiveCache>>,
+pub struct Memo {
     /// Each state's last render and its inputs (unchanged inputs call no plugin).
     pub renders: crate::memory::RenderCache,
     /// What the last full reconcile of each policy (by name) decided.
@@ -92,26 +82,8 @@ pub struct Caches {
     /// The labelling rules of the active policy's last full reconcile (node events label the
     /// changed node with them).
     pub labels: Arc<Mutex<Option<LabelPolicy>>>,
-    /// Wakes the controller (a no-op until `run` wires a channel).
-    pub wake: Wake,
     /// When the last reconcile of the active policy started ([`crate::controllers::policy::reconcile::RECONCILE_EVERY`]).
     pub paced: Mutex<Option<std::time::Instant>>,
-    /// Watches of the pods and revisions of `OnDelete` DaemonSets (started on first need when
-    /// set; else readiness lists them) and of the validator pods (started by `run` with the
-    /// readiness timeline's tap).
-    pub pods: OnceLock<Arc<crate::cluster::readiness::PodWatches>>,
-    /// The operator namespace's ConfigMaps (metadata) and the keys of the referenced ones as
-    /// last read (set by `run`; else every referenced ConfigMap is read each full reconcile).
-    pub config_maps: OnceLock<Arc<crate::cluster::facts::ConfigMapCache>>,
-    /// Every DaemonSet of the operator namespace ([`crate::cluster::live::start_daemonsets`], set by
-    /// `run` and shared with the NVIDIADriver controller); else the labelled objects' cache
-    /// starts that watch itself.
-    pub daemonsets: OnceLock<Store<k8s_openapi::api::apps::v1::DaemonSet>>,
-    /// The NVIDIADriver CRs (the NVIDIADriver controller's store, shared with
-    /// [`crate::controllers::driver::DriverCaches::drivers`] and set when that controller starts): a
-    /// policy that hands the driver off judges the CRs' readiness from it. Not set (no
-    /// NVIDIADriver CRD, tests): listed.
-    pub drivers: Arc<OnceLock<Store<kiln_core::spec::nvidiadriver::NVIDIADriver>>>,
 }
 
 /// One state as the last full reconcile left it.
@@ -160,39 +132,18 @@ pub fn metadata_digest(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Ob
     h.finish()
 }
 
-impl Caches {
-    /// Use `store` as the ClusterPolicies (the controller's, as [`DynamicObject`]s: see
-    /// [`crate::status::policy_resource`]); `false` when one is set already.
-    pub fn set_policies(&self, store: Store<DynamicObject>) -> bool {
-        self.policies.set(store).is_ok()
-    }
-
-    /// The ClusterPolicy store, when set.
-    pub fn policies(&self) -> Option<&Store<DynamicObject>> {
-        self.policies.get()
-    }
-
-    /// Use `store` as the nodes; `false` when one is set already.
-    pub fn set_nodes(&self, store: NamedStore<SlimNode>) -> bool {
-        self.nodes.set(store).is_ok()
-    }
-
-    /// The node store, when set.
-    pub fn nodes(&self) -> Option<&NamedStore<SlimNode>> {
-        self.nodes.get()
-    }
-}
-
 /// Everything a reconcile needs, shared by all reconciles through an `Arc`: the cluster handle
 /// ([`Cluster`], also reached through `Deref`: `ctx.client`, `ctx.config`), the status writer,
-/// the caches, the renderer and the metrics.
+/// the view of the cluster, what the reconciler remembers, the renderer and the metrics.
 pub struct Context {
     /// Client, applier, configuration, server version.
     pub cluster: Cluster,
     /// Writes status and Events.
     pub status: StatusWriter,
-    /// What reconciles read instead of the API server.
-    pub caches: Caches,
+    /// The cluster as the operator's watches hold it (shared with every controller).
+    pub view: Arc<View>,
+    /// What the reconciler remembers between reconciles.
+    pub memo: Memo,
     /// Renders a state through its plugin chain.
     pub renderer: Renderer,
     /// Publishes Events on the ClusterPolicy (also used by [`Context::status`]) and the
@@ -210,13 +161,14 @@ impl std::ops::Deref for Context {
 }
 
 impl Context {
-    /// Build a context over `client` and `renderer`.
+    /// Build a context over `client`, `renderer` and the cluster `view`.
     pub fn new(
         client: Client,
         renderer: Renderer,
         metrics: Arc<Metrics>,
         config: Config,
         kubernetes_version: String,
+        view: Arc<View>,
     ) -> Self {
         let reporter = Reporter {
             controller: "kiln".into(),
@@ -232,47 +184,10 @@ impl Context {
                 config,
                 kubernetes_version,
             },
-            caches: Caches::default(),
+            view,
+            memo: Memo::default(),
             renderer,
             metrics,
         }
-    }
-
-    /// Use `live` as the cache of labelled objects instead of starting reflectors (tests);
-    /// `false` when one is set already.
-    pub fn set_live(&self, live: crate::cluster::live::LiveCache) -> bool {
-        self.caches.live.set(Arc::new(live)).is_ok()
-    }
-
-    /// The cache of labelled objects, starting its reflectors on first use
-    /// ([`crate::cluster::live::LiveCache::start`]).
-    ///
-    /// # Errors
-    /// [`crate::Error::Kube`] when discovering the watched kinds fails.
-    pub async fn live(&self) -> crate::Result<&crate::cluster::live::LiveCache> {
-        Ok(self.shared_live().await?)
-    }
-
-    /// [`Context::live`] as a handle another controller can keep (the NVIDIADriver
-    /// controller reads the markers of the driver state's shared objects from it).
-    ///
-    /// # Errors
-    /// As [`Context::live`].
-    pub async fn shared_live(&self) -> crate::Result<&Arc<crate::cluster::live::LiveCache>> {
-        self.caches
-            .live
-            .get_or_try_init(|| async {
-                crate::cluster::live::LiveCache::start(
-                    &self.client,
-                    &self.applier,
-                    &self.config.namespace,
-                    &self.caches.wake,
-                    self.caches.config_maps.get().map(|c| c.store()),
-                    self.caches.daemonsets.get().cloned(),
-                )
-                .await
-                .map(Arc::new)
-            })
-            .await
     }
 }

@@ -13,11 +13,11 @@
 //! ```text
 //!   run            starts each part once, in order
 //!   controllers/   policy (ClusterPolicy), driver (NVIDIADriver), upgrade (rolling driver
-//!                  upgrades); policy and driver never import each other
-//!   context        the context the ClusterPolicy reconciler and the upgrade loop share
+//!                  upgrades), side by side over the one view; none imports another
+//!   context        the ClusterPolicy reconciler's context (configuration, cluster handle)
 //!   drift, status  removing other managers' additions; status writes (with their Events)
 //!   signals/       metrics, Events, the per-node readiness timeline
-//!   cluster/       watches, stores, decoders, wake-ups, and the reads of them (view)
+//!   cluster/       watches, stores, decoders, wake-ups, and the one view of them (View)
 //!   apply, memory, leader, lifecycle, crd, error
 //! ```
 //!

@@ -110,11 +110,10 @@ pub use tikv_jemallocator::Jemalloc;
 ///   second go back to the OS, by jemalloc's own thread, with no trim call from kiln.
 ///
 /// Why not glibc's malloc: it serves small blocks of every size from one heap, so the long-lived
-/// per-node records of a 5,000-node cluster end up spread between the blocks of watch pages,
-/// renders and Events already freed, and pages that hold one live record cannot go back. At
-/// 5,000 GPU nodes it held 6.5 MB free between 16.6 MB of live blocks, and the operator's
-/// RSS was 42.1 MiB; with jemalloc, 37.5 MiB (issue 16, session 24,
-/// `deploy/operator/README.md`). jemalloc keeps each size class in its own runs of pages.
+/// per-node records of a large cluster end up spread between the blocks of watch pages,
+/// renders and Events already freed, and pages that hold one live record cannot go back.
+/// jemalloc keeps each size class in its own runs of pages (the two compared at 5,000 GPU
+/// nodes: `deploy/operator/README.md`, Benchmark).
 pub const JEMALLOC_CONF: &[u8] =
     b"narenas:1,tcache:false,dirty_decay_ms:1000,muzzy_decay_ms:0,background_thread:true\0";
 const _: () = assert!(

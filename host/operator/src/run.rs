@@ -1,9 +1,10 @@
-//! Wiring: metrics server, leader election, and the kube-runtime Controller.
+//! Wiring: metrics server, leader election, the one view of the cluster
+//! ([`crate::cluster::view::View`]) and the controllers over it, each started once.
 //!
-//! Triggers (no fixed polling at steady state), all read from caches the watches fill (kube
+//! Triggers (no fixed polling at steady state), all read from the view's stores (kube
 //! reflector stores; the node and pod stores are [`crate::cluster::store`]'s name-keyed ones):
-//! - the ClusterPolicy itself (any change; one watch fills the policy cache the controller and
-//!   the NVIDIADriver reconciler read, [`crate::context::Caches::policies`]);
+//! - the ClusterPolicy itself (any change; one watch fills the view's policy store that every
+//!   controller reads);
 //! - labelled objects ([`crate::cluster::live`]): a DaemonSet status change re-judges readiness from the
 //!   cache; an object deleted behind kiln's back is re-applied;
 //! - node changes of what the operator reads ([`crate::controllers::policy::nodes::watch_nodes`]: a new GPU node,
@@ -20,8 +21,20 @@ use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::{Controller, watcher};
 
+use kiln_core::spec::nvidiadriver::NVIDIADriver;
+use kube::runtime::reflector::store::Writer;
+
+use crate::cluster::facts::ConfigMapCache;
+use crate::cluster::live::{self, LiveCache, Wake};
+use crate::cluster::node::SlimNode;
+use crate::cluster::readiness::PodWatches;
+use crate::cluster::store::NamedWriter;
+use crate::cluster::view::View;
 use crate::context::{Config, Context};
+use crate::controllers::driver::DaemonSetFeed;
+use crate::controllers::policy::nodes;
 use crate::controllers::policy::reconcile::{error_policy, reconcile};
+use crate::controllers::upgrade::{UpgradeConfig, Upgrader};
 use crate::leader::{self, Elector, LeaseConfig};
 use crate::signals::metrics::{Metrics, MetricsAuth, MetricsAuthorizer, router};
 use crate::{Error, Result};
@@ -102,15 +115,15 @@ pub async fn shutdown_signal() {
 /// listens, on the leader and on a standby alike (readiness is "serving", not "leading";
 /// `kiln_leader` tells which replica leads).
 ///
-/// The starts, in order: the health and metrics server, leadership, the shared watches
-/// ([`start_watches`]: pods, ConfigMaps, DaemonSets, nodes), the signals (Event renewal and
-/// the readiness timeline), the ClusterPolicy watch and controller ([`policy_controller`]),
-/// the driver upgrade, the NVIDIADriver controller ([`start_drivers`]), then leading until
-/// `shutdown` ([`lead`]).
+/// The starts, in order: the health and metrics server, leadership, the view of the cluster
+/// ([`start_view`]: every watch, once), the signals ([`start_signals`]), the node watch, the
+/// ClusterPolicy controller ([`policy_controller`]), the driver upgrade, the NVIDIADriver
+/// controller ([`start_drivers`]), then leading until `shutdown` ([`lead`]). Each controller
+/// gets the one [`View`]; none starts another.
 ///
 /// # Errors
 /// [`Error::Serve`] when the metrics address cannot be bound; [`Error::Kube`] when the server
-/// version cannot be read; [`Error::LeadershipLost`].
+/// version cannot be read or discovery fails; [`Error::LeadershipLost`].
 pub async fn run_until(
     client: Client,
     renderer: Renderer,
@@ -145,33 +158,46 @@ pub async fn run_until(
         .await
         .map_err(|e| Error::kube("read server version", e))?
         .git_version;
-    let mut ctx = Context::new(client.clone(), renderer, metrics.clone(), config, version);
-    let (wake, wakes) = crate::cluster::live::Wake::channel();
-    ctx.caches.wake = wake.clone();
-    let ctx = Arc::new(ctx);
-    let watches = start_watches(&ctx, &wake);
-    let (controller, policy_deletes, policy_changes) = policy_controller(&ctx);
-    // Rolling driver upgrades of the ClusterPolicy's driver ([`crate::controllers::upgrade`]), reading the
-    // reconciler's caches.
-    let upgrader = crate::controllers::upgrade::Upgrader::start(
+    let (wake, wakes) = Wake::channel();
+    let (view, feeds) = start_view(&client, &config.namespace, &wake).await?;
+    let ctx = Arc::new(Context::new(
         client.clone(),
-        crate::controllers::upgrade::UpgradeConfig {
-            validation_timeout: ctx.config.upgrade_validation_timeout,
-            identity: ctx.config.identity.clone(),
-            namespace: ctx.config.namespace.clone(),
+        renderer,
+        metrics.clone(),
+        config,
+        version,
+        view.clone(),
+    ));
+    let timeline = start_signals(&ctx);
+    let (pools_tx, pools) = futures::channel::mpsc::unbounded();
+    tokio::spawn(nodes::watch_nodes(
+        nodes::NodeWatch {
+            client: client.clone(),
+            wake: wake.clone(),
+            labels: ctx.memo.labels.clone(),
+            metrics: metrics.clone(),
+            timeline: Some(timeline),
+            pools: Some(pools_tx),
         },
-        crate::controllers::upgrade::Sources {
-            nodes: watches.nodes.clone(),
-            pods: watches.pods.clone(),
-            changed: wake.upgrade_notify(),
-        },
-    );
-    tokio::spawn(crate::controllers::upgrade::run_cluster_policy(
-        upgrader.clone(),
-        ctx.clone(),
+        feeds.nodes,
+    ));
+    let (controller, policy_deletes, policy_changes) = policy_controller(&ctx, feeds.policies);
+    let upgrade = UpgradeConfig {
+        validation_timeout: ctx.config.upgrade_validation_timeout,
+        identity: ctx.config.identity.clone(),
+        namespace: ctx.config.namespace.clone(),
+    };
+    let upgrader = Upgrader::start(client, upgrade, view);
+    tokio::spawn(crate::controllers::upgrade::run(
+        upgrader,
+        metrics.clone(),
         shutdown.clone(),
     ));
-    start_drivers(&ctx, watches, upgrader, &wake, policy_changes, &shutdown).await?;
+    let changes = futures::stream::select(
+        futures::stream::select(pools, policy_changes),
+        feeds.config_maps,
+    );
+    start_drivers(&ctx, feeds.drivers, changes, &shutdown);
     let controller = controller
         .reconcile_all_on(futures::stream::select(wakes, policy_deletes))
         .graceful_shutdown_on(shutdown)
@@ -213,41 +239,87 @@ async fn serve_health(client: &Client, config: &Config, metrics: &Arc<Metrics>) 
     Ok(())
 }
 
-/// What [`start_watches`] started and hands on: the stores the controllers and the upgrade
-/// read, and the change feeds of the NVIDIADriver controller.
-struct Watches {
-    /// The node store ([`crate::controllers::policy::nodes::watch_nodes`]).
-    nodes: crate::cluster::store::NamedStore<crate::cluster::node::SlimNode>,
-    /// The pod watches (`OnDelete` DaemonSets' pods and revisions, the validator pods).
-    pods: Arc<crate::cluster::readiness::PodWatches>,
-    /// Every DaemonSet of the namespace ([`crate::cluster::live::start_daemonsets`]).
-    daemonsets: kube::runtime::reflector::Store<k8s_openapi::api::apps::v1::DaemonSet>,
-    /// The NVIDIADriver side of the DaemonSet watch ([`crate::controllers::driver::daemonset_feed`]).
-    driver_daemonsets: crate::controllers::driver::DaemonSetFeed,
-    /// Node pool changes ([`crate::controllers::policy::nodes::NodeWatch::pools`]).
-    pools: futures::channel::mpsc::UnboundedReceiver<()>,
+/// What [`start_view`] hands the controllers besides the [`View`]: the writers of the stores
+/// whose watches a controller drives (the node watch labels nodes; the ClusterPolicy and
+/// NVIDIADriver controllers are built on their kinds' watches), and the change feeds of the
+/// NVIDIADriver controller.
+struct Feeds {
+    /// The view's node store ([`crate::controllers::policy::nodes::watch_nodes`]).
+    nodes: NamedWriter<SlimNode>,
+    /// The view's ClusterPolicy store ([`policy_controller`]).
+    policies: Writer<DynamicObject>,
+    /// The view's NVIDIADriver store and the NVIDIADriver side of the DaemonSet watch
+    /// ([`crate::controllers::driver::run`]); `None` when the CRD is not served.
+    drivers: Option<(Writer<NVIDIADriver>, DaemonSetFeed)>,
     /// Changes of a referenced ConfigMap ([`crate::cluster::facts::ConfigMapCache`]).
-    config_maps: futures::channel::mpsc::UnboundedReceiver<()>,
+    config_maps: Changes,
 }
 
-/// Start the shared watches and the signals they feed, each once, and set them in `ctx`'s
-/// caches: the pod watches (with the validator pods' tap feeding the readiness timeline), the
-/// Event series renewal, the readiness timeline, the ConfigMaps' metadata, every DaemonSet of
-/// the namespace (one watch for both controllers), and the nodes.
-fn start_watches(ctx: &Arc<Context>, wake: &crate::cluster::live::Wake) -> Watches {
-    let (client, namespace) = (&ctx.client, &ctx.config.namespace);
-    // Per-node readiness timeline and allocatable gauges, while this replica leads, fed by the
-    // node watch below and the validator pods' events from the driver upgrade's watch of them.
+/// Start every watch of the view once: the pod watches, the ConfigMaps' metadata, every
+/// DaemonSet of the namespace (one watch for every controller; the NVIDIADriver side's feed
+/// only when its CRD is served), the labelled objects ([`LiveCache::start`]), and the stores
+/// the node, ClusterPolicy and NVIDIADriver watches fill ([`Feeds`]).
+///
+/// # Errors
+/// [`Error::Kube`] when discovery fails.
+async fn start_view(client: &Client, namespace: &str, wake: &Wake) -> Result<(Arc<View>, Feeds)> {
+    let applier = crate::apply::Applier::new(client.clone());
+    let served = applier
+        .serves("nvidia.com/v1alpha1", "NVIDIADriver")
+        .await?;
+    let pods = Arc::new(PodWatches::new(client.clone(), wake.clone()));
+    // A referenced ConfigMap changed: a full reconcile of the policy, every NVIDIADriver again.
+    let (config_map_tx, config_maps) = futures::channel::mpsc::unbounded();
+    let full = wake.clone();
+    let on_change = move || {
+        full.full();
+        let _ = config_map_tx.unbounded_send(());
+    };
+    let config_map_cache = Arc::new(ConfigMapCache::start(client, namespace, on_change, wake));
+    let (feed, driver_daemonsets) = crate::controllers::driver::daemonset_feed();
+    let daemonsets = live::start_daemonsets(client, namespace, wake, feed);
+    let live = LiveCache::start(
+        client,
+        &applier,
+        namespace,
+        wake,
+        config_map_cache.store(),
+        daemonsets.clone(),
+    )
+    .await?;
+    let nodes = NamedWriter::<SlimNode>::default();
+    let policies = Writer::<DynamicObject>::new(crate::status::policy_resource());
+    // Not served: the feed is dropped, so the DaemonSet watch's sends go nowhere.
+    let drivers = served.then(|| (Writer::<NVIDIADriver>::default(), driver_daemonsets));
+    let view = View {
+        policies: policies.as_reader(),
+        nodes: nodes.as_reader(),
+        daemonsets,
+        pods,
+        config_maps: config_map_cache,
+        drivers: drivers.as_ref().map(|(w, _)| w.as_reader()),
+        live: Arc::new(live),
+        wake: wake.clone(),
+    };
+    let feeds = Feeds {
+        nodes,
+        policies,
+        drivers,
+        config_maps,
+    };
+    Ok((Arc::new(view), feeds))
+}
+
+/// Start the signals over the view: the readiness timeline and allocatable gauges (fed by the
+/// node watch through the returned sender, and by the validator pods' events through a tap
+/// on the view's validator pod watch) and the Event series renewal.
+fn start_signals(ctx: &Arc<Context>) -> futures::channel::mpsc::Sender<nodes::TimelineEvent> {
     let (timeline_tx, timeline_rx) =
         futures::channel::mpsc::channel(crate::signals::timeline::NODE_EVENTS);
-    let pods = Arc::new(crate::cluster::readiness::PodWatches::new(
-        client.clone(),
-        wake.clone(),
-    ));
     // Unbounded: about one validator pod a GPU node, and the timeline keeps up between them.
     let (validator_tx, validator_events) = futures::channel::mpsc::unbounded();
-    let tapped = pods.tap_matching(
-        namespace,
+    let tapped = ctx.view.pods.tap_matching(
+        &ctx.config.namespace,
         crate::signals::timeline::VALIDATOR_SELECTOR,
         move |ev| {
             let _ = validator_tx.unbounded_send(ev.clone());
@@ -264,73 +336,30 @@ fn start_watches(ctx: &Arc<Context>, wake: &crate::cluster::live::Wake) -> Watch
         timeline_rx,
         validator_events,
     ));
-    let _ = ctx.caches.pods.set(pods.clone());
-    // A referenced ConfigMap changed: a full reconcile of the policy, every NVIDIADriver again.
-    let (config_map_tx, config_maps) = futures::channel::mpsc::unbounded();
-    let config_map_wake = wake.clone();
-    let cache = crate::cluster::facts::ConfigMapCache::start(
-        client,
-        namespace,
-        move || {
-            config_map_wake.full();
-            let _ = config_map_tx.unbounded_send(());
-        },
-        wake,
-    );
-    let _ = ctx.caches.config_maps.set(Arc::new(cache));
-    // One watch of the namespace's DaemonSets for both controllers (the NVIDIADriver side's
-    // feed is dropped unless its CRD is served).
-    let (daemonset_feed, driver_daemonsets) = crate::controllers::driver::daemonset_feed();
-    let daemonsets =
-        crate::cluster::live::start_daemonsets(client, namespace, wake, daemonset_feed);
-    let _ = ctx.caches.daemonsets.set(daemonsets.clone());
-    // Node pool changes for the NVIDIADriver controller (dropped unless its CRD is served).
-    let (pools_tx, pools) = futures::channel::mpsc::unbounded();
-    let node_writer =
-        crate::cluster::store::NamedWriter::<crate::cluster::node::SlimNode>::default();
-    let nodes = node_writer.as_reader();
-    ctx.caches.set_nodes(node_writer.as_reader());
-    tokio::spawn(crate::controllers::policy::nodes::watch_nodes(
-        crate::controllers::policy::nodes::NodeWatch {
-            client: client.clone(),
-            wake: wake.clone(),
-            labels: ctx.caches.labels.clone(),
-            metrics: ctx.metrics.clone(),
-            timeline: Some(timeline_tx),
-            pools: Some(pools_tx),
-        },
-        node_writer,
-    ));
-    Watches {
-        nodes,
-        pods,
-        daemonsets,
-        driver_daemonsets,
-        pools,
-        config_maps,
-    }
+    timeline_tx
 }
 
 /// A change feed that ends nowhere: `()` on each event.
 type Changes = futures::channel::mpsc::UnboundedReceiver<()>;
 
-/// The ClusterPolicy controller over one watch of the ClusterPolicies, which fills the
-/// controller's store (the policy cache, set in `ctx`) and reports what the controller does
-/// not: a deleted policy makes every other one judged again (the next oldest becomes active;
-/// the first feed), and a policy added, deleted, replaced or edited (a new generation;
+/// The ClusterPolicy controller over one watch of the ClusterPolicies, which fills the view's
+/// policy store through `writer` and reports what the controller does not: a deleted policy
+/// makes every other one judged again (the next oldest becomes active; the first feed), and a
+/// policy added, deleted, replaced or edited (a new generation;
 /// [`kiln_core::singleton::PolicyRevisions`]) re-judges every NVIDIADriver (it renders with
 /// the policy; the second feed) — a status write does not. The reflector writes an event to
 /// the store before it passes it on, so whoever a change wakes reads the store with that
 /// change.
-fn policy_controller(ctx: &Arc<Context>) -> (Controller<DynamicObject>, Changes, Changes) {
+fn policy_controller(
+    ctx: &Arc<Context>,
+    writer: Writer<DynamicObject>,
+) -> (Controller<DynamicObject>, Changes, Changes) {
     use kube::runtime::WatchStreamExt;
     let ar = crate::status::policy_resource();
     let (deleted_tx, policy_deletes) = futures::channel::mpsc::unbounded();
     let (changed_tx, policy_changes) = futures::channel::mpsc::unbounded();
     let mut revisions = kiln_core::singleton::PolicyRevisions::default();
-    let writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(ar.clone());
     let store = writer.as_reader();
-    ctx.caches.set_policies(store.clone());
     let policies = watcher(
         Api::<DynamicObject>::all_with(ctx.client.clone(), &ar),
         crate::cluster::watch::config(),
@@ -368,59 +397,35 @@ fn policy_controller(ctx: &Arc<Context>) -> (Controller<DynamicObject>, Changes,
     )
 }
 
-/// Start the NVIDIADriver controller (a driver per node pool; [`crate::controllers::driver`]) when
-/// its CRD is served, reading the same stores as the ClusterPolicy reconciler; else close its
-/// feeds, so the watches' sends are dropped instead of queued for nobody.
-///
-/// # Errors
-/// [`Error::Kube`] when discovery or the labelled objects' cache fails.
-async fn start_drivers(
+/// Start the NVIDIADriver controller (a driver per node pool; [`crate::controllers::driver`])
+/// over the view when its CRD is served (`drivers`); else drop its feeds, so the watches'
+/// sends are dropped instead of queued for nobody.
+fn start_drivers(
     ctx: &Arc<Context>,
-    watches: Watches,
-    upgrader: Arc<crate::controllers::upgrade::Upgrader>,
-    wake: &crate::cluster::live::Wake,
-    policy_changes: Changes,
+    drivers: Option<(Writer<NVIDIADriver>, DaemonSetFeed)>,
+    changes: impl futures::Stream<Item = ()> + Send + 'static,
     shutdown: &(impl std::future::Future<Output = ()> + Clone + Send + Sync + 'static),
-) -> Result<()> {
-    if !ctx
-        .applier
-        .serves("nvidia.com/v1alpha1", "NVIDIADriver")
-        .await?
-    {
-        drop((watches, policy_changes));
-        return Ok(());
-    }
-    let mut drivers = crate::controllers::driver::DriverContext::new(
+) {
+    let Some((writer, daemonsets)) = drivers else {
+        return;
+    };
+    let mut driver = crate::controllers::driver::DriverContext::new(
         ctx.client.clone(),
         ctx.renderer.clone(),
         &ctx.config.namespace,
         &ctx.kubernetes_version,
         ctx.config.images.clone(),
+        ctx.view.clone(),
     );
-    drivers.upgrader = Some(upgrader);
-    drivers.recorder = ctx.recorder.clone();
-    drivers.metrics = Some(ctx.metrics.clone());
-    drivers.caches = crate::controllers::driver::DriverCaches {
-        nodes: ctx.caches.nodes().cloned(),
-        policies: ctx.caches.policies().cloned(),
-        pods: ctx.caches.pods.get().cloned(),
-        config_maps: ctx.caches.config_maps.get().cloned(),
-        live: Some(ctx.shared_live().await?.clone()),
-        drivers: ctx.caches.drivers.clone(),
-        ..Default::default()
-    };
-    let _ = drivers.caches.daemonsets.set(watches.daemonsets);
+    driver.recorder = ctx.recorder.clone();
+    driver.metrics = Some(ctx.metrics.clone());
     tokio::spawn(crate::controllers::driver::run(
-        Arc::new(drivers),
-        wake.clone(),
-        futures::stream::select(
-            futures::stream::select(watches.pools, policy_changes),
-            watches.config_maps,
-        ),
-        watches.driver_daemonsets,
+        Arc::new(driver),
+        writer,
+        changes,
+        daemonsets,
         shutdown.clone(),
     ));
-    Ok(())
 }
 
 /// Run `controller` to its end; with leader election, until the Lease is lost instead

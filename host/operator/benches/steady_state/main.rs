@@ -788,17 +788,9 @@ async fn watch_daemonsets(client: kube::Client, seen: Shared) {
         }
         // The operator's own rule; upstream's part only (no node coverage: the observer
         // holds no nodes).
-        let ready = matches!(
-            kiln_operator::readiness::judge_daemonset(
-                &name,
-                Some(&ds),
-                0,
-                kiln_operator::readiness::PodSource::Watches(&pods),
-                no_nodes,
-            )
-            .await,
-            Ok(None)
-        );
+        let ready = kiln_operator::readiness::judge_daemonset(&name, Some(&ds), 0, &pods, no_nodes)
+            .await
+            .is_none();
         let mut s = seen.lock().expect("seen");
         let entry = s.daemonsets.entry(name).or_insert((!ready, now));
         if entry.0 != ready {

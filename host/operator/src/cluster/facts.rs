@@ -241,8 +241,8 @@ impl ConfigMapCache {
 /// Reads the ConfigMaps (keys) and Secrets (existence, metadata only) that `spec` names into
 /// the transform context. A missing object is simply left out (the plugin that needs it then
 /// fails its state naming the field); a failed read is logged and treated as missing, so one
-/// unreadable object cannot stop the other states. With `cache`, a ConfigMap is read only when
-/// its watch shows it new or changed since it was last read ([`ConfigMapCache`]); Secrets are
+/// unreadable object cannot stop the other states. A ConfigMap is read only when `cache`'s
+/// watch shows it new or changed since it was last read ([`ConfigMapCache`]); Secrets are
 /// always a metadata GET (the operator may not list or watch Secrets).
 /// Used by the ClusterPolicy reconcile and the NVIDIADriver controller alike.
 pub(crate) async fn read_references(
@@ -250,17 +250,15 @@ pub(crate) async fn read_references(
     ns: &str,
     spec: &ClusterPolicySpec,
     tctx: &mut TransformContext,
-    cache: Option<&ConfigMapCache>,
+    cache: &ConfigMapCache,
 ) {
     use k8s_openapi::api::core::v1::Secret;
     use kube::Api;
     let refs = references(spec);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     for name in &refs.config_maps {
-        if let Some(c) = cache {
-            c.want(name);
-        }
-        match cache.and_then(|c| c.lookup(ns, name)) {
+        cache.want(name);
+        match cache.lookup(ns, name) {
             Some(Some(keys)) => {
                 tctx.config_maps.push(keys);
                 continue;
@@ -274,9 +272,7 @@ pub(crate) async fn read_references(
         match config_maps.get_opt(name).await {
             Ok(Some(cm)) => {
                 let keys = config_map_keys(&cm);
-                if let Some(c) = cache {
-                    c.remember(&cm, &keys);
-                }
+                cache.remember(&cm, &keys);
                 tctx.config_maps.push(keys);
             }
             Ok(None) => tracing::debug!(configmap = %name, %ns, "referenced ConfigMap not found"),

@@ -101,7 +101,7 @@ impl Wake {
         }
     }
 
-    /// Ask the driver upgrade loop for a pass soon ([`crate::controllers::upgrade::run_cluster_policy`]: a
+    /// Ask the driver upgrade loop for a pass soon ([`crate::controllers::upgrade::run`]: a
     /// driver or validator pod, a DaemonSet, a node's upgrade state or the policy changed).
     pub fn upgrade(&self) {
         self.upgrade.notify_one();
@@ -259,11 +259,11 @@ impl LiveCache {
 
     /// Start one metadata reflector per served kind of [`asset_kinds`] (a kind this cluster
     /// does not serve, say ServiceMonitor without its CRD, is not watched). The reflectors run
-    /// as tasks on the current runtime, retrying with kube-runtime's default backoff. With
-    /// `config_maps` (the [`crate::cluster::facts::ConfigMapCache`]'s store of every ConfigMap of
-    /// `namespace`, whose watch wakes through [`LabelledEvents`]) ConfigMaps get no watch of
-    /// their own; with `shared_daemonsets` (the store of [`start_daemonsets`], started by
-    /// `run` for both controllers) neither do DaemonSets, else one is started here.
+    /// as tasks on the current runtime, retrying with kube-runtime's default backoff.
+    /// ConfigMaps and DaemonSets get no watch of their own: `config_maps` is the
+    /// [`crate::cluster::facts::ConfigMapCache`]'s store of every ConfigMap of `namespace`
+    /// (whose watch wakes through [`LabelledEvents`]), `daemonsets` the store of
+    /// [`start_daemonsets`]; of both only the labelled ones count.
     ///
     /// # Errors
     /// [`crate::Error::Kube`] when discovery of a kind fails other than "not served".
@@ -272,24 +272,18 @@ impl LiveCache {
         applier: &Applier,
         namespace: &str,
         wake: &Wake,
-        config_maps: Option<Store<PartialObjectMeta<ConfigMap>>>,
-        shared_daemonsets: Option<Store<DaemonSet>>,
+        config_maps: Store<PartialObjectMeta<ConfigMap>>,
+        daemonsets: Store<DaemonSet>,
     ) -> Result<Self> {
         let mut stores = Vec::new();
-        let mut daemonsets = None;
         for (api_version, kind) in asset_kinds() {
             let Some((ar, namespaced)) = applier.resolve(&api_version, &kind).await? else {
                 continue;
             };
-            if (api_version.as_str(), kind.as_str()) == ("apps/v1", "DaemonSet") {
-                daemonsets = Some(match &shared_daemonsets {
-                    Some(store) => store.clone(),
-                    None => start_daemonsets(client, namespace, wake, |_| {}),
-                });
-                continue;
-            }
-            if (api_version.as_str(), kind.as_str()) == ("v1", "ConfigMap") && config_maps.is_some()
-            {
+            if matches!(
+                (api_version.as_str(), kind.as_str()),
+                ("apps/v1", "DaemonSet") | ("v1", "ConfigMap")
+            ) {
                 continue;
             }
             // `Api<PartialObjectMeta<_>>`: metadata-only list and watch.
@@ -313,10 +307,9 @@ impl LiveCache {
             }));
             stores.push((ar, store));
         }
-        let mut cache = Self::from_stores(stores);
-        cache.daemonsets = daemonsets;
-        cache.config_maps = config_maps;
-        Ok(cache)
+        Ok(Self::from_stores(stores)
+            .with_daemonsets(daemonsets)
+            .with_config_maps(config_maps))
     }
 
     /// Wait until every store has listed once, at most `limit` and only on the first call (a
@@ -410,8 +403,8 @@ impl LiveCache {
 /// policy's ([`STATE_LABEL`]) and the NVIDIADriver CRs' DaemonSets
 /// ([`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`]) at once. A labelled one's event
 /// wakes the ClusterPolicy controller through [`LabelledEvents`] (a status change re-judges
-/// readiness from this store, with no request), the policy's driver DaemonSet's also the
-/// driver upgrade loop, and a listed store both; every event is passed to `also` (the
+/// readiness from this store, with no request), a driver DaemonSet's (the policy's or an
+/// NVIDIADriver's) also the driver upgrade loop, and a listed store both; every event is passed to `also` (the
 /// NVIDIADriver controller's side, [`crate::controllers::driver::daemonset_feed`]) after the store
 /// holds it. Unlabelled DaemonSets of the namespace (a site's, or NVIDIA's operator's during a
 /// migration) are held as metadata without annotations ([`trim_daemonset`]) and wake nothing
@@ -439,7 +432,9 @@ pub fn start_daemonsets(
             }
         }
         match ev {
-            Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d)) if is_driver(&d) => {
+            Ok(watcher::Event::Apply(d) | watcher::Event::Delete(d))
+                if crate::cluster::wakes::daemonset(&d).upgrade =>
+            {
                 wake.upgrade();
             }
             Ok(watcher::Event::InitDone) => {
@@ -487,12 +482,6 @@ fn trim_daemonset(d: &mut DaemonSet) {
         d.spec = None;
         d.status = None;
     }
-}
-
-/// The ClusterPolicy's driver DaemonSet (its changes concern the driver upgrade loop).
-fn is_driver(ds: &DaemonSet) -> bool {
-    ds.metadata.name.as_deref() == Some(crate::cluster::watch::DRIVER_DAEMONSET)
-        && labelled(&ds.metadata)
 }
 
 /// `m` (of kind `ar`) as the plan sees it.
@@ -707,13 +696,15 @@ mod tests {
                 .daemonset("gpu-operator", "nvidia-gpu-driver-ubuntu22.04-pool-a")
                 .is_none()
         );
-        assert!(!is_driver(&ds(
-            crate::cluster::watch::DRIVER_DAEMONSET,
-            &[]
-        )));
-        assert!(is_driver(&ds(
+        let upgrade = |d: DaemonSet| crate::cluster::wakes::daemonset(&d).upgrade;
+        assert!(!upgrade(ds(crate::cluster::watch::DRIVER_DAEMONSET, &[])));
+        assert!(upgrade(ds(
             crate::cluster::watch::DRIVER_DAEMONSET,
             &[(STATE_LABEL, "driver")]
+        )));
+        assert!(upgrade(ds(
+            "nvidia-gpu-driver-ubuntu22.04-abc",
+            &[(NVIDIADRIVER_LABEL, "pool-a")]
         )));
     }
 

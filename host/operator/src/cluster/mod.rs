@@ -1,7 +1,8 @@
 //! The operator's view of the cluster: the watches it opens ([`watch`]), the stores they fill
 //! (name-keyed ones for nodes and pods, [`store`], [`node`], [`readiness`]; kube reflector
-//! stores for the labelled objects, DaemonSets and ConfigMaps, [`live`], [`facts`]) and the
-//! wake-ups their events send ([`live::Wake`]). Everything here reads and decodes; nothing
+//! stores for the labelled objects, DaemonSets and ConfigMaps, [`live`], [`facts`]), the one
+//! [`view::View`] of them every controller reads, and the wake-ups their events send
+//! ([`wakes`] decides, [`live::Wake`] delivers). Everything here reads and decodes; nothing
 //! here reconciles. It imports no controller and no signal.
 
 pub mod facts;
@@ -10,4 +11,5 @@ pub mod node;
 pub mod readiness;
 pub mod store;
 pub mod view;
+pub mod wakes;
 pub mod watch;

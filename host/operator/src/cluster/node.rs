@@ -1,9 +1,9 @@
 //! The operator's copy of a Node ([`SlimNode`], the node store's type,
 //! [`crate::cluster::store::NamedStore`]): decoded straight from the API server's JSON into what the
 //! operator reads ([`WatchedNode`] is the watch's type), with label keys and values interned
-//! and each distinct label set held once ([`InternedLabels`]: the nodes of a pool share one),
-//! so a 5,000-node store holds 1.8 MiB (376 bytes a node with 28 labels, `cargo bench -p
-//! kiln-operator --bench node_memory`; 1,688 in kube's `Store` with per-node label sets).
+//! and each distinct label set held once ([`InternedLabels`]: the nodes of a pool share one).
+//! Its size a node: `cargo bench -p kiln-operator --bench node_memory` (figures in
+//! `deploy/operator/README.md`, Memory).
 //!
 //! What is kept, and why:
 //!
@@ -131,9 +131,7 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// interned, is itself interned: every node of a pool (every pod of a DaemonSet revision)
 /// holds one pointer to one copy. `kubernetes.io/hostname`, different on every node, is kept
 /// per node outside the shared set (lookups and iteration see it among the others). 16 bytes
-/// an object, against 16 bytes a label for a per-object set of interned pairs (448 bytes for a
-/// testcluster GPU node's 28 kept labels) or a `BTreeMap<String, String>`'s 11-slot node
-/// (about 540 bytes) plus two strings a label.
+/// an object, whatever its number of labels.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InternedLabels {
     /// Every label but [`HOSTNAME_LABEL`], sorted by key.

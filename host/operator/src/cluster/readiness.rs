@@ -3,9 +3,9 @@
 //! a DaemonSet ready by upstream's rules is still not ready while it covers fewer nodes than its
 //! selector matches ([`kiln_core::plan::uncovered_nodes`]). `OnDelete` DaemonSets also need
 //! their pods and ControllerRevisions: from watches on the DaemonSet's selector ([`PodWatches`],
-//! started on first need, each change waking the controller and the driver upgrade loop), or,
-//! without them, listed. [`PodWatches`] also holds the validator pod watch, which wakes the
-//! upgrade loop only and feeds the readiness timeline ([`PodWatches::tap_matching`]).
+//! started on first need, each change waking the controller and the driver upgrade loop).
+//! [`PodWatches`] also holds the validator pod watch, which wakes the upgrade loop only and
+//! feeds the readiness timeline ([`PodWatches::tap_matching`]).
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -19,7 +19,7 @@ use internment::ArcIntern;
 use kiln_core::plan::uncovered_nodes;
 use kiln_core::readiness::{NotReady, Readiness, daemonset_readiness, is_on_delete};
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -331,44 +331,29 @@ impl PodWatches {
     }
 }
 
-/// Where an `OnDelete` DaemonSet's pods and revisions come from.
-#[derive(Clone, Copy)]
-pub enum PodSource<'a> {
-    /// Watches ([`PodWatches`]).
-    Watches(&'a PodWatches),
-    /// List them (pods in pages of [`POD_PAGE`]).
-    List(&'a Client),
-}
-
-/// Judge the DaemonSet `ds` (as the cache holds it; `None` when missing) named `name`, against
-/// the labels of every node. `min_generation` is the generation kiln's last apply returned: a
-/// cached copy older than that is not judged (the cache has not seen the apply yet). Returns
-/// `None` when ready, else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`,
-/// `…: scheduled on 461 of 500 matching nodes`).
-///
-/// # Errors
-/// [`Error::Kube`] when listing pods or revisions fails ([`PodSource::List`] only).
+/// Judge the DaemonSet `ds` (as the view holds it; `None` when missing) named `name`, against
+/// the labels of every node, an `OnDelete` one over its pods and revisions as `pods` watches
+/// them. `min_generation` is the generation kiln's last apply returned: a cached copy older
+/// than that is not judged (the store has not seen the apply yet). Returns `None` when ready,
+/// else the reason text (`nvidia-driver-daemonset: 2 pod(s) unavailable`, `…: scheduled on 461
+/// of 500 matching nodes`).
 pub async fn judge_daemonset<L: kiln_core::labels::LabelLookup + Sync>(
     name: &str,
     ds: Option<&DaemonSet>,
     min_generation: i64,
-    source: PodSource<'_>,
+    pods: &PodWatches,
     nodes: &[L],
-) -> Result<Option<String>> {
+) -> Option<String> {
     if let Some(d) = ds
         && d.metadata.generation.unwrap_or(0) < min_generation
     {
-        return Ok(Some(format!("{name}: {}", NotReady::NotObserved)));
+        return Some(format!("{name}: {}", NotReady::NotObserved));
     }
-    let readiness = match (ds.filter(|d| is_on_delete(d) && d.status.is_some()), source) {
-        (Some(ds), PodSource::Watches(w)) => w.readiness(ds).await,
-        (Some(ds), PodSource::List(client)) => {
-            let (pods, revisions) = list_pods_and_revisions(client, name, ds).await?;
-            daemonset_readiness(Some(ds), &pods, &revisions)
-        }
-        (None, _) => daemonset_readiness::<SlimPod, ControllerRevision>(ds, &[], &[]),
+    let readiness = match ds.filter(|d| is_on_delete(d) && d.status.is_some()) {
+        Some(ds) => pods.readiness(ds).await,
+        None => daemonset_readiness::<SlimPod, ControllerRevision>(ds, &[], &[]),
     };
-    Ok(match readiness {
+    match readiness {
         Readiness::NotReady(why) => Some(format!("{name}: {why}")),
         Readiness::Ready => {
             ds.and_then(|d| uncovered_nodes(d, nodes))
@@ -376,43 +361,8 @@ pub async fn judge_daemonset<L: kiln_core::labels::LabelLookup + Sync>(
                     format!("{name}: scheduled on {desired} of {matching} matching nodes")
                 })
         }
-    })
-}
-
-async fn list_pods_and_revisions(
-    client: &Client,
-    name: &str,
-    ds: &DaemonSet,
-) -> Result<(Vec<SlimPod>, Vec<ControllerRevision>)> {
-    let ns = ds.metadata.namespace.clone().unwrap_or_default();
-    let lp = ListParams::default().labels(&selector_of(ds));
-    let api = Api::<WirePod>::namespaced(client.clone(), &ns);
-    let mut pods = Vec::new();
-    let mut page_params = lp.clone().limit(POD_PAGE);
-    loop {
-        let page = api
-            .list(&page_params)
-            .await
-            .map_err(|e| Error::kube(format!("list pods of {name}"), e))?;
-        pods.extend(page.items.into_iter().map(|w| w.object));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => {
-                page_params = page_params.continue_token(&token);
-            }
-            _ => break,
-        }
     }
-    let revisions = Api::<ControllerRevision>::namespaced(client.clone(), &ns)
-        .list(&lp)
-        .await
-        .map_err(|e| Error::kube(format!("list revisions of {name}"), e))?
-        .items;
-    Ok((pods, revisions))
 }
-
-/// Pods per list request when judging an `OnDelete` DaemonSet (one per GPU node): bounds one
-/// response body however large the cluster is.
-pub const POD_PAGE: u32 = 100;
 
 /// A pod as the operator's pod stores hold it ([`PodWatches`], [`PodStore`]): what the
 /// `OnDelete` rule and the driver upgrade read ([`kiln_core::readiness::daemonset_readiness`],
@@ -426,10 +376,9 @@ pub const POD_PAGE: u32 = 100;
 /// skipped; the watches decode a [`WirePod`], `serde` a `SlimPod` the same way). Every text
 /// that pods share is interned ([`Sym`]): namespace, node name, digest, phase, container
 /// names; the label set and the owner references are interned whole, so a DaemonSet
-/// revision's pods share one copy ([`InternedLabels`]). Held in a [`PodStore`] with its key, a
-/// driver pod costs 425 bytes and a validator pod (five init containers) 593, measured by
-/// `cargo bench -p kiln-operator --bench node_memory` (1,361 and 1,572 in kube's `Store` with
-/// an `ObjectMeta` each and labels per pod): these stores hold two pods a GPU node.
+/// revision's pods share one copy ([`InternedLabels`]). These stores hold two pods a GPU node;
+/// what one costs in a [`PodStore`]: `cargo bench -p kiln-operator --bench node_memory`
+/// (figures in `deploy/operator/README.md`, Memory).
 /// The rules read it as it is: [`kiln_core::readiness::PodFacts`] (readiness),
 /// [`kiln_core::upgrade::DriverPod`] (the driver upgrade), [`kiln_core::labels::LabelLookup`]
 /// (selectors); no `Pod` is built from it.
@@ -778,24 +727,6 @@ impl crate::cluster::store::Keyed for SlimPod {
     fn key(&self) -> Arc<str> {
         self.name.clone()
     }
-}
-
-/// Judge the live DaemonSet `live` (as an apply or a watch returned it; `None` when missing)
-/// against the labels of every node (`nodes`), listing pods and revisions of an `OnDelete`
-/// DaemonSet ([`judge_daemonset`] with [`PodSource::List`]; for callers without caches, such
-/// as the benchmark's observer).
-///
-/// # Errors
-/// [`Error::Json`] when the object is not a DaemonSet; [`Error::Kube`] when listing pods or
-/// revisions fails.
-pub async fn daemonset_not_ready(
-    client: &Client,
-    name: &str,
-    live: Option<&DynamicObject>,
-    nodes: &[BTreeMap<String, String>],
-) -> Result<Option<String>> {
-    let ds = live.map(|o| as_daemonset(name, o)).transpose()?;
-    judge_daemonset(name, ds.as_ref(), 0, PodSource::List(client), nodes).await
 }
 
 /// The DaemonSet `name` as an apply or a watch returned it.

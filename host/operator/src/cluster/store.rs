@@ -3,11 +3,10 @@
 //!
 //! A watch's events are applied as kube-runtime's reflector applies them (a relist is
 //! gathered, then replaces the whole set; the store is ready once the first list is in), but
-//! kube's `Store` is not used for these: it keys each object by an `ObjectRef` (96 bytes and
-//! two more strings) and needs each object to carry a whole `ObjectMeta` (344 bytes, almost all
-//! of it empty here). At one node and two pods a GPU node that was most of the operator's
-//! memory at 5,000 nodes. Here an object's key is its name, one allocation shared with the
-//! object ([`Keyed::key`]). The other stores (policies, DaemonSets, ConfigMaps, CRs: a few
+//! kube's `Store` is not used for these: it keys each object by an `ObjectRef` and needs each
+//! object to carry a whole `ObjectMeta` (almost all of it empty here), which at one node and
+//! two pods a GPU node would be most of the operator's memory. Here an object's key is its
+//! name, one allocation shared with the object ([`Keyed::key`]). The other stores (policies, DaemonSets, ConfigMaps, CRs: a few
 //! objects each) stay kube's.
 //!
 //! Panics: every method takes the store's lock and panics if a thread panicked while holding

@@ -21,7 +21,7 @@
 //! generation did not move, off the shared DaemonSet cache, which keeps a CR DaemonSet's
 //! drift and wakes the CR on its change ([`daemonset_feed`]).
 //!
-//! A reconcile reads only caches (nodes, ClusterPolicies, CRs, the CRs' DaemonSets, the
+//! A reconcile reads only the view (nodes, ClusterPolicies, CRs, the CRs' DaemonSets, the
 //! labelled shared objects, `OnDelete` pods): when its inputs are unchanged it calls no plugin
 //! (a per-CR render cache), and an object whose desired form is what this process last applied
 //! and whose live marker has not moved is not applied again, so a driver rollout's DaemonSet
@@ -48,16 +48,17 @@ use kiln_core::spec::nvidiadriver::{
 };
 use kiln_core::status::{ConditionSpec, set_condition};
 use kiln_render::{Policy, Renderer};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apply::{Applier, key_of};
 use crate::cluster::live::owner_of;
-use crate::cluster::node::{InternedLabels, SlimNode};
+use crate::cluster::node::InternedLabels;
+use crate::cluster::view::View;
 use crate::cluster::{facts, readiness};
 use crate::{Error, Result, is_not_found};
 
@@ -99,12 +100,9 @@ pub struct DriverContext {
     pub kubernetes_version: String,
     /// Fallback image overrides, `ENV` → image.
     pub images: Vec<(String, String)>,
-    /// The upgrade controller: each CR's DaemonSets roll through it with the CR's own
-    /// `upgradePolicy` ([`NvidiaDriverSpec::upgrade_policy`]; `None` here: driver pods are
-    /// replaced only when deleted).
-    pub upgrader: Option<Arc<crate::controllers::upgrade::Upgrader>>,
-    /// What a reconcile reads instead of the API server.
-    pub caches: DriverCaches,
+    /// The cluster as the operator's watches hold it (shared with every controller): a
+    /// reconcile reads nothing else, however many nodes there are.
+    pub view: Arc<View>,
     /// Each CR's last successful render (its desired objects, owners set), the inputs it came
     /// from and the [`Fresh`] it was last confirmed at: a reconcile with the same inputs (a
     /// DaemonSet status event) calls no plugin, and one at the same [`Fresh`] reads no input.
@@ -119,81 +117,45 @@ pub struct DriverContext {
 /// `secretEnv` Secret GET included).
 pub type Fresh = (String, Option<i64>, u64);
 
-/// The caches an NVIDIADriver reconcile reads, shared with the ClusterPolicy reconciler (so a
-/// reconcile reads nothing from the API server however many nodes there are). A store not set
-/// (tests) falls back to listing, as [`crate::context::Caches`] does.
-#[derive(Default)]
-pub struct DriverCaches {
-    /// The node store the ClusterPolicy reconciler's node watch fills. It keeps the labels
-    /// [`crate::cluster::node::kept_label`] keeps, so a pool's `nodeSelector` matches any label except
-    /// the `nvidia.com/` ones GFD writes that kiln does not read: a driver pool chosen by what
-    /// the driver itself makes GFD report would be circular.
-    pub nodes: Option<crate::cluster::store::NamedStore<SlimNode>>,
-    /// The ClusterPolicies (the policy controller's store).
-    pub policies: Option<kube::runtime::reflector::Store<DynamicObject>>,
-    /// Every NVIDIADriver: the controller's own store, set by [`run`] (shared with the
-    /// ClusterPolicy reconciler's [`crate::context::Caches::drivers`]).
-    pub drivers: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<NVIDIADriver>>>,
-    /// Pods and revisions of `OnDelete` driver DaemonSets ([`readiness::PodWatches`]).
-    pub pods: Option<Arc<readiness::PodWatches>>,
-    /// Every DaemonSet of the namespace (managed fields reduced to other managers' additions;
-    /// the watch `run` shares with the ClusterPolicy controller,
-    /// [`crate::cluster::live::start_daemonsets`]), of which those labelled [`NVIDIADRIVER_LABEL`]
-    /// count: the CRs' markers, readiness, drift and stale ones come from here.
-    /// Not set (tests): every object is applied and stale ones are listed.
-    pub daemonsets: std::sync::OnceLock<Store<DaemonSet>>,
-    /// The labelled objects ([`crate::cluster::live::LiveCache`], the ClusterPolicy reconciler's): the
-    /// markers of the driver state's shared objects (service account, RBAC), which carry
-    /// `kiln.dev/state=driver`. Not set: those are applied on every reconcile.
-    pub live: Option<Arc<crate::cluster::live::LiveCache>>,
-    /// The referenced ConfigMaps (the ClusterPolicy reconciler's [`crate::cluster::facts::ConfigMapCache`]):
-    /// a CR's `repoConfig`, `certConfig` or `kernelModuleConfig` is read again only when it
-    /// changed. Not set: read on every reconcile.
-    pub config_maps: Option<Arc<crate::cluster::facts::ConfigMapCache>>,
+/// The change marker ([`crate::apply::marker_of`]) of `key` as `view` holds it: a DaemonSet
+/// from the CRs' DaemonSets, anything else from the labelled objects (the driver state's
+/// shared objects carry `kiln.dev/state=driver`); `None` when not there (then it is applied).
+fn marker(view: &View, key: &ObjectKey) -> Option<String> {
+    if (key.api_version.as_str(), key.kind.as_str()) == ("apps/v1", "DaemonSet") {
+        return cr_daemonset(view, key).map(|d| crate::apply::marker_of(&d.metadata));
+    }
+    view.live.marker(key)
 }
 
-impl DriverCaches {
-    /// The change marker ([`crate::apply::marker_of`]) of `key` as the caches hold it: a
-    /// DaemonSet from the CRs' DaemonSets, anything else from the labelled objects; `None`
-    /// when not cached (then it is applied).
-    fn marker(&self, key: &ObjectKey) -> Option<String> {
-        if (key.api_version.as_str(), key.kind.as_str()) == ("apps/v1", "DaemonSet") {
-            return self
-                .daemonset(key)
-                .map(|d| crate::apply::marker_of(&d.metadata));
-        }
-        self.live.as_ref()?.marker(key)
+/// The CR DaemonSet `key` when another manager added fields to it
+/// ([`crate::cluster::live::foreign_of`]); `None` for other kinds, with no drift, or not there.
+fn foreign_daemonset(view: &View, key: &ObjectKey) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
+    if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
+        return None;
     }
+    crate::cluster::live::foreign_of(&*cr_daemonset(view, key)?)
+}
 
-    /// The CR DaemonSet `key` when another manager added fields to it
-    /// ([`crate::cluster::live::foreign_of`]); `None` for other kinds, with no drift, or not cached.
-    fn foreign_daemonset(&self, key: &ObjectKey) -> Option<(Vec<ManagedFieldsEntry>, Value)> {
-        if (key.api_version.as_str(), key.kind.as_str()) != ("apps/v1", "DaemonSet") {
-            return None;
-        }
-        crate::cluster::live::foreign_of(&*self.daemonset(key)?)
-    }
-
-    /// The CR DaemonSet `key` (labelled [`NVIDIADRIVER_LABEL`]) as the cache holds it (status
-    /// included).
-    fn daemonset(&self, key: &ObjectKey) -> Option<Arc<DaemonSet>> {
-        let r = ObjectRef::new(&key.name).within(key.namespace.as_deref().unwrap_or_default());
-        self.daemonsets
-            .get()?
-            .get(&r)
-            .filter(|d| owner_of(d).is_some())
-    }
+/// The CR DaemonSet `key` (labelled [`NVIDIADRIVER_LABEL`]) as `view` holds it (status
+/// included). The store keeps a CR DaemonSet's pod template and its other managers' additions
+/// (the drift a reconcile removes); a pool's `nodeSelector` matches any label the node store
+/// keeps ([`crate::cluster::node::kept_label`]), so a pool chosen by what the driver itself
+/// makes GFD report (the `nvidia.com/` labels kiln does not read) cannot be circular.
+fn cr_daemonset(view: &View, key: &ObjectKey) -> Option<Arc<DaemonSet>> {
+    view.daemonset(key.namespace.as_deref().unwrap_or_default(), &key.name)
+        .filter(|d| owner_of(d).is_some())
 }
 
 impl DriverContext {
-    /// A context over `client` and `renderer` for `namespace`, publishing Events as reporter
-    /// `kiln` and counting no metrics.
+    /// A context over `client`, `renderer` and the cluster `view` for `namespace`, publishing
+    /// Events as reporter `kiln` and counting no metrics.
     pub fn new(
         client: Client,
         renderer: Renderer,
         namespace: &str,
         kubernetes_version: &str,
         images: Vec<(String, String)>,
+        view: Arc<View>,
     ) -> Self {
         let reporter = kube::runtime::events::Reporter {
             controller: "kiln".into(),
@@ -208,8 +170,7 @@ impl DriverContext {
             namespace: namespace.to_string(),
             kubernetes_version: kubernetes_version.to_string(),
             images,
-            upgrader: None,
-            caches: DriverCaches::default(),
+            view,
             renders: crate::memory::RenderCache::default(),
             changes: AtomicU64::new(0),
         }
@@ -316,23 +277,24 @@ pub fn conflict_message(others: &BTreeSet<String>) -> String {
 /// ConfigMaps ([`crate::cluster::facts::ConfigMapCache`]), all from the operator's own watches: each
 /// reconciles every CR (pools and overlaps depend on every node and CR; CRs are few, one per
 /// node pool, and a reconcile with unchanged inputs sends nothing). One watch of its own, the
-/// CRs' (it fills [`DriverCaches::drivers`]; every CR change, its status included, also wakes
-/// the ClusterPolicy reconciler through `wake`, since the policy's readiness includes the
-/// CRs', after the store holds the change); the DaemonSet changes come from the namespace's
-/// DaemonSet watch the two controllers share (`daemonsets`, [`daemonset_feed`]), whose store
-/// is [`DriverCaches::daemonsets`].
+/// CRs', which fills `writer`, the view's NVIDIADriver store ([`View::drivers`]); every CR
+/// change, its status included, also wakes the ClusterPolicy reconciler (the policy's
+/// readiness includes the CRs') and the driver upgrade loop (a CR's `upgradePolicy`) through
+/// the view's [`crate::cluster::live::Wake`], after the store holds the change. The DaemonSet
+/// changes come from the namespace's DaemonSet watch the controllers share (`daemonsets`,
+/// [`daemonset_feed`]), whose store is the view's.
 pub async fn run(
     ctx: Arc<DriverContext>,
-    wake: crate::cluster::live::Wake,
+    writer: reflector::store::Writer<NVIDIADriver>,
     cluster_changes: impl futures::Stream<Item = ()> + Send + 'static,
     daemonsets: DaemonSetFeed,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use kube::runtime::WatchStreamExt;
     let (deleted_tx, driver_deletes) = futures::channel::mpsc::unbounded();
-    let writer = reflector::store::Writer::<NVIDIADriver>::default();
-    let _ = ctx.caches.drivers.set(writer.as_reader());
+    let store = writer.as_reader();
     let memo = ctx.clone();
+    let wake = ctx.view.wake.clone();
     let drivers = watcher(
         Api::<NVIDIADriver>::all(ctx.client.clone()),
         crate::cluster::watch::config(),
@@ -342,17 +304,20 @@ pub async fn run(
     .reflect(writer)
     .inspect(move |ev| match ev {
         // A listed store (at start, after a watch gap) may change the policy's verdict too.
-        Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => wake.reconcile(),
+        Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
+            wake.reconcile();
+            wake.upgrade();
+        }
         Ok(watcher::Event::Delete(d)) => {
             memo.renders.forget(&d.name_any());
             memo.inputs_changed();
             wake.reconcile();
+            wake.upgrade();
             let _ = deleted_tx.unbounded_send(());
         }
         _ => {}
     })
     .applied_objects();
-    let store = ctx.caches.drivers.get().expect("set above").clone();
     let counted = ctx.clone();
     let cluster_changes = cluster_changes.inspect(move |()| counted.inputs_changed());
     let triggers = futures::stream::select(
@@ -419,19 +384,11 @@ pub fn error_policy(_cr: Arc<NVIDIADriver>, err: &Error, _ctx: Arc<DriverContext
 /// # Errors
 /// [`Error`] from the first API request that failed.
 pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result<Action> {
-    let (verdict, upgrading) = match decide(&cr, &ctx).await {
+    let verdict = match decide(&cr, &ctx).await {
         Ok(v) => v,
-        Err(e) => (
-            DriverVerdict::new(NvidiaDriverState::NotReady, reasons::FAILED, e.to_string()),
-            false,
-        ),
+        Err(e) => DriverVerdict::new(NvidiaDriverState::NotReady, reasons::FAILED, e.to_string()),
     };
     write_status(&ctx, &cr, &verdict).await?;
-    if upgrading {
-        return Ok(Action::requeue(
-            crate::controllers::upgrade::ACTIVE_INTERVAL,
-        ));
-    }
     Ok(match verdict.state {
         NvidiaDriverState::Ready | NvidiaDriverState::Disabled => Action::await_change(),
         _ if verdict.reason == reasons::CONFLICT => Action::await_change(),
@@ -439,63 +396,49 @@ pub async fn reconcile(cr: Arc<NVIDIADriver>, ctx: Arc<DriverContext>) -> Result
     })
 }
 
-/// The verdict, and whether a driver upgrade of the CR's DaemonSets is under way.
-async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict, bool)> {
+/// The verdict. The CR's DaemonSets roll through the driver upgrade loop, which reads the CR's
+/// `upgradePolicy` and its DaemonSets from the view ([`crate::controllers::upgrade`]).
+async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<DriverVerdict> {
     let name = cr.name_any();
     // Before any input is read: a change arriving after this makes the next reconcile read
     // them again.
     let seen = ctx.changes_seen();
-    let (policy, cp_owner) = match active_policy(ctx).await? {
+    let (policy, cp_owner) = match active_policy(ctx) {
         Ok(p) => p,
-        Err(verdict) => return Ok(still(verdict)),
+        Err(verdict) => return Ok(verdict),
     };
     if let Some(why) = kiln_render::nvidiadriver::unsupported(&cr.spec) {
-        return Ok(still(DriverVerdict::new(
+        return Ok(DriverVerdict::new(
             NvidiaDriverState::NotReady,
             reasons::FAILED,
             why,
-        )));
+        ));
     }
-    let nodes = crate::cluster::view::nodes_from(ctx.caches.nodes.as_ref(), &ctx.client).await?;
+    let nodes = ctx.view.nodes().await;
     let nodes: Vec<&InternedLabels> = nodes.iter().map(|n| n.labels()).collect();
-    let all = crate::cluster::view::drivers_from(ctx.caches.drivers.get(), &ctx.client)
-        .await
-        .map_err(|e| Error::kube("list nvidiadrivers", e))?;
+    let all = ctx.view.drivers().await.unwrap_or_default();
     let specs: Vec<(String, &NvidiaDriverSpec)> =
         all.iter().map(|d| (d.name_any(), &d.spec)).collect();
     if let Some(others) = overlaps(&specs, nodes.iter().copied()).get(&name) {
         tracing::warn!(nvidiadriver = %name, ?others, "overlapping node selectors; not applied");
-        return Ok(still(DriverVerdict::new(
+        return Ok(DriverVerdict::new(
             NvidiaDriverState::NotReady,
             reasons::CONFLICT,
             conflict_message(others),
-        )));
+        ));
     }
     let desired = match render(cr, &policy, cp_owner.as_ref(), ctx, &nodes, seen).await {
         Ok(d) => d,
         Err(e) => {
-            return Ok(still(DriverVerdict::new(
+            return Ok(DriverVerdict::new(
                 NvidiaDriverState::NotReady,
                 reasons::FAILED,
                 e,
-            )));
+            ));
         }
     };
-    let (applied, lives, not_ready) = apply_desired(ctx, &desired, &nodes).await?;
+    let (applied, not_ready) = apply_desired(ctx, &desired, &nodes).await?;
     delete_stale(ctx, &name, &applied).await?;
-    let mut upgrading = false;
-    if let Some(upgrader) = &ctx.upgrader {
-        for ds in &lives {
-            let scope = crate::controllers::upgrade::UpgradeScope {
-                namespace: ctx.namespace.clone(),
-                daemonset: ds.name_any(),
-                policy: Some(cr.spec.upgrade_policy()),
-                owner: cr.object_ref(&()),
-                validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.to_string(),
-            };
-            upgrading |= upgrader.pass(&scope, ds).await?.active;
-        }
-    }
     let verdict = if applied.is_empty() {
         DriverVerdict::new(
             NvidiaDriverState::NotReady,
@@ -511,22 +454,18 @@ async fn decide(cr: &NVIDIADriver, ctx: &DriverContext) -> Result<(DriverVerdict
             not_ready.join("; "),
         )
     };
-    Ok((verdict, upgrading))
+    Ok(verdict)
 }
 
 /// The policy an NVIDIADriver renders with and the owner of its shared driver objects: the
 /// active ClusterPolicy's, or with no ClusterPolicy the CRD's policy defaults (NVIDIA v26.7.0
 /// does too) and no owner (the shared objects are the CR's own). `Err` holds the verdict
 /// when the active policy is invalid or does not hand the driver to NVIDIADriver CRs.
-///
-/// # Errors
-/// [`Error::Kube`] when listing the policies fails.
-async fn active_policy(
+fn active_policy(
     ctx: &DriverContext,
-) -> Result<std::result::Result<(Policy, Option<Value>), DriverVerdict>> {
-    let policies =
-        crate::cluster::view::policies_from(ctx.caches.policies.as_ref(), &ctx.client).await?;
-    Ok(Ok(match crate::cluster::view::active_of(&policies) {
+) -> std::result::Result<(Policy, Option<Value>), DriverVerdict> {
+    let policies = ctx.view.policies();
+    Ok(match crate::cluster::view::active_of(&policies) {
         None => (kiln_render::nvidiadriver::standalone_policy(), None),
         Some(cp) => {
             let cp_raw = serde_json::to_value(&**cp).expect("a DynamicObject serializes");
@@ -534,56 +473,51 @@ async fn active_policy(
             let policy = match Policy::from_object(&cp_raw) {
                 Ok(p) => p,
                 Err(e) => {
-                    return Ok(Err(DriverVerdict::new(
+                    return Err(DriverVerdict::new(
                         NvidiaDriverState::NotReady,
                         reasons::FAILED,
                         format!("ClusterPolicy {cp_name}: {e}"),
-                    )));
+                    ));
                 }
             };
             if !policy.spec.driver.use_nvidia_driver_crd.unwrap_or(false) {
-                return Ok(Err(DriverVerdict::new(
+                return Err(DriverVerdict::new(
                     NvidiaDriverState::Disabled,
                     reasons::DISABLED,
                     format!(
                         "ClusterPolicy {cp_name} does not set driver.useNvidiaDriverCRD: its own \
                          driver DaemonSet runs the driver"
                     ),
-                )));
+                ));
             }
             let owner = cp
                 .controller_owner_ref(&crate::status::policy_resource())
                 .map(|o| serde_json::to_value(o).expect("an OwnerReference serializes"));
             (policy, owner)
         }
-    }))
+    })
 }
 
 /// Apply each of a CR's `desired` objects that the caches do not show current, remove other
 /// managers' additions, and judge each DaemonSet against the labels of every node (`nodes`).
-/// Returns the applied DaemonSets' names, the DaemonSets as applied or cached, and why those
-/// not ready are not.
+/// Returns the applied DaemonSets' names and why those not ready are not.
 ///
 /// # Errors
-/// [`Error`] from the first apply, drift patch or pod list that failed.
+/// [`Error`] from the first apply or drift patch that failed.
 async fn apply_desired(
     ctx: &DriverContext,
     desired: &[Value],
     nodes: &[&InternedLabels],
-) -> Result<(BTreeSet<String>, Vec<Arc<DaemonSet>>, Vec<String>)> {
+) -> Result<(BTreeSet<String>, Vec<String>)> {
     let mut not_ready = Vec::new();
     let mut applied = BTreeSet::new();
-    let mut lives: Vec<Arc<DaemonSet>> = Vec::new();
     for obj in desired {
         let key = key_of(obj)?;
-        let current = ctx
-            .caches
-            .marker(&key)
-            .is_some_and(|m| ctx.applier.is_current(obj, &m));
+        let current = marker(&ctx.view, &key).is_some_and(|m| ctx.applier.is_current(obj, &m));
         // The live object as kiln holds it with no read, for drift: the apply's answer, or
         // the cached DaemonSet when another manager added fields to it.
         let (live, held) = if current {
-            (None, ctx.caches.foreign_daemonset(&key))
+            (None, foreign_daemonset(&ctx.view, &key))
         } else {
             let live = ctx.applier.apply(obj).await?.1;
             let held = live.as_ref().and_then(crate::drift::held);
@@ -606,26 +540,16 @@ async fn apply_desired(
             // cached DaemonSet, status included.
             let ds = match &live {
                 Some(l) => Some(Arc::new(readiness::as_daemonset(&key.name, l)?)),
-                None => ctx.caches.daemonset(&key),
-            };
-            let pods = match &ctx.caches.pods {
-                Some(w) => readiness::PodSource::Watches(w),
-                None => readiness::PodSource::List(&ctx.client),
+                None => cr_daemonset(&ctx.view, &key),
             };
             if let Some(why) =
-                readiness::judge_daemonset(&key.name, ds.as_deref(), 0, pods, nodes).await?
+                readiness::judge_daemonset(&key.name, ds.as_deref(), 0, &ctx.view.pods, nodes).await
             {
                 not_ready.push(why);
             }
-            lives.extend(ds);
         }
     }
-    Ok((applied, lives, not_ready))
-}
-
-/// A verdict with no upgrade under way.
-fn still(v: DriverVerdict) -> (DriverVerdict, bool) {
-    (v, false)
+    Ok((applied, not_ready))
 }
 
 /// The objects to apply for `cr`: per node pool its DaemonSet and its own service account and
@@ -670,13 +594,12 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
     for (env, image) in &ctx.images {
         kiln_render::defaults::set_fallback_image(&mut base, env, image);
     }
-    let config_maps = ctx.caches.config_maps.as_deref();
     facts::read_references(
         &ctx.client,
         &ctx.namespace,
         &derived.spec,
         &mut base,
-        config_maps,
+        &ctx.view.config_maps,
     )
     .await;
     // On OpenShift one pool per RHCOS version, as upstream (its DaemonSet names hash it).
@@ -736,28 +659,18 @@ pub async fn render<L: kiln_core::labels::LabelLookup>(
 }
 
 /// Delete the CR's DaemonSets (by [`NVIDIADRIVER_LABEL`]) that this reconcile did not apply
-/// (a node pool that went away), found in [`DriverCaches::daemonsets`] (listed without it).
-/// Their pods go with them (background propagation).
+/// (a node pool that went away), found in the view's DaemonSets. Their pods go with them
+/// (background propagation).
 async fn delete_stale(ctx: &DriverContext, cr: &str, applied: &BTreeSet<String>) -> Result<()> {
     let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let names: Vec<String> = match ctx.caches.daemonsets.get() {
-        Some(store) => store
-            .state()
-            .iter()
-            .filter(|d| d.labels().get(NVIDIADRIVER_LABEL).map(String::as_str) == Some(cr))
-            .map(|d| d.name_any())
-            .collect(),
-        None => {
-            let lp = ListParams::default().labels(&format!("{NVIDIADRIVER_LABEL}={cr}"));
-            api.list_metadata(&lp)
-                .await
-                .map_err(|e| Error::kube(format!("list DaemonSets of NVIDIADriver {cr}"), e))?
-                .items
-                .iter()
-                .map(ResourceExt::name_any)
-                .collect()
-        }
-    };
+    let names: Vec<String> = ctx
+        .view
+        .daemonsets
+        .state()
+        .iter()
+        .filter(|d| d.labels().get(NVIDIADRIVER_LABEL).map(String::as_str) == Some(cr))
+        .map(|d| d.name_any())
+        .collect();
     for name in names {
         if applied.contains(&name) {
             continue;

@@ -135,8 +135,8 @@ impl EncodeLabelSet for NodeLabel<'_> {
 
 /// `kiln_node_gpus_expected` and `kiln_node_gpus_allocatable`: one series each a GPU node,
 /// kept as one map of interned node name (shared with the node store and the readiness
-/// timeline) to the two values, 24 bytes a node, and encoded at scrape. Two gauge
-/// [`Family`]s cost a map entry and an allocated gauge a series, about 120 bytes a node.
+/// timeline) to the two values, and encoded at scrape (two gauge [`Family`]s would cost a map
+/// entry and an allocated gauge a series).
 #[derive(Debug, Default)]
 struct NodeGpus(Mutex<HashMap<Sym, (i64, i64)>>);
 

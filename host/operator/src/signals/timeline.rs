@@ -30,9 +30,9 @@
 //! validator pods of the operator namespace ([`VALIDATOR_SELECTOR`],
 //! [`crate::cluster::readiness::PodWatches::tap_matching`]), of which only [`ValidatorFacts`] are kept,
 //! and only while the pod's node is still reaching its stages: no watch of its own. At rest,
-//! with every GPU node ready, the timeline holds each node's interned name in two sets (57–62
-//! bytes a GPU node at 5,000, `cargo bench -p kiln-operator --bench node_memory`; 596 when it
-//! kept every node's facts and every validator pod's).
+//! with every GPU node ready, the timeline holds each node's interned name in two sets and
+//! nothing else (its size: `cargo bench -p kiln-operator --bench node_memory`; figures in
+//! `deploy/operator/README.md`, Memory).
 //! The decisions are [`Tracker`]'s, with no IO.
 
 use std::collections::{BTreeSet, HashMap, HashSet};

@@ -28,15 +28,13 @@ use axum::http::Method;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kiln_core::plan::STATE_LABEL;
-use kiln_core::spec::ClusterPolicy;
 use kiln_core::spec::nvidiadriver::{NVIDIADRIVER_LABEL, NVIDIADriver};
 use kiln_operator::facts::ConfigMapCache;
-use kiln_operator::live::{LiveCache, Meta};
+use kiln_operator::live::{LiveCache, Meta, Wake};
 use kiln_operator::metrics::Metrics;
-use kiln_operator::node::SlimNode;
-use kiln_operator::nvidiadriver::{DriverCaches, DriverContext, reconcile};
+use kiln_operator::nvidiadriver::{DriverContext, reconcile};
 use kiln_operator::{Config, Context};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 use kube::core::{GroupVersionKind, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
@@ -45,6 +43,7 @@ use serde_json::{Value, json};
 
 use crate::support::fixtures;
 use crate::support::mock_api::{Call, Server, calls, client};
+use crate::support::view::Feed;
 
 const NS: &str = "gpu-operator";
 const OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
@@ -168,23 +167,28 @@ fn server_with(objects: &[Value], pools: &[(&str, usize)]) -> Arc<Mutex<Server>>
 }
 
 fn driver_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
-    Arc::new(listing_context(server))
+    Arc::new(fed_context(server, LiveCache::from_stores(vec![])).0)
 }
 
-/// A context without caches: every read is a request.
-fn listing_context(server: &Arc<Mutex<Server>>) -> DriverContext {
+/// A context whose view holds the server's nodes, ClusterPolicies and NVIDIADrivers now (as
+/// the operator's watches would), no DaemonSet, and `live` as the labelled objects.
+fn fed_context(server: &Arc<Mutex<Server>>, live: LiveCache) -> (DriverContext, Feed) {
     let host = kiln_plugin_host::PluginHost::new(
         kiln_plugin_host::HostConfig::default(),
         kiln_bundled_plugins::BUNDLED,
     )
     .unwrap();
-    DriverContext::new(
-        client(server.clone()),
+    let mock = client(server.clone());
+    let (feed, view) = Feed::view(server, &mock, live, Wake::default());
+    let ctx = DriverContext::new(
+        mock,
         kiln_render::Renderer::new(Arc::new(host)),
         NS,
         "v1.36.0",
         Vec::new(),
-    )
+        Arc::new(view),
+    );
+    (ctx, feed)
 }
 
 /// Feed `w` a first list of `objects`, as a watch's initial list (the store is then ready).
@@ -200,65 +204,10 @@ where
     w.apply_watcher_event(&watcher::Event::InitDone);
 }
 
-/// The node store holding the server's nodes now.
-fn filled_nodes(server: &Arc<Mutex<Server>>) -> kiln_operator::store::NamedStore<SlimNode> {
-    let s = server.lock().unwrap();
-    let nodes = s
-        .objects
-        .iter()
-        .filter(|(k, _)| k.starts_with("/api/v1/nodes/"))
-        .map(|(_, v)| serde_json::from_value::<SlimNode>(v.clone()).unwrap());
-    kiln_operator::store::NamedWriter::listed(nodes).as_reader()
-}
-
-/// A store holding the server's objects under `prefix` now.
-fn filled<K>(server: &Arc<Mutex<Server>>, prefix: &str, dt: K::DynamicType) -> Store<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let objects: Vec<Value> = {
-        let s = server.lock().unwrap();
-        s.objects
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(_, v)| v.clone())
-            .collect()
-    };
-    let mut w = Writer::<K>::new(dt);
-    listed(
-        &mut w,
-        objects
-            .into_iter()
-            .map(|o| serde_json::from_value(o).unwrap()),
-    );
-    w.as_reader()
-}
-
-/// A context reading nodes, ClusterPolicies and NVIDIADrivers from stores filled from the
-/// server's objects now (as `run` wires the operator's caches).
+/// A context reading nodes, ClusterPolicies and NVIDIADrivers from the view's stores, filled
+/// from the server's objects now (as `run` wires the operator's view).
 fn cached_context(server: &Arc<Mutex<Server>>) -> Arc<DriverContext> {
-    let mut ctx = listing_context(server);
-    ctx.caches = DriverCaches {
-        nodes: Some(filled_nodes(server)),
-        policies: Some(filled::<DynamicObject>(
-            server,
-            "/apis/nvidia.com/v1/clusterpolicies/",
-            ApiResource::erase::<ClusterPolicy>(&()),
-        )),
-        ..Default::default()
-    };
-    assert!(
-        ctx.caches
-            .drivers
-            .set(filled::<NVIDIADriver>(
-                server,
-                "/apis/nvidia.com/v1alpha1/nvidiadrivers/",
-                ()
-            ))
-            .is_ok()
-    );
-    Arc::new(ctx)
+    driver_context(server)
 }
 
 fn typed_driver(server: &Arc<Mutex<Server>>, name: &str) -> Arc<NVIDIADriver> {
@@ -355,7 +304,7 @@ async fn from_caches_a_reconcile_reads_no_node_policy_or_driver() {
 /// Watch caches a test feeds by hand: the CRs' DaemonSets and the labelled shared objects of
 /// the driver state, one writer per kind (as `run` and the labelled-object watches fill them).
 struct Fed {
-    daemonsets: Writer<DaemonSet>,
+    feed: Feed,
     /// `(apiVersion, kind)` → its store's writer.
     shared: Vec<((String, &'static str), Writer<Meta>)>,
 }
@@ -371,12 +320,8 @@ const SHARED_KINDS: [(&str, &str, &str); 6] = [
 ];
 
 impl Fed {
-    /// Empty, listed caches wired into a context that reads everything else from stores too.
+    /// Empty, listed stores wired into a context that reads everything else from the view too.
     fn wired(server: &Arc<Mutex<Server>>) -> (Self, Arc<DriverContext>) {
-        let mut ctx = Arc::into_inner(cached_context(server)).unwrap();
-        let mut daemonsets = Writer::<DaemonSet>::default();
-        listed(&mut daemonsets, []);
-        assert!(ctx.caches.daemonsets.set(daemonsets.as_reader()).is_ok());
         let mut shared = Vec::new();
         let mut stores = Vec::new();
         for (group, version, kind) in SHARED_KINDS {
@@ -386,19 +331,21 @@ impl Fed {
             stores.push((ar.clone(), w.as_reader()));
             shared.push(((ar.api_version, kind), w));
         }
-        ctx.caches.live = Some(Arc::new(LiveCache::from_stores(stores)));
-        (Fed { daemonsets, shared }, Arc::new(ctx))
+        let (ctx, feed) = fed_context(server, LiveCache::from_stores(stores));
+        (Fed { feed, shared }, Arc::new(ctx))
     }
 
     /// What the watches would report now: every DaemonSet and shared object the server holds.
     fn sync(&mut self, server: &Arc<Mutex<Server>>) {
+        self.feed.sync();
         let objects: Vec<Value> = server.lock().unwrap().objects.values().cloned().collect();
         for o in objects {
             let api_version = o["apiVersion"].as_str().unwrap_or_default().to_string();
             let kind = o["kind"].as_str().unwrap_or_default();
             if kind == "DaemonSet" {
                 let ds: DaemonSet = serde_json::from_value(o).unwrap();
-                self.daemonsets
+                self.feed
+                    .daemonsets
                     .apply_watcher_event(&watcher::Event::Apply(ds));
             } else if let Some((_, w)) = self
                 .shared
@@ -528,11 +475,10 @@ async fn an_unchanged_cr_woken_again_sends_nothing_and_calls_no_plugin() {
             o["metadata"]["labels"]["pool"] = json!("elsewhere");
         }
     }
-    let mut ctx = Arc::into_inner(ctx).unwrap();
-    ctx.caches.nodes = Some(filled_nodes(&server));
+    fed.feed.sync();
     // As the node watch's pool signal does.
     ctx.inputs_changed();
-    reconcile(typed_driver(&server, "pool-a"), Arc::new(ctx))
+    reconcile(typed_driver(&server, "pool-a"), ctx)
         .await
         .unwrap();
     let deletes = paths(&server, &Method::DELETE);
@@ -813,9 +759,27 @@ async fn a_referenced_config_map_is_read_again_only_when_its_watch_shows_it_chan
     let mut watched = Writer::<PartialObjectMeta<ConfigMap>>::default();
     listed(&mut watched, [config_map_meta("repos", "7")]);
     let cache = Arc::new(ConfigMapCache::from_store(watched.as_reader()));
-    let mut ctx = Arc::into_inner(cached_context(&server)).unwrap();
-    ctx.caches.config_maps = Some(cache.clone());
-    let ctx = Arc::new(ctx);
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig::default(),
+        kiln_bundled_plugins::BUNDLED,
+    )
+    .unwrap();
+    let mock = client(server.clone());
+    let (_feed, mut view) = Feed::view(
+        &server,
+        &mock,
+        LiveCache::from_stores(vec![]),
+        Wake::default(),
+    );
+    view.config_maps = cache.clone();
+    let ctx = Arc::new(DriverContext::new(
+        mock,
+        kiln_render::Renderer::new(Arc::new(host)),
+        NS,
+        "v1.36.0",
+        Vec::new(),
+        Arc::new(view),
+    ));
     assert!(!cache.wanted("repos"));
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
@@ -1081,7 +1045,7 @@ async fn a_kernel_change_replaces_the_precompiled_daemonset() {
         }
     };
     set_kernel("6.8.0-40-generic");
-    let ctx = driver_context(&server);
+    let (mut fed, ctx) = Fed::wired(&server);
     reconcile(typed_driver(&server, "pool-a"), ctx.clone())
         .await
         .unwrap();
@@ -1094,7 +1058,8 @@ async fn a_kernel_change_replaces_the_precompiled_daemonset() {
     );
     clear_calls(&server);
     set_kernel("6.8.0-45-generic");
-    // What the operator's node watch does on a label change.
+    // What the watches show now; the operator's node watch signals a label change.
+    fed.sync(&server);
     ctx.inputs_changed();
     reconcile(typed_driver(&server, "pool-a"), ctx)
         .await
@@ -1236,8 +1201,13 @@ async fn reconcile_handed_off(drivers: Option<Store<NVIDIADriver>>) -> Arc<Mutex
         kiln_bundled_plugins::BUNDLED,
     )
     .unwrap();
+    let mock = client(server.clone());
+    let (_feed, mut view) = Feed::view(&server, &mock, live, Wake::default());
+    if let Some(store) = drivers {
+        view.drivers = Some(store);
+    }
     let ctx = Context::new(
-        client(server.clone()),
+        mock,
         kiln_render::Renderer::new(Arc::new(host)),
         Arc::new(Metrics::new()),
         Config {
@@ -1245,11 +1215,8 @@ async fn reconcile_handed_off(drivers: Option<Store<NVIDIADriver>>) -> Arc<Mutex
             ..Config::default()
         },
         "v1.36.0".into(),
+        Arc::new(view),
     );
-    assert!(ctx.set_live(live));
-    if let Some(store) = drivers {
-        assert!(ctx.caches.drivers.set(store).is_ok());
-    }
     let typed: Arc<kube::api::DynamicObject> = Arc::new(serde_json::from_value(cp).unwrap());
     kiln_operator::reconcile::reconcile(typed, Arc::new(ctx))
         .await

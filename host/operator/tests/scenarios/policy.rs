@@ -23,8 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::Method;
 use kiln_core::plan::STATE_LABEL;
-use kiln_core::spec::ClusterPolicy;
-use kiln_operator::live::{LiveCache, Meta};
+use kiln_operator::live::{LiveCache, Meta, Wake};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::reconcile::reconcile;
 use kiln_operator::store::NamedWriter;
@@ -36,6 +35,7 @@ use serde_json::{Value, json};
 
 use crate::support::fixtures::{node, pod, policy, sample_spec};
 use crate::support::mock_api::{Call, Server, calls, client};
+use crate::support::view::Feed;
 
 const NS: &str = "gpu-operator";
 
@@ -81,21 +81,39 @@ fn context_with(
     live: LiveCache,
     config: kiln_plugin_host::HostConfig,
 ) -> Arc<Context> {
+    fed_context(server, |_| live, config).0
+}
+
+/// A context over the fake server whose view ([`Feed`]) holds the server's policies and nodes
+/// now, with `live(&feed)` as the cluster's labelled objects.
+fn fed_context(
+    server: &Arc<Mutex<Server>>,
+    live: impl FnOnce(&Feed) -> LiveCache,
+    config: kiln_plugin_host::HostConfig,
+) -> (Arc<Context>, Feed) {
     let host = kiln_plugin_host::PluginHost::new(config, kiln_bundled_plugins::BUNDLED).unwrap();
     let renderer = kiln_render::Renderer::new(Arc::new(host));
     let config = Config {
         namespace: NS.into(),
         ..Config::default()
     };
+    let mock = client(server.clone());
+    let (feed, mut view) = Feed::view(
+        server,
+        &mock,
+        LiveCache::from_stores(vec![]),
+        Wake::default(),
+    );
+    view.live = Arc::new(live(&feed));
     let ctx = Context::new(
-        client(server.clone()),
+        mock,
         renderer,
         Arc::new(Metrics::new()),
         config,
         "v1.36.0".into(),
+        Arc::new(view),
     );
-    assert!(ctx.set_live(live));
-    Arc::new(ctx)
+    (Arc::new(ctx), feed)
 }
 
 fn server_with(policies: &[Value], gpu_nodes: usize) -> Arc<Mutex<Server>> {
@@ -303,36 +321,6 @@ async fn a_drop_in_shadowing_a_standard_plugin_is_named_in_the_status() {
     );
 }
 
-/// Caches as `run` wires them, filled by hand: the policies, the nodes and the labelled
-/// DaemonSets (full objects), each behind a writer the test feeds as a watch would.
-struct Caches {
-    policies: Writer<kube::api::DynamicObject>,
-    nodes: NamedWriter<kiln_operator::node::SlimNode>,
-    daemonsets: Writer<k8s_openapi::api::apps::v1::DaemonSet>,
-}
-
-fn listed<K>(objs: impl IntoIterator<Item = K>) -> Writer<K>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    listed_with(objs, Default::default())
-}
-
-fn listed_with<K>(objs: impl IntoIterator<Item = K>, dt: K::DynamicType) -> Writer<K>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let mut w = Writer::<K>::new(dt);
-    w.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        w.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    w.apply_watcher_event(&watcher::Event::InitDone);
-    w
-}
-
 /// The server's objects under `prefix`, as typed objects.
 fn server_objects<K: serde::de::DeserializeOwned>(
     server: &Arc<Mutex<Server>>,
@@ -346,37 +334,19 @@ fn server_objects<K: serde::de::DeserializeOwned>(
         .collect()
 }
 
-/// A context whose every read comes from caches (policies, nodes, DaemonSets) filled from the
-/// fake server's objects now.
-fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Caches) {
-    let policies = listed_with(
-        server_objects::<kube::api::DynamicObject>(server, "/apis/nvidia.com/v1/clusterpolicies/"),
-        ApiResource::erase::<ClusterPolicy>(&()),
-    );
-    let nodes = NamedWriter::listed(server_objects::<kiln_operator::node::SlimNode>(
+/// A context whose view holds the server's policies and nodes now and the DaemonSets a test
+/// feeds ([`sync_caches`]), the labelled DaemonSets read from that store.
+fn cached_context(server: &Arc<Mutex<Server>>) -> (Arc<Context>, Feed) {
+    fed_context(
         server,
-        "/api/v1/nodes/",
-    ));
-    let daemonsets = listed(Vec::<k8s_openapi::api::apps::v1::DaemonSet>::new());
-    let ctx = context(
-        server,
-        LiveCache::from_stores(vec![]).with_daemonsets(daemonsets.as_reader()),
-    );
-    assert!(ctx.caches.set_policies(policies.as_reader()));
-    assert!(ctx.caches.set_nodes(nodes.as_reader()));
-    (
-        ctx,
-        Caches {
-            policies,
-            nodes,
-            daemonsets,
-        },
+        |feed| LiveCache::from_stores(vec![]).with_daemonsets(feed.daemonsets.as_reader()),
+        kiln_plugin_host::HostConfig::default(),
     )
 }
 
 /// Feed the server's current nodes and DaemonSets into the caches (what the watches would
 /// report), each DaemonSet with a status of `ready` pods on every GPU node.
-fn sync_caches(server: &Arc<Mutex<Server>>, caches: &mut Caches, ready: i32) {
+fn sync_caches(server: &Arc<Mutex<Server>>, caches: &mut Feed, ready: i32) {
     for n in server_objects::<kiln_operator::node::SlimNode>(server, "/api/v1/nodes/") {
         caches.nodes.apply(&watcher::Event::Apply(Arc::new(n)));
     }
@@ -478,7 +448,6 @@ async fn a_failing_plugin_chain_keeps_its_last_good_objects_and_marks_only_its_s
             .collect()
     };
     assert!(objs.len() > 3);
-    let ctx = context(&server, LiveCache::from_stores(vec![store(&ds(), objs)]));
     {
         let mut s = server.lock().unwrap();
         s.objects.insert(
@@ -487,6 +456,8 @@ async fn a_failing_plugin_chain_keeps_its_last_good_objects_and_marks_only_its_s
         );
         s.calls.clear();
     }
+    // A restarted operator: its view lists the edited policy.
+    let ctx = context(&server, LiveCache::from_stores(vec![store(&ds(), objs)]));
     reconcile(typed(&broken), ctx).await.unwrap();
     assert!(
         calls(&server, &Method::DELETE).is_empty(),
@@ -577,7 +548,6 @@ async fn a_daemonset_status_change_costs_no_request_but_the_status_write() {
 async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone() {
     use k8s_openapi::api::core::v1::Node;
     use kiln_core::labels::LabelPolicy;
-    use kiln_operator::live::Wake;
     use kiln_operator::nodes::{NodeWatch, follow_nodes};
     let server = server_with(&[], 0);
     let node = |name: &str, ts: &str| -> Node {
@@ -712,7 +682,7 @@ async fn gfd_churn_on_nodes_wakes_nothing_and_a_new_gpu_node_is_labelled_alone()
 #[tokio::test]
 async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
     use kiln_core::upgrade::{STATE_LABEL as UPGRADE_STATE, UpgradeState};
-    use kiln_operator::upgrade::{Sources, UpgradeConfig, UpgradeScope, Upgrader};
+    use kiln_operator::upgrade::{UpgradeConfig, UpgradeScope, Upgrader};
 
     const NODE: &str = "gpu-node-1";
     const TRAINER: &str = "/api/v1/namespaces/jobs/pods/trainer-7kq2x";
@@ -779,24 +749,10 @@ async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
                     "conditions": [{"type": "PodScheduled", "status": "True"}]}}),
         );
     }
-    let nodes = NamedWriter::listed(server_objects::<kiln_operator::node::SlimNode>(
-        &server,
-        "/api/v1/nodes/",
-    ));
-    let (wake, _wakes) = kiln_operator::live::Wake::channel();
+    let (wake, _wakes) = Wake::channel();
     let mock = client(server.clone());
-    let upgrader = Upgrader::start(
-        mock.clone(),
-        UpgradeConfig::default(),
-        Sources {
-            nodes: nodes.as_reader(),
-            pods: Arc::new(kiln_operator::readiness::PodWatches::new(
-                mock,
-                wake.clone(),
-            )),
-            changed: wake.upgrade_notify(),
-        },
-    );
+    let (feed, view) = Feed::view(&server, &mock, LiveCache::from_stores(vec![]), wake);
+    let upgrader = Upgrader::start(mock, UpgradeConfig::default(), Arc::new(view));
     let scope = UpgradeScope {
         namespace: NS.into(),
         daemonset: "nvidia-driver-daemonset".into(),
@@ -809,13 +765,11 @@ async fn a_driver_upgrade_waits_for_a_job_pod_pending_then_running() {
         owner: Default::default(),
         validator_selector: kiln_core::upgrade::VALIDATOR_SELECTOR.into(),
     };
-    let mut nodes = nodes;
+    let mut nodes = feed;
     // One pass, then the node watch's view of the server's node; returns the node's state.
-    let pass = async |nodes: &mut NamedWriter<kiln_operator::node::SlimNode>| {
+    let pass = async |feed: &mut Feed| {
         upgrader.pass(&scope, &ds).await.unwrap();
-        for n in server_objects::<kiln_operator::node::SlimNode>(&server, "/api/v1/nodes/") {
-            nodes.apply(&watcher::Event::Apply(Arc::new(n)));
-        }
+        feed.sync();
         let s = server.lock().unwrap();
         let label = s.objects[&format!("/api/v1/nodes/{NODE}")]["metadata"]["labels"]
             [UPGRADE_STATE]

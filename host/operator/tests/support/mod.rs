@@ -10,6 +10,7 @@ pub mod mock_api;
 pub mod nvidia;
 pub mod policy_corpus;
 pub mod rbac;
+pub mod view;
 
 /// The repository root.
 pub fn repo() -> std::path::PathBuf {

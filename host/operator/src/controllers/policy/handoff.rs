@@ -5,35 +5,22 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kiln_core::spec::nvidiadriver::{NVIDIADriver, NvidiaDriverState};
 use kiln_core::status::StateResult;
-use kube::Client;
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 
-use crate::{Error, Result, is_not_found};
+use crate::cluster::view::View;
 
 /// The ClusterPolicy's `driver` state result while it hands the driver to NVIDIADriver CRs:
 /// ready when every NVIDIADriver is `ready`; not ready naming each one that is not (or when
 /// none exists: no driver would run). A CR whose status was not yet written counts as not
-/// ready. The CRs come from `store` (the NVIDIADriver controller's, [`crate::controllers::driver::DriverCaches::drivers`]:
-/// no request) when set, else they are listed; without the CRD served, not ready saying so.
-///
-/// # Errors
-/// [`Error::Kube`] when listing the CRs fails for another reason than the kind not being
-/// served.
-pub async fn policy_driver_result(
-    client: &Client,
-    store: Option<&Store<NVIDIADriver>>,
-) -> Result<StateResult> {
-    let list = match crate::cluster::view::drivers_from(store, client).await {
-        Ok(l) => l,
-        Err(e) if is_not_found(&e) => {
-            return Ok(StateResult::NotReady(
-                "driver.useNvidiaDriverCRD is set but the NVIDIADriver CRD is not installed".into(),
-            ));
-        }
-        Err(e) => return Err(Error::kube("list nvidiadrivers", e)),
-    };
-    Ok(driver_result(list.iter().map(|d| &**d)))
+/// ready. The CRs come from the view's NVIDIADriver store (no request); without the CRD
+/// served, not ready saying so.
+pub async fn policy_driver_result(view: &View) -> StateResult {
+    match view.drivers().await {
+        Some(list) => driver_result(list.iter().map(|d| &**d)),
+        None => StateResult::NotReady(
+            "driver.useNvidiaDriverCRD is set but the NVIDIADriver CRD is not installed".into(),
+        ),
+    }
 }
 
 /// [`policy_driver_result`] over the CRs.

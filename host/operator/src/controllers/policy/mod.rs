@@ -1,4 +1,4 @@
-//! The ClusterPolicy reconciler (its context and caches: [`crate::context`]): the reconcile
+//! The ClusterPolicy reconciler (its context and memory: [`crate::context`]): the reconcile
 //! ([`reconcile`]), node labelling and the node watch ([`nodes`]) and the pod security
 //! admission hook ([`psa`]), and the hand-off of the driver to NVIDIADriver CRs
 //! ([`handoff`]).

@@ -25,6 +25,7 @@ use crate::cluster::live::Wake;
 pub use crate::cluster::node::SlimNode;
 use crate::cluster::node::{Sym, is_upgrade_key, reads_label};
 use crate::cluster::store::NamedWriter;
+use crate::cluster::wakes::{self, NodeDigest, Wakes};
 use crate::signals::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -173,9 +174,9 @@ where
 {
     use futures::StreamExt;
     use kube::runtime::watcher;
-    // Per node: (relevant_hash, upgrade_hash, hash of the timeline's facts, hash of the kept
-    // labels). Keys interned: the node store's hostname label and the timeline share them.
-    let mut seen: HashMap<Sym, (u64, u64, u64, u64)> = HashMap::new();
+    // Per node, what the wake-ups compare ([`wakes::node`]). Keys interned: the node store's
+    // hostname label and the timeline share them.
+    let mut seen: HashMap<Sym, NodeDigest> = HashMap::new();
     let pools = || {
         if let Some(tx) = &w.pools {
             // Closed: the NVIDIADriver controller is not running.
@@ -200,63 +201,72 @@ where
         })
     }));
     while let Some(ev) = events.next().await {
-        match ev {
-            Err(e) => tracing::warn!(error = %e, "node watch"),
-            Ok(watcher::Event::InitApply(n)) => {
-                let facts = crate::signals::timeline::node_facts(&n);
-                let (name, f) = (facts.name.clone(), hash_of(&facts));
-                timeline(watcher::Event::InitApply(facts)).await;
-                seen.insert(
-                    name,
-                    (relevant_hash(&n), upgrade_hash(&n), f, hash_of(n.labels())),
-                );
-            }
-            Ok(watcher::Event::InitDone) => {
-                timeline(watcher::Event::InitDone).await;
-                w.wake.reconcile();
-                w.wake.upgrade();
-                pools();
+        let (to_label, wakes) = match ev {
+            Err(e) => {
+                tracing::warn!(error = %e, "node watch");
+                continue;
             }
             Ok(watcher::Event::Init) => {
                 timeline(watcher::Event::Init).await;
                 seen.clear();
+                continue;
+            }
+            Ok(watcher::Event::InitApply(n)) => {
+                let facts = crate::signals::timeline::node_facts(&n);
+                seen.insert(facts.name.clone(), digest(&n, &facts));
+                timeline(watcher::Event::InitApply(facts)).await;
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                timeline(watcher::Event::InitDone).await;
+                (None, Wakes::ALL)
             }
             Ok(watcher::Event::Delete(n)) => {
                 let facts = crate::signals::timeline::node_facts(&n);
-                seen.remove(&facts.name);
+                let old = seen.remove(&facts.name);
                 timeline(watcher::Event::Delete(facts)).await;
-                w.wake.reconcile();
-                w.wake.upgrade();
-                pools();
+                (None, wakes::node(old.as_ref(), None))
             }
             Ok(watcher::Event::Apply(n)) => {
-                let (h, u, p) = (relevant_hash(&n), upgrade_hash(&n), hash_of(n.labels()));
                 // One interning of the name a node event: the timeline's facts carry it.
                 let facts = crate::signals::timeline::node_facts(&n);
-                let (name, f) = (facts.name.clone(), hash_of(&facts));
-                let before = seen.insert(name.clone(), (h, u, f, p));
-                if before.is_none_or(|(_, _, bf, _)| bf != f) {
+                let new = digest(&n, &facts);
+                let old = seen.insert(facts.name.clone(), new);
+                let wakes = wakes::node(old.as_ref(), Some(&new));
+                if wakes.timeline {
                     timeline(watcher::Event::Apply(facts)).await;
                 }
-                if before.is_none_or(|(_, bu, _, _)| bu != u) {
-                    w.wake.upgrade();
+                (wakes.label.then_some(n), wakes)
+            }
+        };
+        if wakes.upgrade {
+            w.wake.upgrade();
+        }
+        if wakes.pools {
+            pools();
+        }
+        if let Some(n) = to_label {
+            let rules = w.labels.lock().expect("labels lock").clone();
+            if let Some(rules) = rules {
+                match label_node(&w.client, &n, &rules).await {
+                    Ok(patched) => w.metrics.writes("label", u64::from(patched)),
+                    Err(e) => tracing::warn!(node = %n.name(), error = %e, "labelling"),
                 }
-                if before.is_none_or(|(_, _, _, bp)| bp != p) {
-                    pools();
-                }
-                if before.is_some_and(|(bh, _, _, _)| bh == h) {
-                    continue;
-                }
-                let rules = w.labels.lock().expect("labels lock").clone();
-                if let Some(rules) = rules {
-                    match label_node(&w.client, &n, &rules).await {
-                        Ok(patched) => w.metrics.writes("label", u64::from(patched)),
-                        Err(e) => tracing::warn!(node = %name, error = %e, "labelling"),
-                    }
-                }
-                w.wake.reconcile();
             }
         }
+        if wakes.reconcile {
+            w.wake.reconcile();
+        }
+    }
+}
+
+/// What the wake-ups compare of node `n` whose timeline facts are `facts`.
+fn digest(n: &SlimNode, facts: &crate::signals::timeline::NodeFacts) -> NodeDigest {
+    NodeDigest {
+        read: relevant_hash(n),
+        upgrade: upgrade_hash(n),
+        timeline: hash_of(facts),
+        labels: hash_of(n.labels()),
     }
 }
 

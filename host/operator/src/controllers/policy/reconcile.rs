@@ -1,6 +1,6 @@
 //! One reconcile of one ClusterPolicy (upstream `gpu-operator.md` §2.2, with kiln's choices).
-//! Every read comes from a cache ([`crate::context::Caches`]): the ClusterPolicies, the nodes,
-//! the labelled objects and their DaemonSets.
+//! Every read comes from the view of the cluster ([`crate::cluster::view::View`]): the
+//! ClusterPolicies, the nodes, the labelled objects and their DaemonSets.
 //!
 //! 1. A non-active policy (not the oldest) gets `ignored` written, naming the active one, and
 //!    nothing else happens.
@@ -74,7 +74,7 @@ pub async fn reconcile(policy: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<
         ctx.metrics
             .reconcile_status(crate::signals::metrics::ReconcileStatus::OperatorError);
         // The next trigger renders and applies again.
-        ctx.caches
+        ctx.memo
             .last
             .lock()
             .expect("last lock")
@@ -96,7 +96,7 @@ pub fn error_policy(_policy: Arc<DynamicObject>, err: &Error, _ctx: Arc<Context>
 async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> {
     let name = arg.name_any();
     let since = ctx
-        .caches
+        .memo
         .paced
         .lock()
         .expect("paced lock")
@@ -104,8 +104,8 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
     if let Some(wait) = since.and_then(|s| RECONCILE_EVERY.checked_sub(s)) {
         tokio::time::sleep(wait).await;
     }
-    *ctx.caches.paced.lock().expect("paced lock") = Some(Instant::now());
-    let all = crate::cluster::view::policies_from(ctx.caches.policies(), &ctx.client).await?;
+    *ctx.memo.paced.lock().expect("paced lock") = Some(Instant::now());
+    let all = ctx.view.policies();
     // The freshest copy: the store's (the queued one may be older).
     let policy = all
         .iter()
@@ -115,20 +115,14 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
     let active = active_policy(all.iter().map(|p| &p.metadata)).unwrap_or_default();
     if active != name {
         tracing::debug!(policy = %name, %active, "not the active ClusterPolicy");
-        ctx.caches.last.lock().expect("last lock").remove(&name);
+        ctx.memo.last.lock().expect("last lock").remove(&name);
         let wrote = ctx.status.write(&policy, &Verdict::ignored(active)).await?;
         ctx.metrics.writes("status", u64::from(wrote));
         return Ok(Action::await_change());
     }
-    let full = ctx.caches.wake.take_full();
-    let last = ctx
-        .caches
-        .last
-        .lock()
-        .expect("last lock")
-        .get(&name)
-        .cloned();
-    let nodes = crate::cluster::view::nodes_from(ctx.caches.nodes(), &ctx.client).await?;
+    let full = ctx.view.wake.take_full();
+    let last = ctx.memo.last.lock().expect("last lock").get(&name).cloned();
+    let nodes = ctx.view.nodes().await;
     let node_refs: Vec<&SlimNode> = nodes.iter().map(AsRef::as_ref).collect();
     if let Some(last) = last.filter(|l| {
         !full
@@ -158,10 +152,10 @@ async fn reconcile_policy(arg: &DynamicObject, ctx: &Context) -> Result<Action> 
 /// with drift due for removal.
 async fn drifted(ctx: &Context) -> Result<bool> {
     let applied = ctx.applier.applied();
-    if ctx.caches.wake.any_gone(applied.iter().map(|(k, _)| k)) {
+    if ctx.view.wake.any_gone(applied.iter().map(|(k, _)| k)) {
         return Ok(true);
     }
-    let live = ctx.live().await?;
+    let live = &ctx.view.live;
     Ok(applied.iter().any(|(key, marker)| {
         live.marker(key)
             .is_some_and(|m| crate::apply::marker_later(&m, marker))
@@ -187,7 +181,7 @@ async fn render_states(
                 Err(e) => Rendered::Failed(e),
             }
         } else {
-            ctx.caches.renders.forget(&state);
+            ctx.memo.renders.forget(&state);
             Rendered::Disabled
         };
         renders.push((state, rendered, t0.elapsed()));
@@ -256,7 +250,7 @@ async fn full_reconcile(
             tracing::warn!(policy = %name, error = %e, "invalid ClusterPolicy; nothing changed");
             ctx.metrics
                 .reconcile_status(crate::signals::metrics::ReconcileStatus::PolicyUnavailable);
-            ctx.caches.last.lock().expect("last lock").remove(&name);
+            ctx.memo.last.lock().expect("last lock").remove(&name);
             let wrote = ctx
                 .status
                 .write(policy, &Verdict::failed(&e.to_string()))
@@ -267,7 +261,7 @@ async fn full_reconcile(
     };
     tracing::info!(policy = %name, "full reconcile");
     let rules = LabelPolicy::from_spec(&parsed.spec);
-    *ctx.caches.labels.lock().expect("labels lock") = Some(rules.clone());
+    *ctx.memo.labels.lock().expect("labels lock") = Some(rules.clone());
     // Labelling replaces a node it patched with a copy carrying the new labels.
     let summary = label_nodes(&ctx.client, &mut nodes, &rules).await?;
     ctx.metrics.writes("label", summary.patched as u64);
@@ -275,13 +269,12 @@ async fn full_reconcile(
     let facts = NodeFacts::of(&node_refs);
     let base = base_context(ctx).await?;
     let mut tctx = facts::transform_context(&base, &node_refs);
-    let config_maps = ctx.caches.config_maps.get().map(|c| &**c);
     facts::read_references(
         &ctx.client,
         &ctx.config.namespace,
         &parsed.spec,
         &mut tctx,
-        config_maps,
+        &ctx.view.config_maps,
     )
     .await;
     crate::controllers::policy::psa::reconcile_hook(
@@ -295,14 +288,14 @@ async fn full_reconcile(
         .expect("ClusterPolicy has a name");
     let owner = serde_json::to_value(&owner).expect("an OwnerReference serializes");
     let renders = render_states(ctx, &parsed, &tctx).await;
-    let live = ctx.live().await?;
+    let live = &ctx.view.live;
     if !live.ready(crate::cluster::watch::LIVE_READY_LIMIT).await {
         tracing::warn!(
             "the caches of labelled objects have not listed yet; deleting only what they hold"
         );
     }
     // Whatever was deleted behind kiln's back is re-applied below (the cache lacks it).
-    ctx.caches.wake.clear_gone();
+    ctx.view.wake.clear_gone();
     let view: Vec<(State, Render<'_>)> = renders
         .iter()
         .map(|(state, r, _)| {
@@ -328,44 +321,35 @@ async fn full_reconcile(
         note: shadowing_note(ctx, &parsed),
         retry_at: failed.then(|| Instant::now() + RETRY_FAILED_AFTER),
     };
-    ctx.caches
+    ctx.memo
         .last
         .lock()
         .expect("last lock")
         .insert(name, last.clone());
     // The policy or its inputs changed: the driver upgrade loop looks again.
-    ctx.caches.wake.upgrade();
+    ctx.view.wake.upgrade();
     judge_and_write(ctx, policy, &last, &node_refs).await
 }
 
 /// Judge readiness from the caches (each applied state's DaemonSets, the nodes) over what the
 /// last full reconcile decided, and write the status when it changed. No request other than the
-/// status write (and an Event on a transition), except listing the pods of an `OnDelete`
-/// DaemonSet when no pod watches are wired (tests).
+/// status write (and an Event on a transition).
 async fn judge_and_write(
     ctx: &Context,
     policy: &DynamicObject,
     last: &Last,
     nodes: &[&SlimNode],
 ) -> Result<Action> {
-    let live = ctx.live().await?;
+    let live = &ctx.view.live;
     let node_labels: Vec<&crate::cluster::node::InternedLabels> =
         nodes.iter().map(|n| n.labels()).collect();
-    let source = match ctx.caches.pods.get() {
-        Some(w) => readiness::PodSource::Watches(w.as_ref()),
-        None => readiness::PodSource::List(&ctx.client),
-    };
     let ns = &ctx.config.namespace;
     let mut results = Vec::with_capacity(last.states.len());
     for (state, kept) in &last.states {
         let result = match kept {
             Kept::Disabled => StateResult::Disabled,
             Kept::HandedOff => {
-                crate::controllers::policy::handoff::policy_driver_result(
-                    &ctx.client,
-                    ctx.caches.drivers.get(),
-                )
-                .await?
+                crate::controllers::policy::handoff::policy_driver_result(&ctx.view).await
             }
             Kept::Failed(e) => StateResult::Failed(e.clone()),
             Kept::Applied(daemonsets) => {
@@ -376,10 +360,10 @@ async fn judge_and_write(
                         ds,
                         cached.as_deref(),
                         *generation,
-                        source,
+                        &ctx.view.pods,
                         &node_labels,
                     )
-                    .await?
+                    .await
                     {
                         not_ready.push(why);
                     }
@@ -468,7 +452,7 @@ async fn render(
     tctx: &TransformContext,
 ) -> std::result::Result<RenderedState, String> {
     let inputs = crate::memory::RenderCache::inputs(state, policy, tctx);
-    if let Some(rendered) = ctx.caches.renders.get(&state, &inputs) {
+    if let Some(rendered) = ctx.memo.renders.get(&state, &inputs) {
         return Ok(rendered);
     }
     let (renderer, policy, tctx) = (ctx.renderer.clone(), policy.clone(), tctx.clone());
@@ -480,8 +464,8 @@ async fn render(
     .await
     .map_err(|e| format!("render task: {e}"))?;
     match &result {
-        Ok(rendered) => ctx.caches.renders.put(state, inputs, rendered.clone()),
-        Err(_) => ctx.caches.renders.forget(&state),
+        Ok(rendered) => ctx.memo.renders.put(state, inputs, rendered.clone()),
+        Err(_) => ctx.memo.renders.forget(&state),
     }
     result
 }
@@ -490,7 +474,7 @@ async fn render(
 /// last apply: no request), then delete its stale objects. Returns the state's DaemonSets with
 /// the generation kiln last applied, for readiness.
 async fn apply_state(ctx: &Context, sp: &StatePlan) -> Result<Kept> {
-    let cache = ctx.live().await?;
+    let cache = &ctx.view.live;
     let mut daemonsets = Vec::new();
     for obj in &sp.apply {
         let key = key_of(obj)?;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! UpgradeScope (driver DaemonSet + upgrade policy + who to report on)
-//!   ├─ nodes from the reconciler's node store (slimmed: upgrade labels/annotations, cordon, Ready)
+//!   ├─ nodes from the view's node store (slimmed: upgrade labels/annotations, cordon, Ready)
 //!   ├─ driver pods + ControllerRevisions, validator pods: PodWatches (label-selected, slimmed)
 //!   ├─ workload pods: LIST ?fieldSelector=spec.nodeName=… only for nodes in
 //!   │  wait-for-jobs / pod-deletion / drain (the only states that read them)
@@ -20,8 +20,8 @@
 //!
 //! A node's progress is its state label and annotations, so a restarted operator resumes where
 //! the last one stopped. The state machine is scoped to one driver DaemonSet and the nodes that
-//! run its pods: the ClusterPolicy's (`nvidia-driver-daemonset`, [`run_cluster_policy`]) or one
-//! NVIDIADriver's (its controller builds an [`UpgradeScope`] and calls [`Upgrader::pass`]).
+//! run its pods: the ClusterPolicy's (`nvidia-driver-daemonset`, [`cluster_policy_scope`]) or one
+//! NVIDIADriver's ([`driver_scopes`]); one loop ([`run`]) passes over each, reading the view.
 //!
 //! Events (reason `GPUDriverUpgrade`, events.k8s.io/v1, one per transition): every transition
 //! and failure on the node and on the scope's owner (`gpu-node-3: cordon-required ->
@@ -50,9 +50,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
 use crate::cluster::node::SlimNode;
-use crate::cluster::readiness::{PodWatches, SlimPod};
+use crate::cluster::readiness::SlimPod;
+use crate::cluster::view::View;
 use crate::cluster::watch::DRIVER_DAEMONSET;
-use crate::context::Context;
 use crate::signals::metrics::{Metrics, UpgradeCensus};
 use crate::{Error, Result, is_not_found};
 use kiln_core::labels::LabelLookup;
@@ -133,26 +133,17 @@ impl Default for UpgradeConfig {
     }
 }
 
-/// Where the upgrade controller reads the cluster: the reconciler's caches.
-#[derive(Clone)]
-pub struct Sources {
-    /// The nodes ([`SlimNode`] keeps the upgrade labels and annotations,
-    /// `spec.unschedulable` and the `Ready` condition).
-    pub nodes: crate::cluster::store::NamedStore<SlimNode>,
-    /// Driver pods and revisions (by the driver DaemonSet's selector) and validator pods.
-    pub pods: Arc<PodWatches>,
-    /// What wakes the loop ([`crate::cluster::live::Wake::upgrade_notify`]).
-    pub changed: Arc<Notify>,
-}
-
 /// How long a pass waits for the node store to show this controller's own last patches.
 pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(3);
 
-/// The upgrade controller's cluster view and writer; one per operator, shared by the
-/// ClusterPolicy loop and the NVIDIADriver controller.
+/// The upgrade controller's writer over the view of the cluster (nodes, driver and validator
+/// pods, the driver DaemonSets); one per operator, driving the ClusterPolicy's driver and
+/// every NVIDIADriver's ([`run`]).
 pub struct Upgrader {
     client: Client,
-    sources: Sources,
+    view: Arc<View>,
+    /// What wakes the loop ([`crate::cluster::live::Wake::upgrade_notify`]).
+    changed: Arc<Notify>,
     config: UpgradeConfig,
     /// Node → when its last progress Event went out (unix seconds).
     progress: std::sync::Mutex<HashMap<String, i64>>,
@@ -166,11 +157,12 @@ pub struct Upgrader {
 }
 
 impl Upgrader {
-    /// An upgrader reading `sources`.
-    pub fn start(client: Client, config: UpgradeConfig, sources: Sources) -> Arc<Upgrader> {
+    /// An upgrader reading `view` and woken by its [`crate::cluster::live::Wake::upgrade`].
+    pub fn start(client: Client, config: UpgradeConfig, view: Arc<View>) -> Arc<Upgrader> {
         Arc::new(Upgrader {
             client,
-            sources,
+            changed: view.wake.upgrade_notify(),
+            view,
             config,
             progress: Default::default(),
             patched: Default::default(),
@@ -181,12 +173,12 @@ impl Upgrader {
 
     /// Fires when something the upgrade reads changed (and on [`Upgrader::poke`]).
     pub fn changed(&self) -> &Notify {
-        &self.sources.changed
+        &self.changed
     }
 
     /// Ask for a pass soon.
     pub fn poke(&self) {
-        self.sources.changed.notify_one();
+        self.changed.notify_one();
     }
 
     /// Wait (at most [`CATCH_UP_LIMIT`]) until the node store holds every node at or past the
@@ -198,7 +190,7 @@ impl Upgrader {
             {
                 let mut patched = self.patched.lock().expect("patched lock");
                 patched.retain(|name, rv| {
-                    let Some(node) = self.sources.nodes.get(name) else {
+                    let Some(node) = self.view.nodes.get(name) else {
                         return false;
                     };
                     let have = node.resource_version().unwrap_or_default();
@@ -241,16 +233,16 @@ impl Upgrader {
     /// refuses (a PodDisruptionBudget) are retried next pass.
     pub async fn pass(&self, scope: &UpgradeScope, ds: &DaemonSet) -> Result<PassReport> {
         self.catch_up().await;
-        let _ = self.sources.nodes.wait_until_ready().await;
+        let _ = self.view.nodes.wait_until_ready().await;
         let policy = scope.policy.as_ref().filter(|p| p.auto_upgrade);
-        let nodes = self.sources.nodes.state();
-        let (mut drivers, revisions, _) = self.sources.pods.slim_of(ds).await;
+        let nodes = self.view.nodes.state();
+        let (mut drivers, revisions, _) = self.view.pods.slim_of(ds).await;
         if policy.is_some() && scope.replaces_orphans() {
             // The ClusterPolicy's driver pods left on this CR's nodes ([`node_facts`] keeps
             // the unowned ones on nodes the DaemonSet selects).
             let known: std::collections::HashSet<&str> = drivers.iter().map(|p| p.name()).collect();
             let orphans: Vec<Arc<SlimPod>> = self
-                .sources
+                .view
                 .pods
                 .matching(&scope.namespace, ORPHANED_DRIVER_SELECTOR)
                 .await
@@ -260,7 +252,7 @@ impl Upgrader {
             drivers.extend(orphans);
         }
         let validators = self
-            .sources
+            .view
             .pods
             .matching(&scope.namespace, &scope.validator_selector)
             .await;
@@ -793,27 +785,36 @@ pub fn cluster_policy_scope(policy: &ClusterPolicy, namespace: &str) -> Option<U
     })
 }
 
-/// The upgrade loop of the ClusterPolicy's driver, until `shutdown` resolves: a pass on every
-/// change ([`Upgrader::changed`], debounced by [`DEBOUNCE`]) and every [`ACTIVE_INTERVAL`]
-/// while an upgrade runs. The policy comes from the controller's store, the driver DaemonSet
-/// from the cache of labelled objects ([`Context::live`]), so a pass with nothing to do sends
-/// no request; `status.driverUpgrade` and the gauges ([`set_metrics`]) follow each pass.
-pub async fn run_cluster_policy(
+/// The upgrade loop, until `shutdown` resolves: a pass over the ClusterPolicy's driver
+/// ([`cluster_policy_scope`]) and over each NVIDIADriver's DaemonSets ([`driver_scopes`]) on
+/// every change ([`Upgrader::changed`], debounced by [`DEBOUNCE`]) and every
+/// [`ACTIVE_INTERVAL`] while an upgrade runs. Everything comes from the view (the policy and
+/// the CRs from their stores, the driver DaemonSets from the DaemonSet store), so a pass with
+/// nothing to do sends no request; the policy's `status.driverUpgrade` and the gauges
+/// (`metrics`, [`set_metrics`]) follow each pass of its driver.
+pub async fn run(
     upgrader: Arc<Upgrader>,
-    ctx: Arc<Context>,
+    metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let body = async {
         let mut status = StatusState::default();
         loop {
-            let active = match cluster_policy_pass(&upgrader, &ctx, &mut status).await {
+            let policy = match cluster_policy_pass(&upgrader, &metrics, &mut status).await {
                 Ok(active) => active,
                 Err(e) => {
                     tracing::warn!(error = %e, "driver upgrade pass failed");
                     true
                 }
             };
-            if active {
+            let drivers = match driver_passes(&upgrader).await {
+                Ok(active) => active,
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVIDIADriver upgrade pass failed");
+                    true
+                }
+            };
+            if policy || drivers {
                 let _ = tokio::time::timeout(ACTIVE_INTERVAL, upgrader.changed().notified()).await;
             } else {
                 upgrader.changed().notified().await;
@@ -825,6 +826,47 @@ pub async fn run_cluster_policy(
         () = body => {}
         () = shutdown => {}
     }
+}
+
+/// The scopes of the NVIDIADrivers' DaemonSets, each with the CR's own `upgradePolicy`
+/// ([`kiln_core::spec::nvidiadriver::NvidiaDriverSpec::upgrade_policy`]): every DaemonSet of
+/// the view whose [`kiln_core::spec::nvidiadriver::NVIDIADRIVER_LABEL`] names a CR
+/// ([`crate::cluster::live::owner_of`]), while the NVIDIADriver controller runs the driver
+/// (no ClusterPolicy, or the active one sets `driver.useNvidiaDriverCRD`).
+pub fn driver_scopes(view: &View, namespace: &str) -> Vec<(UpgradeScope, Arc<DaemonSet>)> {
+    let Some(drivers) = &view.drivers else {
+        return Vec::new();
+    };
+    let policies = view.policies();
+    if let Some(p) = crate::cluster::view::active_of(&policies)
+        && p.data["spec"]["driver"]["useNvidiaDriverCRD"] != Value::Bool(true)
+    {
+        return Vec::new();
+    }
+    view.daemonsets
+        .state()
+        .into_iter()
+        .filter_map(|ds| {
+            let cr = drivers.get(&crate::cluster::live::owner_of(&ds)?)?;
+            let scope = UpgradeScope {
+                namespace: namespace.to_string(),
+                daemonset: ds.name_any(),
+                policy: Some(cr.spec.upgrade_policy()),
+                owner: cr.object_ref(&()),
+                validator_selector: upgrade::VALIDATOR_SELECTOR.to_string(),
+            };
+            Some((scope, ds))
+        })
+        .collect()
+}
+
+/// One pass over each of [`driver_scopes`]; whether an upgrade is under way in any.
+async fn driver_passes(upgrader: &Upgrader) -> Result<bool> {
+    let mut active = false;
+    for (scope, ds) in driver_scopes(&upgrader.view, &upgrader.config.namespace) {
+        active |= upgrader.pass(&scope, &ds).await?.active;
+    }
+    Ok(active)
 }
 
 /// What the loop last wrote to `status.driverUpgrade` and when (the store may not show a
@@ -840,26 +882,22 @@ const STATUS_REWRITE_AFTER: Duration = Duration::from_secs(30);
 
 async fn cluster_policy_pass(
     upgrader: &Upgrader,
-    ctx: &Context,
+    metrics: &Metrics,
     last: &mut StatusState,
 ) -> Result<bool> {
-    let metrics = &ctx.metrics;
     // Not waited for: the controller's store does not report readiness (kube-runtime 5), and
     // the policy's first full reconcile wakes this loop anyway.
-    let Some(store) = ctx.caches.policies() else {
-        return Ok(false);
-    };
-    let objects = store.state();
+    let objects = upgrader.view.policies();
     let Some(object) = crate::cluster::view::active_of(&objects) else {
         set_metrics(metrics, None);
         return Ok(false);
     };
     let policy: ClusterPolicy = parse_policy(object)?;
-    let Some(scope) = cluster_policy_scope(&policy, &ctx.config.namespace) else {
+    let Some(scope) = cluster_policy_scope(&policy, &upgrader.config.namespace) else {
         set_metrics(metrics, None);
         return Ok(false);
     };
-    let live = ctx.live().await?;
+    let live = &upgrader.view.live;
     let _ = live.ready(crate::cluster::watch::LIVE_READY_LIMIT).await;
     let Some(ds) = live.daemonset(&scope.namespace, &scope.daemonset) else {
         tracing::debug!(daemonset = %scope.daemonset, "no driver DaemonSet yet");
@@ -883,7 +921,7 @@ async fn cluster_policy_pass(
         last.at = Some(std::time::Instant::now());
         last.written = Some(want.clone());
         let body = driver_upgrade_patch(have.as_ref(), want.as_ref());
-        Api::<ClusterPolicy>::all(ctx.client.clone())
+        Api::<ClusterPolicy>::all(upgrader.client.clone())
             .patch_status(
                 &policy.name_any(),
                 &PatchParams::default(),
