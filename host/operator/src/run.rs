@@ -52,6 +52,8 @@ pub const WATCHED_RESOURCES: &[(&str, &str, bool)] = &[
     ("", "configmaps", true),
     ("nvidia.com", "clusterpolicies", false),
     ("nvidia.com", "nvidiadrivers", false),
+    ("nvidia.com", "gpuclusters", false),
+    ("apps", "deployments", true),
 ];
 
 /// The Tokio runtime `kiln operator` runs on ([`WORKER_THREADS`], [`MAX_BLOCKING_THREADS`]).
@@ -171,6 +173,7 @@ pub async fn run_until(
         ctx.clone(),
         shutdown.clone(),
     ));
+    crate::controllers::gpucluster::start(&ctx, watches.nodes.clone(), shutdown.clone()).await?;
     start_drivers(&ctx, watches, upgrader, &wake, policy_changes, &shutdown).await?;
     let controller = controller
         .reconcile_all_on(futures::stream::select(wakes, policy_deletes))
@@ -331,6 +334,9 @@ fn policy_controller(ctx: &Arc<Context>) -> (Controller<DynamicObject>, Changes,
     let writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(ar.clone());
     let store = writer.as_reader();
     ctx.caches.set_policies(store.clone());
+    // The last policy deleted: no label rules for the node watch to apply (a GPUCluster's
+    // controller labels the nodes then).
+    let (labels, remaining) = (ctx.caches.labels.clone(), store.clone());
     let policies = watcher(
         Api::<DynamicObject>::all_with(ctx.client.clone(), &ar),
         crate::cluster::watch::config(),
@@ -341,6 +347,9 @@ fn policy_controller(ctx: &Arc<Context>) -> (Controller<DynamicObject>, Changes,
         match ev {
             Ok(watcher::Event::Delete(p)) => {
                 revisions.deleted(&p.metadata);
+                if remaining.is_empty() {
+                    *labels.lock().expect("labels lock") = None;
+                }
                 let _ = deleted_tx.unbounded_send(());
                 let _ = changed_tx.unbounded_send(());
             }

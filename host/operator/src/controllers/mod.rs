@@ -4,5 +4,6 @@
 //! [`crate::signals`].
 
 pub mod driver;
+pub mod gpucluster;
 pub mod policy;
 pub mod upgrade;
