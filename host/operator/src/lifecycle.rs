@@ -28,6 +28,8 @@ use crate::{Error, Result};
 pub const CRD_NAME: &str = "clusterpolicies.nvidia.com";
 /// The NVIDIADriver CRD's name, also applied by [`apply_crds`].
 pub const NVIDIA_DRIVER_CRD_NAME: &str = "nvidiadrivers.nvidia.com";
+/// The GPUCluster CRD's name, also applied by [`apply_crds`].
+pub const GPU_CLUSTER_CRD_NAME: &str = "gpuclusters.nvidia.com";
 /// The CRDs this binary serves, in the order `cleanup --delete-crd` deletes them.
 pub const CRDS: [&str; 2] = [CRD_NAME, NVIDIA_DRIVER_CRD_NAME];
 
@@ -58,8 +60,8 @@ fn removal_patch(keys: &[String]) -> Value {
     serde_json::json!({"metadata": {"labels": labels}})
 }
 
-/// Server-side apply the CRDs of this binary — ClusterPolicy ([`CRD_NAME`]) and NVIDIADriver
-/// ([`NVIDIA_DRIVER_CRD_NAME`]) — with field manager `kiln`, forced, so they take over the
+/// Server-side apply the CRDs of this binary — ClusterPolicy ([`CRD_NAME`]), NVIDIADriver
+/// ([`NVIDIA_DRIVER_CRD_NAME`]) and GPUCluster ([`GPU_CLUSTER_CRD_NAME`]) — with field manager `kiln`, forced, so they take over the
 /// fields Helm's install wrote (Helm installs `crds/` once and never upgrades them). Returns
 /// the ClusterPolicy CRD's `metadata.generation`.
 ///
@@ -71,6 +73,7 @@ pub async fn apply_crds(client: &Client) -> Result<i64> {
     for (name, crd) in [
         (CRD_NAME, crate::crd::crd()),
         (NVIDIA_DRIVER_CRD_NAME, crate::crd::nvidia_driver_crd()),
+        (GPU_CLUSTER_CRD_NAME, kiln_core::spec::gpucluster::crd()),
     ] {
         let applied = api
             .patch(

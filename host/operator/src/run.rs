@@ -65,6 +65,8 @@ pub const WATCHED_RESOURCES: &[(&str, &str, bool)] = &[
     ("", "configmaps", true),
     ("nvidia.com", "clusterpolicies", false),
     ("nvidia.com", "nvidiadrivers", false),
+    ("nvidia.com", "gpuclusters", false),
+    ("apps", "deployments", true),
 ];
 
 /// The Tokio runtime `kiln operator` runs on ([`WORKER_THREADS`], [`MAX_BLOCKING_THREADS`]).
@@ -193,6 +195,7 @@ pub async fn run_until(
         metrics.clone(),
         shutdown.clone(),
     ));
+    crate::controllers::gpucluster::start(&ctx, ctx.view.nodes.clone(), shutdown.clone()).await?;
     let changes = futures::stream::select(
         futures::stream::select(pools, policy_changes),
         feeds.config_maps,
@@ -360,6 +363,9 @@ fn policy_controller(
     let (changed_tx, policy_changes) = futures::channel::mpsc::unbounded();
     let mut revisions = kiln_core::singleton::PolicyRevisions::default();
     let store = writer.as_reader();
+    // The last policy deleted: no label rules for the node watch to apply (a GPUCluster's
+    // controller labels the nodes then).
+    let (labels, remaining) = (ctx.memo.labels.clone(), store.clone());
     let policies = watcher(
         Api::<DynamicObject>::all_with(ctx.client.clone(), &ar),
         crate::cluster::watch::config(),
@@ -370,6 +376,9 @@ fn policy_controller(
         match ev {
             Ok(watcher::Event::Delete(p)) => {
                 revisions.deleted(&p.metadata);
+                if remaining.is_empty() {
+                    *labels.lock().expect("labels lock") = None;
+                }
                 let _ = deleted_tx.unbounded_send(());
                 let _ = changed_tx.unbounded_send(());
             }

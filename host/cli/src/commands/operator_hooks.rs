@@ -65,9 +65,10 @@ impl OperatorHook {
                     let c = client(a.kubeconfig.as_ref()).await?;
                     let generation = kiln_operator::lifecycle::apply_crds(&c).await?;
                     super::write_stdout(&format!(
-                        "applied {} (generation {generation}) and {}\n",
+                        "applied {} (generation {generation}), {} and {}\n",
                         kiln_operator::lifecycle::CRD_NAME,
-                        kiln_operator::lifecycle::NVIDIA_DRIVER_CRD_NAME
+                        kiln_operator::lifecycle::NVIDIA_DRIVER_CRD_NAME,
+                        kiln_operator::lifecycle::GPU_CLUSTER_CRD_NAME
                     ))?;
                 }
                 OperatorHook::Cleanup(a) => {

@@ -5,5 +5,6 @@
 //! another; each reports through [`crate::signals`].
 
 pub mod driver;
+pub mod gpucluster;
 pub mod policy;
 pub mod upgrade;

@@ -492,6 +492,7 @@ fn admission_policy_data_is_the_codes_and_the_assets() {
 
     let owned: BTreeSet<String> = known_deploy_keys()
         .into_iter()
+        .chain(kiln_operator::controllers::gpucluster::labels::DEPLOY_LABELS.map(str::to_string))
         .chain([GPU_PRESENT, MIG_CONFIG, upgrade::STATE_LABEL].map(str::to_string))
         .collect();
     assert_eq!(set(&data["nodeLabels"]), owned);

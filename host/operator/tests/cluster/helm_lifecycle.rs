@@ -368,7 +368,7 @@ fn the_chart_renders_its_hooks() -> anyhow::Result<()> {
         rules(&defaults, "kiln-upgrade-crd"),
         Some(json!([{"apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
-            "resourceNames": [CRD_NAME, NVIDIA_DRIVER_CRD_NAME], "verbs": ["get", "patch"]}]))
+            "resourceNames": [CRD_NAME, NVIDIA_DRIVER_CRD_NAME, lifecycle::GPU_CLUSTER_CRD_NAME], "verbs": ["get", "patch"]}]))
     );
     assert_eq!(
         rules(&defaults, "kiln-cleanup"),

@@ -6,5 +6,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod gpucluster;
 mod nvidiadriver;
 mod policy;

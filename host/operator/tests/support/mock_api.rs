@@ -42,10 +42,28 @@ fn discovery(gv: &str) -> Option<Value> {
             ("secrets", "Secret", true),
             ("pods", "Pod", true),
             ("nodes", "Node", false),
+            ("namespaces", "Namespace", false),
         ],
         "apps/v1" => &[
             ("daemonsets", "DaemonSet", true),
+            ("deployments", "Deployment", true),
             ("controllerrevisions", "ControllerRevision", true),
+        ],
+        "resource.k8s.io/v1" => &[
+            ("deviceclasses", "DeviceClass", false),
+            ("resourceclaimtemplates", "ResourceClaimTemplate", true),
+        ],
+        "admissionregistration.k8s.io/v1" => &[
+            (
+                "validatingadmissionpolicies",
+                "ValidatingAdmissionPolicy",
+                false,
+            ),
+            (
+                "validatingadmissionpolicybindings",
+                "ValidatingAdmissionPolicyBinding",
+                false,
+            ),
         ],
         "rbac.authorization.k8s.io/v1" => &[
             ("roles", "Role", true),
@@ -55,7 +73,10 @@ fn discovery(gv: &str) -> Option<Value> {
         ],
         "node.k8s.io/v1" => &[("runtimeclasses", "RuntimeClass", false)],
         "nvidia.com/v1" => &[("clusterpolicies", "ClusterPolicy", false)],
-        "nvidia.com/v1alpha1" => &[("nvidiadrivers", "NVIDIADriver", false)],
+        "nvidia.com/v1alpha1" => &[
+            ("nvidiadrivers", "NVIDIADriver", false),
+            ("gpuclusters", "GPUCluster", false),
+        ],
         _ => return None,
     };
     let resources: Vec<Value> = r

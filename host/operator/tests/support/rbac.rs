@@ -8,12 +8,18 @@ use serde_json::Value;
 pub const RBAC_KINDS: [&str; 4] = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
 
 /// Every Role, ClusterRole, RoleBinding and ClusterRoleBinding of every state's assets (the
-/// OpenShift-only files included), placeholders filled for operator namespace `ns` — what the
+/// OpenShift-only files included, and a GPUCluster's DRA states'), placeholders filled for operator namespace `ns` — what the
 /// operator applies before plugins run.
 pub fn operand_rbac(ns: &str) -> Vec<Value> {
     let mut out = Vec::new();
-    for state in State::ALL {
-        let assets = kiln_render::assets::load_state(state, true).expect("assets parse");
+    let dra = kiln_core::spec::gpucluster::DraState::ALL
+        .into_iter()
+        .map(|s| kiln_render::assets::load_dra_state(s).expect("assets parse"));
+    for assets in State::ALL
+        .into_iter()
+        .map(|s| kiln_render::assets::load_state(s, true).expect("assets parse"))
+        .chain(dra)
+    {
         for asset in assets {
             let mut obj = asset.object;
             let kind = obj["kind"].as_str().unwrap_or_default().to_string();
