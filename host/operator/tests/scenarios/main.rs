@@ -8,3 +8,4 @@ mod support;
 
 mod nvidiadriver;
 mod policy;
+mod stuck;
