@@ -32,7 +32,9 @@ HEAD
 # a node `patch` to some label keys, so this policy does: an update of a Node by the operator's
 # ServiceAccount may change only the node labels it owns, the driver upgrade's annotations and
 # `spec.unschedulable` (cordon and uncordon for driver upgrades; only on NVIDIA GPU nodes), never
-# ownerReferences, finalizers, taints or the rest of the spec. Kubernetes >= 1.30.
+# ownerReferences, finalizers, taints, the rest of the spec or the status. kiln's device plugin
+# (kiln-device-plugin-node-health, -node-events) may change only the GPUHealthy condition and the
+# nvidia.com/gpu-unhealthy taint of the node its pod runs on. Kubernetes >= 1.30.
 HEAD
   render templates/node-patch-policy.yaml ""
 } > deploy/rbac/node-patch-policy.yaml

@@ -94,6 +94,9 @@ pub enum NotReady {
         /// The file waited for.
         path: PathBuf,
     },
+    /// The plugin step's workload pod did not run to success ([`crate::workload`]).
+    #[error("GPU workload pod: {0}")]
+    Workload(String),
     /// A sysfs check found the node not in the wanted state.
     #[error("{0}")]
     Sysfs(String),

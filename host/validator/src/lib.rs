@@ -26,6 +26,7 @@ mod sandbox;
 mod status;
 mod steps;
 mod uvm;
+pub mod workload;
 
 use std::sync::Arc;
 
@@ -142,11 +143,55 @@ impl Validator {
         node: &str,
         expected: ExpectedResource,
     ) -> Result<u64, ValidatorError> {
+        self.plugin_step(nodes, node, expected, None)
+    }
+
+    /// The plugin step with upstream's `WITH_WORKLOAD=true`: once the node advertises the
+    /// resource, a workload pod ([`workload`]) requesting one unit of it must run to success
+    /// on the node ([`NodeSource::run_workload`]); both are retried together. Writes an empty
+    /// `plugin-ready`. Returns the units advertised.
+    ///
+    /// # Errors
+    /// As [`Validator::driver`]; the last reason names what is missing (the resource, or the
+    /// workload pod's failing container and its reason).
+    pub fn plugin_with_workload(
+        &self,
+        nodes: &dyn NodeSource,
+        node: &str,
+        expected: ExpectedResource,
+        spec: &workload::WorkloadSpec,
+    ) -> Result<u64, ValidatorError> {
+        self.plugin_step(nodes, node, expected, Some(spec))
+    }
+
+    fn plugin_step(
+        &self,
+        nodes: &dyn NodeSource,
+        node: &str,
+        expected: ExpectedResource,
+        spec: Option<&workload::WorkloadSpec>,
+    ) -> Result<u64, ValidatorError> {
         remove_stale(&self.layout, StatusFile::Plugin)?;
-        let what = format!("the device plugin to advertise GPUs on node {node}");
-        let units = self
-            .retry
-            .run("plugin", &what, || check_plugin(nodes, node, expected))?;
+        let what = match spec {
+            None => format!("the device plugin to advertise GPUs on node {node}"),
+            Some(_) => format!("a GPU workload pod to run on node {node}"),
+        };
+        let units = self.retry.run("plugin", &what, || {
+            let units = check_plugin(nodes, node, expected)?;
+            if let Some(spec) = spec {
+                let alloc = nodes.allocatable(node).map_err(|message| NotReady::Kube {
+                    node: node.to_owned(),
+                    message,
+                })?;
+                let resource = workload::resource_name(&alloc, expected).ok_or_else(|| {
+                    NotReady::Workload(format!("node {node} advertises no GPU resource to request"))
+                })?;
+                nodes
+                    .run_workload(spec, &resource)
+                    .map_err(NotReady::Workload)?;
+            }
+            Ok(units)
+        })?;
         write_status(&self.layout, StatusFile::Plugin, "")?;
         Ok(units)
     }

@@ -2,13 +2,18 @@
 //! `nvidia-device-plugin-daemonset` (upstream `TransformDevicePlugin`, gpu-operator.md §3.3).
 
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::Container;
+use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector,
+};
 use kiln_plugin_sdk::pod::{
     apply_component_basics, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
     fit_command_args_to_image, handle_device_plugin_config, pod_spec, require_container,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env};
+use kiln_plugin_sdk::serde_json::Value;
+use kiln_plugin_sdk::{
+    ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env,
+};
 
 /// The main container of the device plugin DaemonSet.
 pub const MAIN: &str = "nvidia-device-plugin";
@@ -22,11 +27,25 @@ pub const UPSTREAM_ENTRYPOINT: &str = "/bin/entrypoint.sh";
 /// validator's driver-ready file); NVIDIA's image mounts it at `/driver-root`.
 pub const KILN_DRIVER_ROOT: &str = "/run/nvidia/driver";
 
+/// The node kiln's device plugin reports GPU health on (`NODE_NAME`, from `spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// The RBAC rules of the state's ClusterRole that only kiln's own device plugin uses (GPU
+/// health on its Node: the `GPUHealthy` condition, kiln's taint, an Event per transition in
+/// `default`), as `(apiGroup, resource, verb)`. On NVIDIA's image, which writes no Node and
+/// records no Event, they are dropped, so the roles are NVIDIA's.
+pub const KILN_ONLY_RULES: [(&str, &str, &str); 3] = [
+    ("", "nodes", "patch"),
+    ("", "nodes/status", "patch"),
+    ("events.k8s.io", "events", "create"),
+];
+
 /// The `device-plugin` operand.
 pub struct DevicePlugin;
 
 impl Operand for DevicePlugin {
     const NAME: &'static str = "device-plugin";
+    const OBJECT_KINDS: &'static [&'static str] = &["ClusterRole"];
 
     /// Upstream order: main container lookup, validation init containers, image/policy/secrets/
     /// resources/args, GDS and GDRCopy env, device-plugin config, runtime class, NRI annotation,
@@ -77,10 +96,67 @@ impl Operand for DevicePlugin {
                     m.mount_path = KILN_DRIVER_ROOT.into();
                 }
             }
+            set_node_name_env(main);
         }
         apply_host_network(pod, dp.host_network);
         Ok(())
     }
+
+    /// The state's ClusterRole: [`KILN_ONLY_RULES`] dropped unless the plugin runs
+    /// kiln's image. An unresolvable image keeps them (the DaemonSet reports the error).
+    fn object(
+        obj: &mut Value,
+        spec: &ClusterPolicySpec,
+        ctx: &TransformContext,
+    ) -> Result<Decision, TransformError> {
+        let kiln = device_plugin_image(spec, ctx)
+            .map_or(true, |img| kiln_plugin_sdk::image::is_kiln_image(&img));
+        if !kiln {
+            drop_kiln_only_rules(obj);
+        }
+        Ok(Decision::Keep)
+    }
+}
+
+/// `NODE_NAME` from the pod's `spec.nodeName` (kiln's plugin reports GPU health on that Node;
+/// a user's `devicePlugin.env` entry of that name, applied before, is replaced).
+fn set_node_name_env(main: &mut Container) {
+    env::remove_env(main, NODE_NAME_ENV);
+    main.env.get_or_insert_with(Vec::new).push(EnvVar {
+        name: NODE_NAME_ENV.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: "spec.nodeName".into(),
+            }),
+            ..Default::default()
+        }),
+    });
+}
+
+/// Removes each of [`KILN_ONLY_RULES`] from the role `obj`: the verb from a rule naming only
+/// that group and resource, and a rule left without verbs.
+fn drop_kiln_only_rules(obj: &mut Value) {
+    let Some(rules) = obj.get_mut("rules").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let only = |rule: &Value, key: &str, want: &str| {
+        rule[key]
+            .as_array()
+            .is_some_and(|a| a.len() == 1 && a[0] == want)
+    };
+    for rule in rules.iter_mut() {
+        for (group, resource, verb) in KILN_ONLY_RULES {
+            if only(rule, "apiGroups", group)
+                && only(rule, "resources", resource)
+                && let Some(verbs) = rule.get_mut("verbs").and_then(Value::as_array_mut)
+            {
+                verbs.retain(|v| v != verb);
+            }
+        }
+    }
+    rules.retain(|r| r["verbs"].as_array().is_none_or(|v| !v.is_empty()));
 }
 
 /// Upstream step 10 (CDI enabled): `CDI_ENABLED=true`, `DEVICE_LIST_STRATEGY=cdi-annotations,cdi-cri`,
@@ -109,6 +185,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 14);
+        kiln_plugin_sdk::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 17);
     }
 }

@@ -261,7 +261,8 @@ fn spawn_health_reporter(
                 return;
             }
         };
-        let namespace = std::env::var("NAMESPACE").unwrap_or_else(|_| "default".into());
+        // A Node is cluster-scoped: the API server takes its Events in `default` only.
+        let namespace = "default";
         let mut last = None;
         loop {
             let faults = status.borrow_and_update().unhealthy.clone();
@@ -272,7 +273,7 @@ fn spawn_health_reporter(
                     &node,
                     &bad,
                     taint,
-                    &namespace,
+                    namespace,
                     "kiln-device-plugin",
                 )
                 .await

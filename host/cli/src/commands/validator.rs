@@ -82,6 +82,10 @@ enum Step {
         /// The device plugin's MIG strategy: `mixed` expects `nvidia.com/mig-*`.
         #[arg(long, env = "MIG_STRATEGY", default_value = "single")]
         mig_strategy: String,
+        /// Also run a pod requesting one GPU on this node to success (upstream's workload
+        /// check; its image etc. from VALIDATOR_IMAGE*, its namespace OPERATOR_NAMESPACE).
+        #[arg(long, env = "WITH_WORKLOAD")]
+        with_workload: bool,
     },
     /// The cc-manager has labelled the node nvidia.com/cc.ready.state; writes cc-manager-ready.
     CcManager {
@@ -161,11 +165,25 @@ impl ValidatorArgs {
             Step::Plugin {
                 node_name,
                 mig_strategy,
+                with_workload,
             } => {
                 let nodes = KubeNodes::connect().context("connecting to the API server")?;
                 let expected = ExpectedResource::from_mig_strategy(&mig_strategy);
-                let units = v.plugin(&nodes, &node_name, expected)?;
-                super::outln!("plugin ok: node {node_name} advertises {units} GPU unit(s)");
+                let units = if with_workload {
+                    let spec = kiln_validator::workload::WorkloadSpec::from_env(&node_name, |k| {
+                        std::env::var(k).ok()
+                    })
+                    .map_err(anyhow::Error::msg)?;
+                    v.plugin_with_workload(&nodes, &node_name, expected, &spec)?
+                } else {
+                    v.plugin(&nodes, &node_name, expected)?
+                };
+                let ran = if with_workload {
+                    " and ran a GPU workload pod"
+                } else {
+                    ""
+                };
+                super::outln!("plugin ok: node {node_name} advertises {units} GPU unit(s){ran}");
             }
             Step::CcManager { node_name } => {
                 let nodes = KubeNodes::connect().context("connecting to the API server")?;

@@ -48,7 +48,11 @@ pub fn sym(s: Option<String>) -> Option<Sym> {
 /// driver-upgrade labels ([`is_upgrade_key`]), and every label outside `nvidia.com/` (a
 /// DaemonSet's `nodeSelector` may name any of them; readiness counts the nodes it matches).
 pub fn kept_label(key: &str) -> bool {
-    reads_label(key) || is_upgrade_key(key) || !key.starts_with("nvidia.com/")
+    reads_label(key)
+        || is_upgrade_key(key)
+        || !key.starts_with("nvidia.com/")
+        // The MIG manager's state, for the stuck-node signal (crate::signals::stuck).
+        || key == kiln_core::node_stuck::MIG_CONFIG_STATE_LABEL
 }
 
 /// A driver-upgrade label or annotation (`nvidia.com/gpu-driver-upgrade*`: the state, skip,

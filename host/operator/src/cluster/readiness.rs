@@ -703,6 +703,19 @@ impl SlimPod {
             .map(|c| c.last_transition_time.as_ref())
     }
 
+    /// Whether it is still in its init containers (the stuck-node signal's validator in Init):
+    /// not terminating, `Pending`, and some init container not yet terminated with exit code
+    /// 0 (or none started).
+    pub fn in_init(&self) -> bool {
+        self.deletion_timestamp.is_none()
+            && self.phase.as_deref() == Some("Pending")
+            && (self.init_containers.is_empty()
+                || self
+                    .init_containers
+                    .iter()
+                    .any(|c| !matches!(c.terminated, Some((0, _)))))
+    }
+
     /// The exit code and finish time of init container `name`, once it terminated.
     pub fn init_terminated(&self, name: &str) -> Option<(i32, Option<&Time>)> {
         self.init_containers

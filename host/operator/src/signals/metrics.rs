@@ -261,6 +261,7 @@ pub struct Metrics {
     leader: Gauge,
     node_ready: HistFamily,
     node_gpus: Arc<NodeGpus>,
+    node_stuck: Arc<crate::signals::stuck::StuckGauge>,
     nvidia: Nvidia,
     ready: AtomicBool,
 }
@@ -320,6 +321,8 @@ impl Metrics {
             node_ready.clone(),
         );
         registry.register_collector(Box::new(node_gpus.clone()));
+        let node_stuck = Arc::new(crate::signals::stuck::StuckGauge::default());
+        registry.register_collector(Box::new(node_stuck.clone()));
         // Every stage's series exists from the start (count 0).
         for stage in Stage::ALL {
             let _ = node_ready.get_or_create(&label("stage", stage.name()));
@@ -344,6 +347,7 @@ impl Metrics {
             leader,
             node_ready,
             node_gpus,
+            node_stuck,
             nvidia,
             ready: AtomicBool::new(false),
         }
@@ -437,6 +441,11 @@ impl Metrics {
     pub fn node_gpus(&self, node: &Sym, expected: i64, allocatable: i64) {
         let mut nodes = self.node_gpus.0.lock().expect("node gpus lock");
         nodes.insert(node.clone(), (expected, allocatable));
+    }
+
+    /// `kiln_node_stuck{node,reason}` ([`crate::signals::stuck`]).
+    pub fn node_stuck(&self) -> &crate::signals::stuck::StuckGauge {
+        &self.node_stuck
     }
 
     /// Drop a node's GPU gauges (the node is gone, or no longer says how many GPUs it has).

@@ -5,4 +5,5 @@
 
 pub mod events;
 pub mod metrics;
+pub mod stuck;
 pub mod timeline;

@@ -79,6 +79,8 @@ pub struct NodeFacts {
     pub expected: Option<i64>,
     /// [`crate::cluster::node::allocatable_gpus`] of its status.
     pub allocatable: i64,
+    /// What the stuck-node signal reads of its labels ([`crate::signals::stuck`]).
+    pub stuck: crate::signals::stuck::NodeMarks,
 }
 
 /// Reads [`NodeFacts`] from the node store's copy of a Node.
@@ -91,6 +93,7 @@ pub fn node_facts(node: &SlimNode) -> NodeFacts {
         labelled: node.is_gpu(),
         expected: node.expected_gpus(),
         allocatable: node.allocatable_gpus(),
+        stuck: crate::signals::stuck::node_marks(node.labels()),
     }
 }
 
@@ -494,10 +497,12 @@ pub fn ready_note(node: &str, seconds: &[f64; 5]) -> String {
     }
 }
 
-/// One input: a node watch event's facts, or a validator pod watch event.
+/// One input: a node watch event's facts, a validator pod watch event, or the stuck-node
+/// signal's evaluation tick.
 enum Input {
     Node(watcher::Event<NodeFacts>),
     Pod(PodEvent),
+    Tick,
 }
 
 /// Room for node events between the node watch and the timeline ([`run`]'s `nodes`).
@@ -514,13 +519,47 @@ pub async fn run(
     nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
     pods: futures::channel::mpsc::UnboundedReceiver<PodEvent>,
 ) {
+    run_with(
+        metrics,
+        recorder,
+        nodes,
+        pods,
+        crate::signals::stuck::StuckConfig::default(),
+    )
+    .await;
+}
+
+/// [`run`], with the stuck-node signal ([`crate::signals::stuck`]) fed from the same events
+/// and evaluated every `stuck.tick`, under `stuck.limits`. Ends when both inputs end.
+pub async fn run_with(
+    metrics: Arc<Metrics>,
+    recorder: Events,
+    nodes: futures::channel::mpsc::Receiver<watcher::Event<NodeFacts>>,
+    pods: futures::channel::mpsc::UnboundedReceiver<PodEvent>,
+    stuck: crate::signals::stuck::StuckConfig,
+) {
     let nodes = nodes.map(Input::Node);
     let pods = pods.map(Input::Pod);
     let mut inputs = std::pin::pin!(futures::stream::select(nodes, pods));
+    let mut ticks = tokio::time::interval(stuck.tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tracker = Tracker::default();
-    while let Some(input) = inputs.next().await {
+    let mut stuck_tracker = crate::signals::stuck::StuckTracker::new(stuck.limits);
+    loop {
+        let input = tokio::select! {
+            i = inputs.next() => match i {
+                Some(i) => i,
+                None => break,
+            },
+            _ = ticks.tick() => Input::Tick,
+        };
         let now = Timestamp::now();
+        let stuck_updates = feed_stuck(&mut stuck_tracker, &input, (stuck.clock)());
+        for u in stuck_updates {
+            crate::signals::stuck::apply(metrics.node_stuck(), &recorder, &stuck.limits, u).await;
+        }
         let updates = match input {
+            Input::Tick => Vec::new(),
             Input::Node(ev) => match ev {
                 watcher::Event::Init => {
                     tracker.begin_list(Source::Nodes);
@@ -550,6 +589,40 @@ pub async fn run(
         };
         for update in updates {
             apply(&metrics, &recorder, update).await;
+        }
+    }
+}
+
+/// Hands `input` to the stuck-node signal ([`crate::signals::stuck`]) at `now` (Unix seconds).
+fn feed_stuck(
+    t: &mut crate::signals::stuck::StuckTracker,
+    input: &Input,
+    now: i64,
+) -> Vec<crate::signals::stuck::StuckUpdate> {
+    match input {
+        Input::Tick => t.tick(now),
+        Input::Node(watcher::Event::Init) => {
+            t.begin_list();
+            Vec::new()
+        }
+        Input::Node(watcher::Event::InitDone) => t.end_list(),
+        Input::Node(watcher::Event::InitApply(f) | watcher::Event::Apply(f)) => {
+            t.node(&f.name, f.uid.as_deref(), &f.stuck, now)
+        }
+        Input::Node(watcher::Event::Delete(f)) => t.node_deleted(&f.name),
+        Input::Pod(watcher::Event::Init) => {
+            t.begin_pod_list();
+            Vec::new()
+        }
+        Input::Pod(watcher::Event::InitDone) => t.end_pod_list(now),
+        Input::Pod(watcher::Event::InitApply(p) | watcher::Event::Apply(p)) => t.pod(
+            p.name(),
+            p.node_name().unwrap_or_default(),
+            p.in_init(),
+            now,
+        ),
+        Input::Pod(watcher::Event::Delete(p)) => {
+            t.pod_deleted(p.name(), p.node_name().unwrap_or_default(), now)
         }
     }
 }
@@ -611,6 +684,7 @@ mod tests {
             labelled,
             expected: None,
             allocatable,
+            stuck: crate::signals::stuck::NodeMarks::default(),
         }
     }
 

@@ -104,6 +104,19 @@ fn the_prometheus_rule_is_rendered_where_its_kind_is_served() {
         "kiln_node_gpus_allocatable < kiln_node_gpus_expected"
     );
     assert_eq!(below["for"], "10m");
+    // On by default: the operator exports the gauge (kiln_operator::signals::stuck).
+    let stuck = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == "GPUNodeStuck")
+        .expect("GPUNodeStuck on by default");
+    assert!(
+        stuck["expr"]
+            .as_str()
+            .unwrap()
+            .contains(kiln_core::node_stuck::GAUGE)
+    );
     assert!(
         below["annotations"]["summary"]
             .as_str()

@@ -404,8 +404,9 @@ fn helm_template_renders_a_valid_policy() {
             "ServiceAccount",
         ]
         .into_iter()
-        .chain(["ValidatingAdmissionPolicy"; 8])
-        .chain(["ValidatingAdmissionPolicyBinding"; 8])
+        // The operator's 8, and kiln's device plugin's node-health and node-events.
+        .chain(["ValidatingAdmissionPolicy"; 10])
+        .chain(["ValidatingAdmissionPolicyBinding"; 10])
         .collect::<Vec<_>>()
     );
     let cp = find(&objects, "ClusterPolicy", "cluster-policy");
@@ -523,6 +524,20 @@ fn admission_policy_data_is_the_codes_and_the_assets() {
         strs(&data["gpuResourcePrefixes"]),
         upgrade::GPU_RESOURCE_PREFIXES
     );
+    // What kiln's device plugin writes on its Node (kiln_core::gpu_health), as its
+    // ServiceAccount (assets/state-device-plugin).
+    let health = &data["gpuHealth"];
+    assert_eq!(
+        health["conditionType"],
+        kiln_core::gpu_health::CONDITION_TYPE
+    );
+    assert_eq!(health["taintKey"], kiln_core::gpu_health::TAINT_KEY);
+    let sa = kiln_render::assets::load_state(kiln_core::State::DevicePlugin, true)
+        .unwrap()
+        .into_iter()
+        .find(|a| a.object["kind"] == "ServiceAccount")
+        .unwrap();
+    assert_eq!(health["serviceAccount"], sa.object["metadata"]["name"]);
 
     // Every operand binding: the role of its own name, one ServiceAccount.
     let mut bindings: [serde_json::Map<String, Value>; 2] = Default::default();

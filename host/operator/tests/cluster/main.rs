@@ -16,5 +16,6 @@ mod helm_lifecycle;
 mod migration;
 mod monitoring;
 mod nvidiadriver_cluster;
+mod stuck;
 mod takeover;
 mod upgrade;

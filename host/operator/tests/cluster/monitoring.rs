@@ -151,11 +151,17 @@ async fn scrape(addr: &str) -> anyhow::Result<(String, String)> {
     Ok((ctype, body.to_string()))
 }
 
-/// Sample names of an exposition: a sample line's first token, up to `{` or a space.
+/// Sample names of an exposition (a sample line's first token, up to `{` or a space) and the
+/// families it declares (`# TYPE <name> …`): a family served with no series at the moment, such
+/// as `kiln_node_stuck` while no node is stuck, is served all the same.
 fn sample_names(text: &str) -> BTreeSet<String> {
+    let declared = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next());
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| l.split(['{', ' ']).next())
+        .chain(declared)
         .map(str::to_string)
         .collect()
 }

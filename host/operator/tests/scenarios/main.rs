@@ -9,3 +9,4 @@ mod support;
 mod gpucluster;
 mod nvidiadriver;
 mod policy;
+mod stuck;

@@ -528,15 +528,24 @@ fn container_of(line: &str) -> Option<&str> {
 }
 
 /// Whether difference `line` lies inside a container that runs [`defaults::KILN_IMAGE`] in
-/// `kiln`, kiln's objects of the line's variant.
+/// `kiln`, kiln's objects of the line's variant, or is the `rules` of a ClusterRole or Role
+/// whose ServiceAccount (of the same name) runs such a main container: what kiln's own operand
+/// needs to reach the API (the device plugin writing GPU health on its Node).
 fn in_kiln_image_container(line: &str, kiln: &[Value]) -> bool {
     let Some((_, rest)) = line.split_once('/') else {
         return false;
     };
+    let name = rest.split(':').next().unwrap_or("");
+    if let Some(role) = name
+        .strip_prefix("ClusterRole/")
+        .or_else(|| name.strip_prefix("Role/"))
+        && rest.starts_with(&format!("{name}: rules: "))
+    {
+        return runs_kiln_image(role, kiln);
+    }
     let Some(ctr) = container_of(line) else {
         return false;
     };
-    let name = rest.split(':').next().unwrap_or("");
     kiln.iter().any(|o| {
         object_key(o) == name
             && ["containers", "initContainers"].iter().any(|l| {
@@ -547,6 +556,18 @@ fn in_kiln_image_container(line: &str, kiln: &[Value]) -> bool {
                     .any(|c| c["name"] == ctr && c["image"] == defaults::KILN_IMAGE)
             })
     })
+}
+
+/// Whether a DaemonSet of `kiln` that runs as ServiceAccount `sa` runs
+/// [`defaults::KILN_IMAGE`] in its main (first) container (the device plugin; the MPS control
+/// daemon shares its ServiceAccount, as upstream's does, on NVIDIA's image).
+fn runs_kiln_image(sa: &str, kiln: &[Value]) -> bool {
+    kiln.iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .map(|o| &o["spec"]["template"]["spec"])
+        .any(|p| {
+            p["serviceAccountName"] == sa && p["containers"][0]["image"] == defaults::KILN_IMAGE
+        })
 }
 
 /// kiln's objects of the variant `line` starts with (none for an unknown variant).
