@@ -563,7 +563,7 @@ impl PluginHost {
                 instance
                     .get_typed_func::<(&str, &str), (Result<(), FieldErrors>,)>(&mut store, index)
             })
-            .and_then(|func| func.call(&mut store, (&plugin.name, settings)));
+            .and_then(|func| func.call(&mut store, (&called_name(&plugin.name), settings)));
         match result {
             Ok((Ok(()),)) => Ok(Vec::new()),
             Ok((Err(errors),)) => {
@@ -625,11 +625,12 @@ impl PluginHost {
             [0; 32]
         };
         let mut store = self.new_store(&plugin.name, seed);
+        let called = called_name(&plugin.name);
         let result = match &plugin.pre {
             Pre::V1(pre) => {
                 let mut ctx = make_context_v1(ctx);
                 if plugin.bundle {
-                    ctx.state = plugin.name.to_string();
+                    ctx.state = called;
                 }
                 pre.instantiate(&mut store).and_then(|instance| {
                     instance
@@ -638,7 +639,7 @@ impl PluginHost {
                 })
             }
             Pre::V2(pre, _) => {
-                let ctx = make_context_v2(ctx, &plugin.name, input.policy);
+                let ctx = make_context_v2(ctx, &called, input.policy);
                 let settings = input.settings.unwrap_or("null");
                 pre.instantiate(&mut store).and_then(|instance| {
                     instance
@@ -938,6 +939,16 @@ fn check_pin(name: &str, pin: &str) -> Result<String, PluginError> {
             plugin: name.to_string(),
             pin: pin.to_string(),
         })
+    }
+}
+
+/// The name a component is called by: an `oci://` entry's repository's last path segment
+/// ([`kiln_core::oci_ref::OciRef::plugin_name`]: what its `name()` answers and what a
+/// standard bundle dispatches on), else the chain entry's name itself.
+fn called_name(name: &str) -> String {
+    match oci_ref(name) {
+        Ok(Some(r)) => r.plugin_name().to_string(),
+        _ => name.to_string(),
     }
 }
 

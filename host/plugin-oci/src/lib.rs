@@ -140,6 +140,27 @@ impl Registry {
         }
     }
 
+    /// `e` with its causes (`: `-joined), and, when an HTTPS request to a registry not in the
+    /// insecure list failed, a hint that it may be a plain-HTTP registry.
+    fn explain(&self, registry: &str, e: &(dyn std::error::Error + 'static)) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            let t = c.to_string();
+            if !text.contains(&t) {
+                text = format!("{text}: {t}");
+            }
+            cause = c.source();
+        }
+        if !self.insecure.iter().any(|r| r == registry) && text.contains("https://") {
+            text.push_str(&format!(
+                " (if {registry} serves plain HTTP, allow it with --insecure-registry {registry} \
+                 or KILN_INSECURE_REGISTRIES)"
+            ));
+        }
+        text
+    }
+
     fn client(&self) -> Client {
         // reqwest is built without a crypto provider of its own: use ring, as kube does.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -176,7 +197,7 @@ impl Registry {
         let (manifest, _) = client
             .pull_manifest_raw(&image, &auth, &[OCI_MANIFEST_MEDIA_TYPE])
             .await
-            .map_err(|e| format!("manifest: {e}"))?;
+            .map_err(|e| format!("manifest: {}", self.explain(reference.registry(), &e)))?;
         let layer = component_layer(&manifest)?;
         if layer.size > max_component_bytes as u64 {
             return Err(format!(
@@ -236,7 +257,13 @@ impl Registry {
         client
             .auth(&image, &auth, oci_client::RegistryOperation::Push)
             .await
-            .map_err(|e| format!("authenticating to {}: {e}", target.registry))?;
+            .map_err(|e| {
+                format!(
+                    "authenticating to {}: {}",
+                    target.registry,
+                    self.explain(&target.registry, &e)
+                )
+            })?;
         push_blob(&client, &image, config, &config_digest)
             .await
             .map_err(|e| format!("pushing the config blob: {e}"))?;

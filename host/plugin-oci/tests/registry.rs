@@ -278,3 +278,41 @@ fn references_by_tag_and_plain_http_without_consent_are_refused() {
         "{err}"
     );
 }
+
+/// A standard bundle pushed under a bundled plugin's name (`…/node-placement`) runs as that
+/// plugin: the host calls it by the repository's last path segment, not by the whole
+/// reference, in `validate-settings` and in `transform`.
+#[test]
+fn the_standard_bundle_pulled_as_node_placement_runs_as_node_placement() {
+    let Some(server) = start() else { return };
+    let reg = registry(&server);
+    let bundle = kiln_bundled_plugins::get("node-placement").expect("node-placement is bundled");
+    let target =
+        OciTarget::parse(&format!("oci://{}/site/node-placement:v1", server.addr)).unwrap();
+    let pinned = reg.push_blocking(bundle, &target).unwrap();
+    let sample =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/samples/clusterpolicy.yaml");
+    let mut doc: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();
+    let annotation = format!(
+        "device-plugin:\n  then:\n    - name: {pinned}\n      settings:\n        nodeSelector: {{pool: gpu-a}}\n"
+    );
+    doc["metadata"]["annotations"] = serde_json::json!({ "kiln.dev/plugins": annotation });
+    let policy = Policy::from_object(&doc).unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    let rendered = Renderer::new(host(fresh.path(), registry(&server)))
+        .render_state(State::DevicePlugin, &policy, &defaults::render_context())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let daemonsets: Vec<_> = rendered
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .collect();
+    assert!(!daemonsets.is_empty());
+    for ds in daemonsets {
+        assert_eq!(
+            ds["spec"]["template"]["spec"]["nodeSelector"]["pool"], "gpu-a",
+            "{ds}"
+        );
+    }
+}

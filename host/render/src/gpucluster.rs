@@ -1,7 +1,7 @@
 //! Rendering a GPUCluster (`nvidia.com/v1alpha1`): every DRA state its spec enables
 //! ([`DraState::enabled_states`]), each from its assets and its standard plugin, as a
-//! ClusterPolicy's states are. Used by `kiln render --gpu-cluster` (and by the operator's
-//! GPUCluster controller, once there is one).
+//! ClusterPolicy's states are. Used by `kiln render --gpu-cluster` and by the operator's
+//! GPUCluster controller.
 //!
 //! ```text
 //! GPUCluster ─► GpuClusterDoc (CRD defaults, pruning, schema) ─► per DRA state:

@@ -52,12 +52,41 @@ impl RegistryArgs {
 pub(crate) fn push(file: &Path, target: &str, args: &RegistryArgs) -> anyhow::Result<ExitCode> {
     let target = OciTarget::parse(target)?;
     let bytes = std::fs::read(file).with_context(|| file.display().to_string())?;
+    let name = target
+        .repository
+        .rsplit('/')
+        .next()
+        .unwrap_or(&target.repository);
+    check_name(&bytes, name).with_context(|| {
+        format!(
+            "{} cannot be pushed to {target}: the repository's last path segment ({name:?}) \
+             is the name the operator calls it by, and the plugin must answer to it",
+            file.display()
+        )
+    })?;
     let pinned = args
         .registry()?
         .push_blocking(&bytes, &target)
         .map_err(|e| anyhow::anyhow!("pushing {} to {target}: {e}", file.display()))?;
     super::outln!("{pinned}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Loads `bytes` as the drop-in plugin `name` (audit, compile, link and the `name()` check the
+/// operator makes when it pulls it), so a push never publishes what a pull would refuse.
+fn check_name(bytes: &[u8], name: &str) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("scratch directory")?;
+    std::fs::write(dir.path().join(format!("{name}.wasm")), bytes)?;
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig {
+            drop_in_dir: Some(dir.path().to_path_buf()),
+            ..kiln_plugin_host::HostConfig::default()
+        },
+        kiln_bundled_plugins::BUNDLED,
+    )?
+    .with_bundled_digests(kiln_bundled_plugins::BUNDLED_SHA256);
+    host.load(name, None)?;
+    Ok(())
 }
 
 /// `kiln plugin pull oci://…@sha256:… [-o FILE]`: writes the verified component (default

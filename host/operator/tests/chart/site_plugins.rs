@@ -152,6 +152,8 @@ fn the_schema_takes_exactly_the_states_and_known_fields() {
         "clusterPolicy.plugins.dcgm.then[0].config=x",
         "clusterPolicy.plugins.dcgm.pin=abc",
         "operator.pluginRegistry.insecure[0]=http://x",
+        // A registry plugin by tag: pins are digests.
+        "clusterPolicy.plugins.dcgm.then[0].name=oci://r.example/a/x:v1",
     ] {
         let Some(out) = helm(&["--set", bad]) else {
             return;

@@ -432,7 +432,7 @@ async fn a_failing_plugin_chain_keeps_its_last_good_objects_and_marks_only_its_s
     let mut broken = p.clone();
     broken["metadata"]["generation"] = json!(2);
     broken["metadata"]["annotations"] =
-        json!({"kiln.dev/plugins": format!("device-plugin:\n  pin: {}\n", "0".repeat(64))});
+        json!({"kiln.dev/plugins": format!("device-plugin:\n  pin: \"{}\"\n", "0".repeat(64))});
     // The labelled objects as the cache now holds them (what the first reconcile applied).
     let objs: Vec<Meta> = {
         let s = server.lock().unwrap();
