@@ -317,6 +317,49 @@ impl Applier {
         let Some(api) = self.api(key).await? else {
             return Ok(None);
         };
+        let (mut resource_version, mut removals) =
+            (resource_version.to_string(), removals.to_vec());
+        // The copy the removals came from may trail the server (a status write moves the
+        // resourceVersion of a DaemonSet often): on a changed object, read it once and retry
+        // with what is then due, a bounded number of times (reads only while drift races).
+        for _ in 0..CORRECT_RETRIES {
+            match self
+                .correct_once(&api, key, &resource_version, &removals)
+                .await?
+            {
+                Corrected::Done(removed) => return Ok(removed),
+                Corrected::Changed => {}
+            }
+            let Some(fresh) = api
+                .get_opt(&key.name)
+                .await
+                .map_err(|e| Error::kube(format!("read {key} to remove drift"), e))?
+            else {
+                return Ok(None);
+            };
+            let managed = fresh.metadata.managed_fields.clone().unwrap_or_default();
+            let value = serde_json::to_value(&fresh).map_err(|e| Error::Json {
+                action: format!("serialize {key}"),
+                source: e,
+            })?;
+            removals = self.due(key, &managed, &value);
+            if removals.is_empty() {
+                return Ok(None);
+            }
+            resource_version = fresh.metadata.resource_version.clone().unwrap_or_default();
+        }
+        Ok(None)
+    }
+
+    /// One JSON patch of [`Applier::correct`]; [`Corrected::Changed`] when the object changed
+    /// since `resource_version`.
+    async fn correct_once(
+        &self,
+        api: &Api<DynamicObject>,
+        key: &ObjKey,
+        resource_version: &str,
+        removals: &[Removal],
+    ) -> Result<Corrected> {
         let patch: json_patch::Patch =
             serde_json::from_value(drift::json_patch(resource_version, removals)).map_err(|e| {
                 Error::Json {
@@ -340,7 +383,11 @@ impl Applier {
                     || (s.code == 422 && s.message.contains("/metadata/resourceVersion")) =>
             {
                 tracing::info!(object = %key, reason = %s.message, "drift not removed: the object changed");
-                return Ok(None);
+                return Ok(if s.code == 404 {
+                    Corrected::Done(None)
+                } else {
+                    Corrected::Changed
+                });
             }
             // Refused by validation (or admission): not tried again while the values stay.
             Err(kube::Error::Api(s)) if s.code == 422 => {
@@ -351,7 +398,7 @@ impl Applier {
                     .entry(key.clone())
                     .or_default()
                     .extend(removals.iter().map(Removal::id));
-                return Ok(None);
+                return Ok(Corrected::Done(None));
             }
             Err(e) => return Err(Error::kube(format!("remove drift from {key}"), e)),
         };
@@ -386,8 +433,18 @@ impl Applier {
             .lock()
             .expect("settled lock")
             .insert(key.clone(), left);
-        Ok(Some(removed))
+        Ok(Corrected::Done(Some(removed)))
     }
+}
+
+/// How many times [`Applier::correct`] patches an object that keeps changing under it.
+const CORRECT_RETRIES: usize = 3;
+
+/// One removal attempt's outcome: done (what is gone, or `None`: refused or gone), or the
+/// object changed since the resourceVersion the patch tested.
+enum Corrected {
+    Done(Option<Vec<Removal>>),
+    Changed,
 }
 
 fn namespaced(caps: &ApiCapabilities) -> bool {
