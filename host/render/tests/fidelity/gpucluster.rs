@@ -109,16 +109,7 @@ fn kiln_renders_gpuclusters_as_nvidia_v26_7_0_field_by_field() {
             .expect("cases.yaml");
     raw.apply_merge().expect("cases.yaml merge keys");
     let cases: Cases = serde_yaml_ng::from_value(raw).expect("cases.yaml");
-    let goldens: BTreeSet<String> = std::fs::read_dir(data().join("golden"))
-        .unwrap()
-        .map(|e| {
-            e.unwrap()
-                .file_name()
-                .to_string_lossy()
-                .trim_end_matches(".yaml")
-                .to_string()
-        })
-        .collect();
+    let goldens = super::nvidiadriver::golden_names(&data().join("golden"));
     assert_eq!(goldens.len(), 8, "NVIDIA's GPUCluster goldens");
     assert_eq!(
         cases.cases.keys().cloned().collect::<BTreeSet<_>>(),

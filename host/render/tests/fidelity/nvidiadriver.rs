@@ -296,10 +296,10 @@ fn cases() -> Cases {
     serde_yaml_ng::from_value(raw).expect("cases.yaml")
 }
 
-#[test]
-fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
-    let cases = cases();
-    let goldens: BTreeSet<String> = std::fs::read_dir(data().join("golden"))
+/// The golden files' names under `dir` (`<name>.yaml` → `<name>`), shared with the GPUCluster
+/// harness.
+pub fn golden_names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
             e.unwrap()
@@ -308,7 +308,13 @@ fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
                 .trim_end_matches(".yaml")
                 .to_string()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn kiln_renders_nvidiadrivers_as_nvidia_v26_7_0_field_by_field() {
+    let cases = cases();
+    let goldens = golden_names(&data().join("golden"));
     assert_eq!(goldens.len(), 16, "NVIDIA's NVIDIADriver goldens");
     assert_eq!(
         cases.cases.keys().cloned().collect::<BTreeSet<_>>(),
