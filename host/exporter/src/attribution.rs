@@ -6,7 +6,8 @@
 //! it (the whole GPU, a time-slicing/MPS replica `GPU-x::n`, GKE `nvidiaN/vgpuK`, or one of its
 //! MIG devices), de-duplicate, and sort by namespace, then pod, then container (byte order).
 //! The **first** of that list owns the GPU's single series in the default mode; the whole list
-//! feeds the `kiln_gpu_pod_info` metric and the one-series-per-pod mode.
+//! feeds the `kiln_gpu_pod_info` metric. Virtual-GPU mode uses [`Share`]s instead: the same
+//! containers, once per replica they hold (the `vgpu` label), sorted the same way.
 //!
 //! The same rule runs per MIG device, over the containers whose ids name that MIG device
 //! (`MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>` or `nvidia<N>/gi<G>`, the last two through the
@@ -48,6 +49,18 @@ pub struct PodRef {
     pub container: String,
 }
 
+/// A container and the shared-GPU replica it holds: one series per share in virtual-GPU mode
+/// (`--kubernetes-virtual-gpus`), as dcgm-exporter emits one per (container, device id). Field
+/// order is the sort order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Share {
+    /// The container.
+    pub pod: PodRef,
+    /// The replica number from the device id (`GPU-<uuid>::<n>`, `MIG-<uuid>::<n>`,
+    /// `nvidia<N>[/gi<G>]/vgpu<n>`), dcgm-exporter's `vgpu` label; `None` for an unshared device.
+    pub vgpu: Option<u32>,
+}
+
 /// What the API server says about a pod, for the `pod_uid` label and the pod's own labels
 /// (`--kubernetes-enable-pod-uid` / `--kubernetes-enable-pod-labels`; see [`crate::podmeta`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,6 +80,8 @@ pub type PodMetas = BTreeMap<(String, String), PodMeta>;
 pub struct Attribution {
     by_gpu: BTreeMap<u32, Vec<PodRef>>,
     by_mig: BTreeMap<String, Vec<PodRef>>,
+    shares_by_gpu: BTreeMap<u32, Vec<Share>>,
+    shares_by_mig: BTreeMap<String, Vec<Share>>,
     meta: std::sync::Arc<PodMetas>,
     /// GPU-resource device ids that matched no GPU on this node (kept for debug logs).
     pub unresolved: Vec<String>,
@@ -83,6 +98,19 @@ impl Attribution {
     #[must_use]
     pub fn mig_pods(&self, mig_uuid: &str) -> &[PodRef] {
         self.by_mig.get(mig_uuid).map_or(&[], Vec::as_slice)
+    }
+
+    /// The (container, replica) pairs on GPU `index`, sorted; empty when none. A container
+    /// holding two replicas of the GPU appears twice.
+    #[must_use]
+    pub fn shares(&self, index: u32) -> &[Share] {
+        self.shares_by_gpu.get(&index).map_or(&[], Vec::as_slice)
+    }
+
+    /// The (container, replica) pairs on MIG device `mig_uuid`, sorted; empty when none.
+    #[must_use]
+    pub fn mig_shares(&self, mig_uuid: &str) -> &[Share] {
+        self.shares_by_mig.get(mig_uuid).map_or(&[], Vec::as_slice)
     }
 
     /// The container whose labels the GPU's single series carries (default mode).
@@ -125,6 +153,8 @@ pub fn attribute(
 ) -> Attribution {
     let mut sets: BTreeMap<u32, BTreeSet<PodRef>> = BTreeMap::new();
     let mut migs: BTreeMap<String, BTreeSet<PodRef>> = BTreeMap::new();
+    let mut shares: BTreeMap<u32, BTreeSet<Share>> = BTreeMap::new();
+    let mut mig_shares: BTreeMap<String, BTreeSet<Share>> = BTreeMap::new();
     let mut unresolved = BTreeSet::new();
     for a in allocations
         .iter()
@@ -141,9 +171,18 @@ pub fn attribute(
                 pod: a.pod.clone(),
                 container: a.container.clone(),
             };
+            let share = Share {
+                pod: pod.clone(),
+                vgpu: parsed.as_ref().and_then(DeviceRef::replica),
+            };
             if let Some(mig) = parsed.as_ref().and_then(|r| resolve_mig(r, gpus)) {
                 migs.entry(mig.to_owned()).or_default().insert(pod.clone());
+                mig_shares
+                    .entry(mig.to_owned())
+                    .or_default()
+                    .insert(share.clone());
             }
+            shares.entry(index).or_default().insert(share);
             sets.entry(index).or_default().insert(pod);
         }
     }
@@ -153,6 +192,14 @@ pub fn attribute(
             .map(|(k, v)| (k, v.into_iter().collect()))
             .collect(),
         by_mig: migs
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().collect()))
+            .collect(),
+        shares_by_gpu: shares
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().collect()))
+            .collect(),
+        shares_by_mig: mig_shares
             .into_iter()
             .map(|(k, v)| (k, v.into_iter().collect()))
             .collect(),
@@ -168,7 +215,7 @@ fn resolve(r: &DeviceRef, gpus: &[GpuDevice]) -> Option<u32> {
         DeviceRef::GpuUuid { uuid, .. } | DeviceRef::MigOfGpu { gpu_uuid: uuid, .. } => {
             by_uuid(uuid)
         }
-        DeviceRef::MigUuid { uuid } => gpus
+        DeviceRef::MigUuid { uuid, .. } => gpus
             .iter()
             .find(|g| g.mig_devices.iter().any(|m| &m.uuid == uuid))
             .map(|g| g.index),
@@ -185,7 +232,7 @@ fn resolve_mig<'g>(r: &DeviceRef, gpus: &'g [GpuDevice]) -> Option<&'g str> {
             .map(|m| m.uuid.as_str())
     };
     match r {
-        DeviceRef::MigUuid { uuid } => gpus
+        DeviceRef::MigUuid { uuid, .. } => gpus
             .iter()
             .flat_map(|g| &g.mig_devices)
             .find(|m| &m.uuid == uuid)
@@ -309,5 +356,32 @@ mod tests {
         assert!(attribute(&allocs, &gpus, &[]).pods(0).is_empty());
         let a = attribute(&allocs, &gpus, &["example.com/gpu".to_owned()]);
         assert_eq!(names(&a, 0), ["n/p"]);
+        let vgpus: Vec<_> = a.shares(0).iter().map(|s| s.vgpu).collect();
+        assert_eq!(vgpus, [Some(0), Some(5)], "one share per replica held");
+    }
+
+    #[test]
+    fn shares_carry_the_replica_of_each_id_shape() {
+        let gpus = [gpu(0, "GPU-a", &[]), gpu(1, "GPU-b", &["MIG-m1"])];
+        let allocs = vec![
+            alloc("n", "whole", "nvidia.com/gpu", &["GPU-a"]),
+            alloc("n", "gke", "nvidia.com/gpu", &["nvidia0/vgpu3"]),
+            alloc("n", "eks-mig", "nvidia.com/mig-1g.10gb", &["MIG-m1::7"]),
+        ];
+        let a = attribute(&allocs, &gpus, &[]);
+        let pairs = |s: &[Share]| {
+            s.iter()
+                .map(|s| (s.pod.pod.clone(), s.vgpu))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pairs(a.shares(0)),
+            [("gke".to_owned(), Some(3)), ("whole".to_owned(), None)]
+        );
+        assert_eq!(pairs(a.shares(1)), [("eks-mig".to_owned(), Some(7))]);
+        assert_eq!(
+            pairs(a.mig_shares("MIG-m1")),
+            [("eks-mig".to_owned(), Some(7))]
+        );
     }
 }

@@ -49,7 +49,10 @@ pub struct Config {
     /// Attribute GPUs to pods through the kubelet's pod-resources API.
     #[arg(short = 'k', long, env = "KILN_EXPORTER_KUBERNETES")]
     pub kubernetes: bool,
-    /// One copy of each GPU sample per container using the GPU, instead of one series per GPU.
+    /// One copy of each GPU sample per container and replica using the GPU, instead of one
+    /// series per GPU; `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED` per pod come from its
+    /// own processes (NVML's process lists; with `--kubernetes`, these are read every poll and
+    /// need `hostPID: true` and the kubelet's pod log directory, as the process metrics do).
     #[arg(long, env = "KILN_EXPORTER_KUBERNETES_VIRTUAL_GPUS")]
     pub kubernetes_virtual_gpus: bool,
     /// The kubelet's pod-resources socket.
@@ -229,7 +232,15 @@ impl Config {
             legacy_hostname_label: self.legacy_hostname_label,
             replace_blanks_in_model_name: self.replace_blanks_in_model_name,
             per_pod: self.kubernetes_virtual_gpus,
+            process_metrics: self.kubernetes_process_metrics,
         }
+    }
+
+    /// Whether each poll reads NVML's process lists: for the process metrics, and for the
+    /// per-pod values of virtual-GPU mode when pods are attributed (`--kubernetes`).
+    #[must_use]
+    pub fn reads_processes(&self) -> bool {
+        self.kubernetes_process_metrics || (self.kubernetes && self.kubernetes_virtual_gpus)
     }
 
     /// The pod metadata to attach (pod UID, pod labels and the allowlist).
@@ -309,7 +320,7 @@ pub async fn serve(
         cfg.nvidia_resource_names.clone(),
     ));
     let interval = Duration::from_millis(cfg.collect_interval.max(100));
-    let mapper = cfg.kubernetes_process_metrics.then(|| ProcessMapper {
+    let mapper = cfg.reads_processes().then(|| ProcessMapper {
         proc_root: cfg.proc_root.clone(),
         pod_logs_dir: cfg.pod_logs_dir.clone(),
     });
@@ -366,4 +377,39 @@ pub async fn serve(
     }
     drop(poller);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: super::Config,
+    }
+
+    fn parse(args: &[&str]) -> super::Config {
+        Cli::try_parse_from(std::iter::once("kiln-exporter").chain(args.iter().copied()))
+            .unwrap()
+            .config
+    }
+
+    #[test]
+    fn process_lists_are_read_for_process_metrics_and_for_attributed_virtual_gpus() {
+        assert!(!parse(&[]).reads_processes());
+        assert!(!parse(&["--kubernetes-virtual-gpus"]).reads_processes());
+        assert!(parse(&["-k", "--kubernetes-virtual-gpus"]).reads_processes());
+        assert!(parse(&["--kubernetes-process-metrics"]).reads_processes());
+        let virt = parse(&["-k", "--kubernetes-virtual-gpus"]).render_options();
+        assert!(
+            virt.per_pod && !virt.process_metrics,
+            "kiln's own families stay opt-in"
+        );
+        assert!(
+            parse(&["--kubernetes-process-metrics"])
+                .render_options()
+                .process_metrics
+        );
+    }
 }

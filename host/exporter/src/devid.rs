@@ -18,6 +18,8 @@ pub enum DeviceRef {
     MigUuid {
         /// `MIG-<uuid>`, without the replica suffix.
         uuid: String,
+        /// The replica number after `::`, if any (EKS reports shared MIG devices so).
+        replica: Option<u32>,
     },
     /// A MIG device in the pre-R470 form `MIG-GPU-<uuid>/<gi>/<ci>`.
     MigOfGpu {
@@ -38,6 +40,20 @@ pub enum DeviceRef {
     },
 }
 
+impl DeviceRef {
+    /// The shared-GPU replica the id names (`::<n>` or GKE's `/vgpu<n>`): dcgm-exporter's
+    /// `vgpu` label in virtual-GPU mode (its `getSharedGPU`); `None` for an unshared device.
+    #[must_use]
+    pub fn replica(&self) -> Option<u32> {
+        match self {
+            Self::GpuUuid { replica, .. }
+            | Self::MigUuid { replica, .. }
+            | Self::Index { replica, .. } => *replica,
+            Self::MigOfGpu { .. } => None,
+        }
+    }
+}
+
 /// Parses one device id; `None` for shapes that name no NVIDIA GPU.
 #[must_use]
 pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
@@ -52,9 +68,10 @@ pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
         });
     }
     if id.starts_with("MIG-") {
-        let (uuid, _) = split_replica(id)?;
+        let (uuid, replica) = split_replica(id)?;
         return Some(DeviceRef::MigUuid {
             uuid: uuid.to_owned(),
+            replica,
         });
     }
     if id.starts_with("GPU-") {
@@ -138,12 +155,20 @@ mod tests {
         let m = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
         assert_eq!(
             parse_device_id(m),
-            Some(DeviceRef::MigUuid { uuid: m.into() })
+            Some(DeviceRef::MigUuid {
+                uuid: m.into(),
+                replica: None
+            })
         );
+        let shared = parse_device_id(&format!("{m}::1")).unwrap();
         assert_eq!(
-            parse_device_id(&format!("{m}::1")),
-            Some(DeviceRef::MigUuid { uuid: m.into() })
+            shared,
+            DeviceRef::MigUuid {
+                uuid: m.into(),
+                replica: Some(1)
+            }
         );
+        assert_eq!(shared.replica(), Some(1));
         assert_eq!(
             parse_device_id("MIG-GPU-11111111-2222-3333-4444-555555555555/3/0"),
             Some(DeviceRef::MigOfGpu {
@@ -166,6 +191,7 @@ mod tests {
         assert_eq!(parse_device_id("nvidia0"), idx(0, None, None));
         assert_eq!(parse_device_id("3"), idx(3, None, None));
         assert_eq!(parse_device_id("nvidia1/vgpu4"), idx(1, None, Some(4)));
+        assert_eq!(parse_device_id("nvidia1/vgpu4").unwrap().replica(), Some(4));
         assert_eq!(parse_device_id("nvidia2/gi7"), idx(2, Some(7), None));
         assert_eq!(
             parse_device_id("nvidia2/gi7/vgpu1"),

@@ -80,11 +80,16 @@ pub fn collect(
             *g.xid_counts.entry(ev.xid).or_default() += 1;
         }
     }
+    let pod_uids = pod_dir
+        .into_values()
+        .map(|k| ((k.namespace, k.pod), k.uid))
+        .collect();
     let snap = Snapshot {
         generation: prev.generation + 1,
         taken_at: Some(SystemTime::now()),
         system,
         gpus,
+        pod_uids,
     };
     (snap, errors)
 }

@@ -32,6 +32,9 @@ pub struct PodUsage {
     pub pod: PodKey,
     /// Sum of its processes' GPU memory, bytes (processes the driver hides count 0).
     pub memory_bytes: u64,
+    /// Sum of its processes' GPU memory, each rounded down to whole MiB first, as
+    /// dcgm-exporter sums them for its per-process `DCGM_FI_DEV_FB_USED` (virtual-GPU mode).
+    pub memory_mib: u64,
     /// Sum of its processes' SM utilisation, percent; `None` if no process had a sample.
     pub sm_util_pct: Option<u32>,
 }
@@ -89,21 +92,23 @@ pub fn usage_by_pod(
     uid_of: impl Fn(u32) -> Option<String>,
     pods: &HashMap<String, PodKey>,
 ) -> Vec<PodUsage> {
-    let mut sums: BTreeMap<PodKey, (u64, Option<u32>)> = BTreeMap::new();
+    let mut sums: BTreeMap<PodKey, (u64, u64, Option<u32>)> = BTreeMap::new();
     for p in processes {
         let Some(pod) = uid_of(p.pid).and_then(|uid| pods.get(&uid)) else {
             continue;
         };
         let e = sums.entry(pod.clone()).or_default();
         e.0 += p.used_memory_bytes.unwrap_or(0);
+        e.1 += p.used_memory_bytes.unwrap_or(0) >> 20;
         if let Some(u) = p.sm_util_pct {
-            e.1 = Some(e.1.unwrap_or(0) + u);
+            e.2 = Some(e.2.unwrap_or(0) + u);
         }
     }
     sums.into_iter()
-        .map(|(pod, (memory_bytes, sm_util_pct))| PodUsage {
+        .map(|(pod, (memory_bytes, memory_mib, sm_util_pct))| PodUsage {
             pod,
             memory_bytes,
+            memory_mib,
             sm_util_pct,
         })
         .collect()
@@ -194,7 +199,7 @@ mod tests {
             },
             GpuProcess {
                 pid: 2,
-                used_memory_bytes: Some(50),
+                used_memory_bytes: Some((1 << 20) + 50),
                 sm_util_pct: None,
             },
             GpuProcess {
@@ -208,7 +213,8 @@ mod tests {
             usage,
             [PodUsage {
                 pod,
-                memory_bytes: 150,
+                memory_bytes: (1 << 20) + 150,
+                memory_mib: 1,
                 sm_util_pct: Some(10)
             }]
         );

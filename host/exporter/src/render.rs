@@ -7,11 +7,13 @@
 //! [`RenderOptions::legacy_hostname_label`]), then the CSV's label fields and the pod's own
 //! labels (with `--kubernetes-enable-pod-labels`) merged by name, then the sample's attributes
 //! by name (`container`, `err_code`, `err_msg`, `mig_device_uuid`, `namespace`, `pod`,
-//! `pod_uid`). A pod label whose sanitised name equals another label of the series is left
+//! `pod_uid`, `vgpu`). In virtual-GPU mode ([`RenderOptions::per_pod`]) each sample is copied
+//! per container and replica, and [`PER_PROCESS_FIELDS`] carry each pod's own processes'
+//! values. A pod label whose sanitised name equals another label of the series is left
 //! out (dcgm-exporter would print the name twice). Samples NVML does not provide are left out. kiln's own families follow: `kiln_gpu_pod_info` (one series per
 //! container using each GPU, value 1) and `kiln_gpu_xid_errors_total` (XIDs per GPU and number),
-//! and with process metrics on, `kiln_gpu_pod_fb_used_mib` / `kiln_gpu_pod_sm_util` (see
-//! [`crate::process`]).
+//! and with [`RenderOptions::process_metrics`], `kiln_gpu_pod_fb_used_mib` /
+//! `kiln_gpu_pod_sm_util` (see [`crate::process`]).
 //!
 //! # MIG
 //! On a GPU with MIG on, a field NVML answers per MIG device (today the framebuffer fields) is
@@ -28,7 +30,7 @@ use kiln_gpu::{MigDevice, MigSample};
 use prometheus::proto::{Metric, MetricFamily};
 
 use crate::{
-    attribution::{Attribution, PodMeta, PodRef},
+    attribution::{Attribution, PodMeta, PodRef, Share},
     catalogue::{Catalogue, MetricType},
     exposition::{Kind, Labels, family, sample},
     fields::{Source, Value},
@@ -47,10 +49,21 @@ pub struct RenderOptions {
     pub legacy_hostname_label: bool,
     /// Replace runs of blanks in `modelName` with `-` (`--replace-blanks-in-model-name`).
     pub replace_blanks_in_model_name: bool,
-    /// One copy of each sample per container using the GPU (`--kubernetes-virtual-gpus`),
-    /// instead of one series carrying the owner's labels.
+    /// Virtual-GPU mode (`--kubernetes-virtual-gpus`): one copy of each sample per container
+    /// and replica using the GPU, instead of one series carrying the owner's labels; see
+    /// [`PER_PROCESS_FIELDS`] for the two fields that carry each pod's own processes' values.
     pub per_pod: bool,
+    /// Emit kiln's `kiln_gpu_pod_fb_used_mib` / `kiln_gpu_pod_sm_util`
+    /// (`--kubernetes-process-metrics`).
+    pub process_metrics: bool,
 }
+
+/// The fields that, in virtual-GPU mode on a GPU without MIG, carry each pod's own processes'
+/// values (dcgm-exporter's `isPerProcessMetric`): the device-level series without pod labels,
+/// then one series per container and replica with the sum over the pod's processes (SM
+/// utilisation in percent; memory in MiB, each process rounded down first), `pod_uid` always
+/// (empty when unknown) and `vgpu` for a replica. A pod with no process there reads 0.
+pub const PER_PROCESS_FIELDS: [&str; 2] = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"];
 
 /// Name of the info metric joining GPUs to every container that uses them.
 pub const POD_INFO: &str = "kiln_gpu_pod_info";
@@ -67,9 +80,24 @@ pub const LEGACY_HOSTNAME_LABEL: &str = "Hostname";
 #[derive(Clone, Copy, Default)]
 struct Attrs<'a> {
     pod: Option<&'a PodRef>,
-    meta: Option<&'a PodMeta>,
+    /// The pod's own labels, merged into the CSV label fields.
+    labels: &'a [(String, String)],
+    uid: Option<&'a str>,
+    vgpu: Option<u32>,
     err_code: Option<u64>,
     mig_uuid: Option<&'a str>,
+}
+
+impl<'a> Attrs<'a> {
+    /// `pod` with its UID and labels from `meta`.
+    fn of(pod: &'a PodRef, meta: Option<&'a PodMeta>) -> Self {
+        Self {
+            pod: Some(pod),
+            labels: meta.map_or(&[][..], |m| m.labels.as_slice()),
+            uid: meta.and_then(|m| m.uid.as_deref()),
+            ..Self::default()
+        }
+    }
 }
 
 /// Every GPU family (DCGM fields, then kiln's) with at least one sample, in output order.
@@ -105,12 +133,15 @@ pub fn render_gpus(
                 for (dev, mig) in mig_pairs(gpu) {
                     if let Some(value) = get(&mig.sample) {
                         let base = ctx.identity(gpu, Some(dev), true);
-                        let pods = attribution.mig_pods(&dev.uuid);
+                        let targets = Targets {
+                            pods: attribution.mig_pods(&dev.uuid),
+                            shares: attribution.mig_shares(&dev.uuid),
+                        };
                         let attrs = Attrs {
                             mig_uuid: Some(&dev.uuid),
                             ..Attrs::default()
                         };
-                        ctx.push(&mut samples, kind, &base, pods, attrs, value);
+                        ctx.push(&mut samples, kind, &base, targets, attrs, value);
                     }
                 }
                 continue;
@@ -122,15 +153,45 @@ pub fn render_gpus(
                 err_code: matches!(metric.field.source, Source::LastXid).then_some(gpu.last_xid),
                 ..Attrs::default()
             };
-            let pods = attribution.pods(gpu.device.index);
-            ctx.push(&mut samples, kind, base, pods, attrs, value);
+            let index = gpu.device.index;
+            let targets = Targets {
+                pods: attribution.pods(index),
+                shares: attribution.shares(index),
+            };
+            if opts.per_pod
+                && PER_PROCESS_FIELDS.contains(&metric.field.name)
+                && gpu.device.mig_devices.is_empty()
+                && !targets.shares.is_empty()
+            {
+                samples.push(sample(kind, base.clone(), value));
+                ctx.push_per_process(
+                    &mut samples,
+                    kind,
+                    base,
+                    gpu,
+                    targets.shares,
+                    metric.field.name,
+                );
+                continue;
+            }
+            ctx.push(&mut samples, kind, base, targets, attrs, value);
         }
         out.extend(family(metric.field.name, &metric.help, kind, samples));
     }
     out.extend(ctx.pod_info());
     out.extend(ctx.xids());
-    out.extend(ctx.pod_usage());
+    if opts.process_metrics {
+        out.extend(ctx.pod_usage());
+    }
     out
+}
+
+/// Who a GPU's (or MIG device's) series go to: the containers (default mode: the first owns
+/// the series) and the (container, replica) shares (virtual-GPU mode: one series each).
+#[derive(Clone, Copy)]
+struct Targets<'a> {
+    pods: &'a [PodRef],
+    shares: &'a [Share],
 }
 
 /// Each MIG device of `gpu` with its sample (matched by UUID).
@@ -207,39 +268,98 @@ impl Ctx<'_> {
         l
     }
 
-    /// One sample per target pod (the owner, or every pod with `per_pod`; none → unlabelled).
+    /// One sample per target: the owner (default mode, with the pod's labels), or each
+    /// (container, replica) share (`per_pod`, with `vgpu` and without pod labels, as
+    /// dcgm-exporter's virtual-GPU mode); none → unlabelled.
     fn push(
         &self,
         out: &mut Vec<Metric>,
         kind: Kind,
         base: &Labels,
-        pods: &[PodRef],
+        targets: Targets<'_>,
         attrs: Attrs<'_>,
         value: Value,
     ) {
-        let targets: Vec<Option<&PodRef>> = match (self.opts.per_pod, pods) {
-            (_, []) => vec![None],
-            (false, [owner, ..]) => vec![Some(owner)],
-            (true, all) => all.iter().map(Some).collect(),
+        let all: Vec<Attrs<'_>> = match (self.opts.per_pod, targets.pods) {
+            (_, []) => vec![attrs],
+            (false, [owner, ..]) => vec![Attrs {
+                err_code: attrs.err_code,
+                mig_uuid: attrs.mig_uuid,
+                ..Attrs::of(owner, self.attribution.meta(owner))
+            }],
+            (true, _) => targets
+                .shares
+                .iter()
+                .map(|s| Attrs {
+                    pod: Some(&s.pod),
+                    uid: self.attribution.meta(&s.pod).and_then(|m| m.uid.as_deref()),
+                    vgpu: s.vgpu,
+                    ..attrs
+                })
+                .collect(),
         };
-        for pod in targets {
-            let attrs = Attrs {
-                pod,
-                meta: pod.and_then(|p| self.attribution.meta(p)),
-                ..attrs
-            };
-            // The CSV label fields end `base` (those the GPU has a value for); pod labels are
-            // merged into them.
-            let fields = if attrs.meta.is_some_and(|m| !m.labels.is_empty()) {
-                base.iter()
-                    .rev()
-                    .take_while(|(k, _)| self.cat.labels.iter().any(|f| f.name == *k))
-                    .count()
-            } else {
-                0
-            };
-            let labels = with_attributes(base, fields, attrs);
+        for attrs in all {
+            let labels = with_attributes(base, self.label_fields(base, &attrs), attrs);
             out.push(sample(kind, labels, value));
+        }
+    }
+
+    /// How many CSV label fields end `base` (those the GPU has a value for), when the pod's
+    /// labels are to be merged into them; 0 otherwise.
+    fn label_fields(&self, base: &Labels, attrs: &Attrs<'_>) -> usize {
+        if attrs.labels.is_empty() {
+            return 0;
+        }
+        base.iter()
+            .rev()
+            .take_while(|(k, _)| self.cat.labels.iter().any(|f| f.name == *k))
+            .count()
+    }
+
+    /// One sample per share with the sum over its pod's processes of `field` (one of
+    /// [`PER_PROCESS_FIELDS`]); the pod is found in the poll's process usage by namespace and
+    /// name, its UID in the pod log directory, then the API server's metadata, else empty.
+    fn push_per_process(
+        &self,
+        out: &mut Vec<Metric>,
+        kind: Kind,
+        base: &Labels,
+        gpu: &GpuSnapshot,
+        shares: &[Share],
+        field: &str,
+    ) {
+        for s in shares {
+            let usage = gpu
+                .pod_usage
+                .iter()
+                .find(|u| u.pod.namespace == s.pod.namespace && u.pod.pod == s.pod.pod);
+            let value = match (field, usage) {
+                (_, None) => 0,
+                ("DCGM_FI_DEV_FB_USED", Some(u)) => u.memory_mib,
+                (_, Some(u)) => u.sm_util_pct.map_or(0, u64::from),
+            };
+            let uid = usage
+                .map(|u| u.pod.uid.as_str())
+                .or_else(|| {
+                    self.snap
+                        .pod_uids
+                        .iter()
+                        .find(|((ns, name), _)| *ns == s.pod.namespace && *name == s.pod.pod)
+                        .map(|(_, uid)| uid.as_str())
+                })
+                .or_else(|| self.attribution.meta(&s.pod).and_then(|m| m.uid.as_deref()))
+                .unwrap_or("");
+            let attrs = Attrs {
+                pod: Some(&s.pod),
+                uid: Some(uid),
+                vgpu: s.vgpu,
+                ..Attrs::default()
+            };
+            out.push(sample(
+                kind,
+                with_attributes(base, 0, attrs),
+                Value::Int(value),
+            ));
         }
     }
 
@@ -248,11 +368,7 @@ impl Ctx<'_> {
         for gpu in &self.snap.gpus {
             let base = self.identity(gpu, None, false);
             for pod in self.attribution.pods(gpu.device.index) {
-                let attrs = Attrs {
-                    pod: Some(pod),
-                    meta: self.attribution.meta(pod),
-                    ..Attrs::default()
-                };
+                let attrs = Attrs::of(pod, self.attribution.meta(pod));
                 let labels = with_attributes(&base, 0, attrs);
                 samples.push(sample(Kind::Gauge, labels, Value::Int(1)));
             }
@@ -321,7 +437,7 @@ impl Ctx<'_> {
 /// fields), then the sample's attributes in name order. Pod labels whose name the series
 /// already has are skipped.
 fn with_attributes(base: &Labels, fields: usize, a: Attrs<'_>) -> Labels {
-    const ATTRS: [&str; 7] = [
+    const ATTRS: [&str; 8] = [
         "container",
         "err_code",
         "err_msg",
@@ -329,8 +445,9 @@ fn with_attributes(base: &Labels, fields: usize, a: Attrs<'_>) -> Labels {
         "namespace",
         "pod",
         "pod_uid",
+        "vgpu",
     ];
-    let pod_labels = a.meta.map_or(&[][..], |m| m.labels.as_slice());
+    let pod_labels = a.labels;
     let mut l = Vec::with_capacity(base.len() + 6 + pod_labels.len());
     if pod_labels.is_empty() {
         l.extend(base.iter().cloned());
@@ -368,8 +485,11 @@ fn with_attributes(base: &Labels, fields: usize, a: Attrs<'_>) -> Labels {
     if let Some(p) = a.pod {
         l.push(("namespace", p.namespace.clone()));
         l.push(("pod", p.pod.clone()));
-        if let Some(uid) = a.meta.and_then(|m| m.uid.as_ref()) {
-            l.push(("pod_uid", uid.clone()));
+        if let Some(uid) = a.uid {
+            l.push(("pod_uid", uid.to_owned()));
+        }
+        if let Some(v) = a.vgpu {
+            l.push(("vgpu", v.to_string()));
         }
     }
     l

@@ -17,6 +17,10 @@ pub struct Snapshot {
     pub system: Option<SystemInfo>,
     /// One entry per GPU in index order.
     pub gpus: Vec<GpuSnapshot>,
+    /// `(namespace, pod)` → pod UID, from the kubelet's pod log directory, read once per poll
+    /// when process values are on (empty otherwise); names the `pod_uid` of idle pods'
+    /// per-process series.
+    pub pod_uids: BTreeMap<(String, String), String>,
 }
 
 /// One GPU in a [`Snapshot`].

@@ -235,6 +235,7 @@ fn per_pod_process_usage_is_mapped_through_cgroups_and_pod_log_dirs() {
     let (snap, _) = collect(&inv, &Snapshot::default(), Some(&mapper));
     let opts = RenderOptions {
         hostname: None,
+        process_metrics: true,
         ..Default::default()
     };
     let families = render_gpus(

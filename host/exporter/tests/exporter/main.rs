@@ -11,6 +11,7 @@ mod kubelet;
 mod mig;
 mod server;
 mod standin;
+mod virtual_gpus;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
