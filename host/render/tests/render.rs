@@ -154,6 +154,84 @@ fn a_bundled_plugin_in_another_states_chain_runs_as_itself() {
     assert_eq!(in_driver_chain.rendered, own.rendered);
 }
 
+/// Issue 36: per-pod process values reachable from the ClusterPolicy. With `dcgmExporter.env`
+/// `KUBERNETES_VIRTUAL_GPUS=true` (dcgm-exporter's virtual-GPU switch), kiln's image gets
+/// `hostPID` and `/var/log/pods` read-only as well, and nothing else; NVIDIA's image gets the env
+/// entry only, as NVIDIA's operator renders it (`hostPID` stays `dcgmExporter.hostPID`).
+#[test]
+fn virtual_gpu_mode_gives_kilns_exporter_host_pid_and_pod_logs_only() {
+    let render = |image: Value, virtual_gpus: bool| -> Value {
+        let mut doc: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(upstream_sample()).unwrap()).unwrap();
+        let e = doc["spec"]["dcgmExporter"].as_object_mut().unwrap();
+        e.extend(image.as_object().unwrap().clone());
+        if virtual_gpus {
+            e.insert(
+                "env".into(),
+                serde_json::json!([{"name": "KUBERNETES_VIRTUAL_GPUS", "value": "true"}]),
+            );
+        }
+        let policy = Policy::from_object(&doc).unwrap();
+        let mut ctx = defaults::render_context();
+        ctx.state = "dcgm-exporter".into();
+        let objects = state_input(State::DcgmExporter, &ctx);
+        let out = host()
+            .transform("dcgm-exporter", &objects, &policy.spec_json, &ctx)
+            .unwrap_or_else(|e| panic!("{e}"));
+        out.rendered
+            .into_iter()
+            .find_map(|r| match r {
+                Rendered::Keep(o) if o["kind"] == "DaemonSet" => Some(o),
+                _ => None,
+            })
+            .unwrap()
+    };
+    // `with` less what the switch may add must be `without`.
+    let strip = |mut ds: Value, pod_logs: bool| -> Value {
+        let pod = &mut ds["spec"]["template"]["spec"];
+        let ctr = &mut pod["containers"][0];
+        let env = ctr["env"].as_array_mut().unwrap();
+        let before = env.len();
+        env.retain(|e| {
+            !e["name"]
+                .as_str()
+                .unwrap()
+                .ends_with("KUBERNETES_VIRTUAL_GPUS")
+        });
+        assert_eq!(env.len(), before - 1, "the env entry is there");
+        if pod_logs {
+            assert_eq!(pod["hostPID"], true);
+            pod.as_object_mut().unwrap().remove("hostPID");
+            let ctr = &mut pod["containers"][0];
+            let mounts = ctr["volumeMounts"].as_array_mut().unwrap();
+            let mount = mounts.pop().unwrap();
+            assert_eq!(
+                mount,
+                serde_json::json!({"name": "pod-logs", "mountPath": "/var/log/pods", "readOnly": true})
+            );
+            let vol = pod["volumes"].as_array_mut().unwrap().pop().unwrap();
+            assert_eq!(
+                vol,
+                serde_json::json!({"name": "pod-logs", "hostPath": {"path": "/var/log/pods"}})
+            );
+        }
+        ds
+    };
+    let kiln = serde_json::json!({"image": "ghcr.io/kiln-dev/kiln:0.1.0"});
+    let off = render(kiln.clone(), false);
+    assert!(off["spec"]["template"]["spec"].get("hostPID").is_none());
+    assert_eq!(strip(render(kiln, true), true), off);
+    let nvidia = serde_json::json!({
+        "repository": "nvcr.io/nvidia/k8s",
+        "image": "dcgm-exporter",
+        "version": "4.6.0-4.8.3-distroless",
+    });
+    assert_eq!(
+        strip(render(nvidia.clone(), true), false),
+        render(nvidia, false)
+    );
+}
+
 /// A standard bundle dropped in under a name it does not carry loads (its `name()` is the
 /// bundle's), and each call fails naming the plugin, before any transform runs.
 #[test]

@@ -7,7 +7,7 @@ mod objects;
 use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
 use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
-    VolumeMount,
+    PodSpec, VolumeMount,
 };
 use kiln_plugin_sdk::kiln_core::spec::{DcgmExporterSpec, EnvVarSpec};
 use kiln_plugin_sdk::pod::{
@@ -70,16 +70,73 @@ pub const KILN_ENV_NAMES: &[(&str, &str)] = &[
     ),
 ];
 
+/// `kiln exporter`'s env vars (after [`KILN_ENV_NAMES`]' renaming) and flags that make it read
+/// NVML's process lists and map their pids to pods: virtual-GPU mode (dcgm-exporter's
+/// `KUBERNETES_VIRTUAL_GPUS`, whose per-pod `DCGM_FI_DEV_GPU_UTIL`/`FB_USED` come from each pod's
+/// processes) and kiln's per-pod process metrics.
+pub const PROCESS_VALUE_SWITCHES: &[(&str, &str)] = &[
+    (
+        "KILN_EXPORTER_KUBERNETES_VIRTUAL_GPUS",
+        "--kubernetes-virtual-gpus",
+    ),
+    (
+        "KILN_EXPORTER_KUBERNETES_PROCESS_METRICS",
+        "--kubernetes-process-metrics",
+    ),
+];
+/// The kubelet's pod log directory, whose `<namespace>_<pod>_<uid>` entries name the pods of the
+/// pids' cgroups; mounted read-only at the same path for process values.
+pub const POD_LOGS_DIR: &str = "/var/log/pods";
+/// The volume (and mount) name of [`POD_LOGS_DIR`].
+pub const POD_LOGS_VOLUME: &str = "pod-logs";
+
+fn runs_kiln_exporter(ctr: &Container) -> bool {
+    ctr.command
+        .as_deref()
+        .is_some_and(|c| c.len() >= 2 && c[0] == "kiln" && c[1] == "exporter")
+}
+
+/// Whether `kiln exporter` in `ctr` is asked for per-pod process values: an env var of
+/// [`PROCESS_VALUE_SWITCHES`] that clap reads as true (anything but empty, `0`, `n`, `no`, `f`,
+/// `false`, `off`, in any case), or the flag among the args.
+pub fn asks_process_values(ctr: &Container) -> bool {
+    PROCESS_VALUE_SWITCHES.iter().any(|(name, flag)| {
+        let on = env::get_env(ctr, name).is_some_and(|v| {
+            !matches!(
+                v.to_ascii_lowercase().as_str(),
+                "" | "0" | "n" | "no" | "f" | "false" | "off"
+            )
+        });
+        on || ctr
+            .args
+            .as_deref()
+            .is_some_and(|a| a.iter().any(|x| x == flag || x == &format!("{flag}=true")))
+    })
+}
+
+/// kiln's image only, when [`asks_process_values`]: what reading other pods' processes needs,
+/// which NVIDIA's asset leaves to the user's `dcgmExporter.hostPID` — `hostPID: true` (NVML
+/// reports host pids; `/proc/<pid>/cgroup` names their pod) and the kubelet's pod log directory
+/// read-only ([`POD_LOGS_DIR`], to turn a pod UID into its namespace and name without the API
+/// server). The container's own `/proc` shows the host's processes once `hostPID` is on, so
+/// `/proc` is not mounted. Without the switch, or on NVIDIA's image, nothing changes.
+pub fn fit_pod_to_process_values(pod: &mut PodSpec, main: &str) -> Result<(), TransformError> {
+    let ctr = first_container(pod, main)?;
+    if !runs_kiln_exporter(ctr) || !asks_process_values(ctr) {
+        return Ok(());
+    }
+    add_mounts(ctr, &[read_only_mount(POD_LOGS_VOLUME, POD_LOGS_DIR, None)]);
+    add_volume(pod, host_path_volume(POD_LOGS_VOLUME, POD_LOGS_DIR, None));
+    pod.host_pid = Some(true);
+    Ok(())
+}
+
 /// When `ctr` runs `kiln exporter`: renames the dcgm-exporter env vars of [`KILN_ENV_NAMES`]
 /// to kiln's (value or `valueFrom` kept, a kiln name already present wins) and drops
 /// `DCGM_EXPORTER_COLLECTORS` when it is the asset's [`ASSET_COLLECTORS`]. Other env vars,
 /// e.g. `DCGM_REMOTE_HOSTENGINE_INFO`, stay as they are (`kiln exporter` reads NVML, not DCGM).
 pub fn fit_env_to_kiln_exporter(ctr: &mut Container) {
-    let runs_kiln = ctr
-        .command
-        .as_deref()
-        .is_some_and(|c| c.len() >= 2 && c[0] == "kiln" && c[1] == "exporter");
-    if !runs_kiln {
+    if !runs_kiln_exporter(ctr) {
         return;
     }
     if env::get_env(ctr, "DCGM_EXPORTER_COLLECTORS") == Some(ASSET_COLLECTORS) {
@@ -137,7 +194,8 @@ impl Operand for DcgmExporter {
     /// class; hostPID; HPC job mapping; pod labels/UID/allowlist env;
     /// `automountServiceAccountToken`; custom metrics ConfigMap; kubelet root dir; user env last;
     /// then, on kiln's image, dcgm-exporter env names become `kiln exporter`'s
-    /// ([`fit_env_to_kiln_exporter`]).
+    /// ([`fit_env_to_kiln_exporter`]) and per-pod process values get `hostPID` and the pod log
+    /// directory ([`fit_pod_to_process_values`]).
     /// The main container is container[0].
     fn daemonset(
         ds: &mut DaemonSet,
@@ -224,7 +282,7 @@ impl Operand for DcgmExporter {
         let ctr = first_container(pod, &name)?;
         env::apply_env(ctr, &c.env);
         fit_env_to_kiln_exporter(ctr);
-        Ok(())
+        fit_pod_to_process_values(pod, &name)
     }
 
     /// §2.4: the read-pods ClusterRole/ClusterRoleBinding gate, Service type and traffic
