@@ -1,6 +1,6 @@
 //! Device-plugin figures against the kubelet stand-in: time from start to `Register`, Allocate
-//! latency (p50/p99 over 5 000 calls, `KILN_BENCH_CALLS`) with the CPU time a call costs, and the RSS of a real
-//! `kiln device-plugin` process.
+//! latency (p50/p99 over 5 000 calls, `KILN_BENCH_CALLS`) with the CPU time a call costs, and
+//! the RSS of a real `kiln device-plugin` process.
 //!
 //! `cargo bench -p kiln-device-plugin --bench plugin`. The process figures need the `kiln`
 //! binary: `KILN_BIN=<path>` or `target/{release,debug}/kiln` (build it with
