@@ -1,9 +1,16 @@
 //! Device-plugin figures against the kubelet stand-in: time from start to `Register`, Allocate
-//! latency (p50/p99 over 5 000 calls), and the RSS of a real `kiln device-plugin` process.
+//! latency (p50/p99 over 5 000 calls, `KILN_BENCH_CALLS`) with the CPU time a call costs, and
+//! the RSS of a real `kiln device-plugin` process.
 //!
 //! `cargo bench -p kiln-device-plugin --bench plugin`. The process figures need the `kiln`
 //! binary: `KILN_BIN=<path>` or `target/{release,debug}/kiln` (build it with
-//! `cargo build --release -p kiln-cli`); without it only the in-process figures print.
+//! `cargo build --release -p kiln-cli`); without it, or with `KILN_BIN` set empty, only the
+//! in-process figures print.
+//!
+//! Latency on a loaded machine is mostly waiting for a CPU (two processes, or client and server
+//! tasks, take turns for every call), so compare builds by the CPU figures: in-process, the
+//! CPU time of the one thread that runs client and server; for the process, the plugin
+//! process's CPU time (user + system, all threads, in clock ticks) and the bench's own thread.
 
 #[path = "../tests/standin/mod.rs"]
 mod standin;
@@ -26,7 +33,15 @@ gpus:
   - {uuid: GPU-22222222-2222-3333-4444-555555555555, name: Tesla T4, memory_total_mib: 15360, compute_capability: "7.5"}
 "#;
 const CONFIG: &str = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 5}]}}\n";
-const CALLS: usize = 5_000;
+/// Allocate calls per case: `KILN_BENCH_CALLS` (default 5,000; fewer for paired rounds on a
+/// loaded machine or in a dev build).
+fn calls() -> usize {
+    std::env::var("KILN_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(5_000)
+}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -39,7 +54,39 @@ fn main() {
     rt.block_on(process());
 }
 
-async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str) {
+/// Nanoseconds the calling thread has run on a CPU (`/proc/thread-self/schedstat`, field 1).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system, every thread) process `pid` has used, in nanoseconds, from
+/// `/proc/PID/stat` (clock ticks of 10 ms; `None` when unreadable).
+fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * 10_000_000)
+}
+
+/// The bench process's own `VmRSS`/`VmHWM` lines.
+fn print_own_rss(what: &str) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for line in status
+        .lines()
+        .filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM"))
+    {
+        println!("{what}: bench process {line}");
+    }
+}
+
+/// Allocate latency over [`calls`] calls; `server` is the plugin process, whose CPU time per
+/// call is printed beside the bench thread's.
+async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str, server: Option<u32>) {
     let mut c = k.client(endpoint).await;
     let mut stream = c
         .list_and_watch(kiln_device_plugin::proto::Empty {})
@@ -66,8 +113,11 @@ async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str) {
         "{what}: Allocate({}) envs {:?}",
         ids[0], first.container_responses[0].envs
     );
-    let mut lat = Vec::with_capacity(CALLS);
-    for i in 0..CALLS {
+    let calls = calls();
+    let mut lat = Vec::with_capacity(calls);
+    let cpu_before = thread_cpu_ns();
+    let server_before = server.and_then(process_cpu_ns);
+    for i in 0..calls {
         let id = ids[i % ids.len()].clone();
         let req = AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {
@@ -78,11 +128,19 @@ async fn allocate_p99(k: &standin::Kubelet, endpoint: &str, what: &str) {
         c.allocate(req).await.unwrap();
         lat.push(t.elapsed());
     }
+    let per_call_us = |ns: u64| ns as f64 / calls as f64 / 1e3;
+    let cpu = per_call_us(thread_cpu_ns() - cpu_before);
+    let server_cpu = server
+        .and_then(process_cpu_ns)
+        .zip(server_before)
+        .map(|(after, before)| format!(", plugin process {:.1} µs", per_call_us(after - before)))
+        .unwrap_or_default();
+    println!("{what}: Allocate CPU per call: bench thread {cpu:.1} µs{server_cpu}");
     lat.sort();
     println!(
-        "{what}: Allocate p50 {:?}, p99 {:?} ({CALLS} calls over the Unix socket)",
-        lat[CALLS / 2],
-        lat[CALLS * 99 / 100]
+        "{what}: Allocate p50 {:?}, p99 {:?} ({calls} calls over the Unix socket)",
+        lat[calls / 2],
+        lat[calls * 99 / 100]
     );
 }
 
@@ -107,15 +165,16 @@ async fn in_process() {
     let h = runtime::start(opts, fake, None).await.unwrap();
     let reg = k.next_registration().await;
     println!("in-process: start → Register {:?}", t.elapsed());
-    allocate_p99(&k, &reg.endpoint, "in-process").await;
+    allocate_p99(&k, &reg.endpoint, "in-process", None).await;
     h.shutdown().await;
+    print_own_rss("in-process");
 }
 
 async fn process() {
     let bin = std::env::var("KILN_BIN")
         .ok()
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
+        .map(|b| (!b.is_empty()).then(|| std::path::PathBuf::from(b)))
+        .unwrap_or_else(|| {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
             ["release/kiln", "debug/kiln"]
                 .iter()
@@ -152,8 +211,8 @@ async fn process() {
         bin.display(),
         t.elapsed()
     );
-    allocate_p99(&k, &reg.endpoint, "process").await;
     let pid = child.id().unwrap();
+    allocate_p99(&k, &reg.endpoint, "process", Some(pid)).await;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     for line in status
         .lines()

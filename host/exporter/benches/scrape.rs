@@ -23,7 +23,15 @@ use tower::ServiceExt;
 
 const GPUS: usize = 8;
 const PODS: usize = 64;
-const SCRAPES: usize = 5_000;
+/// Scrapes per case: `KILN_BENCH_SCRAPES` (default 5,000; fewer for paired rounds on a loaded
+/// machine or in a dev build).
+fn scrapes() -> usize {
+    std::env::var("KILN_BENCH_SCRAPES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(5_000)
+}
 
 fn fixture() -> Fixture {
     let sample = DeviceSample {
@@ -128,9 +136,10 @@ async fn measure(name: &str, per_pod: bool, fresh: bool) {
     shared.set_snapshot(snap.clone());
     shared.set_allocations(allocations());
     let bytes = scrape(&shared).await;
-    let mut times = Vec::with_capacity(SCRAPES);
+    let scrapes = scrapes();
+    let mut times = Vec::with_capacity(scrapes);
     let cpu_before = thread_cpu_ns();
-    for _ in 0..SCRAPES {
+    for _ in 0..scrapes {
         if fresh {
             snap.generation += 1;
             shared.set_snapshot(snap.clone());
@@ -142,7 +151,7 @@ async fn measure(name: &str, per_pod: bool, fresh: bool) {
     // CPU time this thread spent per scrape (scrapes run on it: `oneshot` spawns nothing), so
     // a figure that time-sharing with other processes does not inflate; it includes the
     // untimed snapshot swap of the fresh cases.
-    let cpu_ms = (thread_cpu_ns() - cpu_before) as f64 / SCRAPES as f64 / 1e6;
+    let cpu_ms = (thread_cpu_ns() - cpu_before) as f64 / scrapes as f64 / 1e6;
     times.sort_unstable();
     println!(
         "{name:<34} body {:>6} B  p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  cpu/scrape {:>6.3} ms",
@@ -178,7 +187,8 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "kiln-exporter scrape bench: {GPUS} fake GPUs x {PODS} pods, {SCRAPES} scrapes per case"
+        "kiln-exporter scrape bench: {GPUS} fake GPUs x {PODS} pods, {} scrapes per case",
+        scrapes()
     );
     rt.block_on(async {
         measure("steady (cached between polls)", false, false).await;
@@ -211,7 +221,7 @@ mod tcp {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     use tonic::{Request, Response, Status};
 
-    use super::{GPUS, SCRAPES, allocations, percentile};
+    use super::{GPUS, allocations, percentile, scrapes};
 
     struct Kubelet;
 
@@ -320,8 +330,9 @@ mod tcp {
         {
             scrape(&mut conn, &mut body).await;
         }
-        let mut times = Vec::with_capacity(SCRAPES);
-        for _ in 0..SCRAPES {
+        let scrapes = scrapes();
+        let mut times = Vec::with_capacity(scrapes);
+        for _ in 0..scrapes {
             let t = Instant::now();
             scrape(&mut conn, &mut body).await;
             times.push(t.elapsed());
