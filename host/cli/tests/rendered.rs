@@ -73,11 +73,6 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
     ),
     (
         "validator",
-        "WITH_WORKLOAD",
-        "workload pods upstream; kiln's cuda/plugin steps check in-process",
-    ),
-    (
-        "validator",
         "WITH_WAIT",
         "NVIDIA's validator image reads it (pod templates equal NVIDIA's); kiln's steps wait by subcommand",
     ),
