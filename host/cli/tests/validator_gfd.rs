@@ -232,7 +232,10 @@ fn the_cuda_step_needs_libcuda_unless_the_workload_is_off() {
         assert!(
             err.contains(
                 "cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 \
-                 cannot be loaded: the driver step must have found the NVIDIA driver"
+                 cannot be loaded (nor any of the "
+            ) && err.contains(
+                " other names tried): the driver step must have found the NVIDIA driver and the \
+                 toolkit step"
             ),
             "{err}"
         );

@@ -68,13 +68,15 @@ impl std::fmt::Display for CudaDevice {
 pub enum CudaError {
     /// The dynamic loader found no CUDA driver library.
     #[error(
-        "{CUDA_LIBRARY} cannot be loaded: the driver step must have found the NVIDIA driver and \
-         the toolkit step the NVIDIA container runtime injecting it into this container, which \
-         puts {CUDA_LIBRARY} on the library path (searched for: {searched})"
+        "{CUDA_LIBRARY} cannot be loaded{}: the driver step must have found the NVIDIA driver \
+         and the toolkit step the NVIDIA container runtime injecting it into this container, \
+         which puts {CUDA_LIBRARY} on the library path",
+        if *tried > 1 { format!(" (nor any of the {} other names tried)", tried - 1) } else { String::new() }
     )]
     NoLibrary {
-        /// The library names the loader was asked for.
-        searched: String,
+        /// How many library names the loader was asked for (`libcuda.so.1` among them; cudarc
+        /// also tries `libcuda.so`, versioned and Windows-style names); 0 when not known.
+        tried: usize,
     },
     /// The library has no symbol the check calls: a driver older than the API it uses.
     #[error("{CUDA_LIBRARY} has no {symbol}: the driver is older than the CUDA API it provides")]
@@ -413,17 +415,16 @@ fn quiet_binding_panics() {
 }
 
 /// A cudarc panic message as a [`CudaError`]: "Unable to dynamically load …" is
-/// [`CudaError::NoLibrary`] with the names it searched for, "Missing symbol NAME: …" is
-/// [`CudaError::MissingSymbol`], anything else [`CudaError::Panicked`].
+/// [`CudaError::NoLibrary`] with the number of names it searched for, "Missing symbol NAME: …"
+/// is [`CudaError::MissingSymbol`], anything else [`CudaError::Panicked`].
 #[must_use]
 pub fn classify_panic(message: &str) -> CudaError {
     if message.starts_with("Unable to dynamically load") {
-        let searched = message
+        let tried = message
             .split_once("searched for library names: [")
             .and_then(|(_, rest)| rest.split_once(']'))
-            .map(|(names, _)| names.replace('"', ""))
-            .unwrap_or_else(|| CUDA_LIBRARY.to_owned());
-        return CudaError::NoLibrary { searched };
+            .map_or(0, |(names, _)| names.split(',').count());
+        return CudaError::NoLibrary { tried };
     }
     if let Some(rest) = message.strip_prefix("Missing symbol ") {
         let symbol = rest.split(':').next().unwrap_or(rest).trim().to_owned();
@@ -532,17 +533,21 @@ mod tests {
              names: [\"libcuda.so\", \"libcuda.so.1\"]. Ensure that `LD_LIBRARY_PATH` has the \
              correct path to the installed library.",
         );
-        assert_eq!(
-            no_lib,
-            CudaError::NoLibrary {
-                searched: "libcuda.so, libcuda.so.1".into()
-            }
-        );
+        assert_eq!(no_lib, CudaError::NoLibrary { tried: 2 });
         assert!(
-            no_lib
+            no_lib.to_string().starts_with(
+                "libcuda.so.1 cannot be loaded (nor any of the 1 other names tried): the driver \
+                 step"
+            ),
+            "{no_lib}"
+        );
+        let unknown = classify_panic("Unable to dynamically load the library");
+        assert_eq!(unknown, CudaError::NoLibrary { tried: 0 });
+        assert!(
+            unknown
                 .to_string()
                 .starts_with("libcuda.so.1 cannot be loaded: the driver step"),
-            "{no_lib}"
+            "{unknown}"
         );
         assert_eq!(
             classify_panic("Missing symbol cuMemAllocAsync: undefined symbol"),

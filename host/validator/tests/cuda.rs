@@ -67,19 +67,18 @@ fn without_libcuda_the_step_names_the_library_on_every_attempt_and_does_not_pani
     let err = result.unwrap_err();
     let text = kiln_validator::chain(&err);
     assert!(
-        text.starts_with(
-            "cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 cannot be \
-             loaded: the driver step must have found the NVIDIA driver and the toolkit step the \
-             NVIDIA container runtime injecting it into this container, which puts libcuda.so.1 \
-             on the library path (searched for: "
-        ),
+        text.starts_with("cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 cannot be loaded (nor any of the ")
+            && text.ends_with(
+                " other names tried): the driver step must have found the NVIDIA driver and the \
+                 toolkit step the NVIDIA container runtime injecting it into this container, \
+                 which puts libcuda.so.1 on the library path"
+            ),
         "{text}"
     );
-    assert!(text.contains("libcuda.so.1"), "{text}");
     assert!(!cuda_ready.exists());
     // The loader is asked again on the next attempt (and by the next call).
     assert!(matches!(
         DynamicCuda.init(),
-        Err(CudaError::NoLibrary { searched }) if searched.contains("libcuda.so.1")
+        Err(CudaError::NoLibrary { tried }) if tried > 1
     ));
 }
