@@ -73,6 +73,11 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
     ),
     (
         "validator",
+        "WITH_WORKLOAD",
+        "upstream's main container (kiln validator hold) carries it too; kiln's cuda and plugin steps read it",
+    ),
+    (
+        "validator",
         "WITH_WAIT",
         "NVIDIA's validator image reads it (pod templates equal NVIDIA's); kiln's steps wait by subcommand",
     ),
