@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real-GPU check: on a machine with an NVIDIA GPU and driver (and Rust), build `kiln`, run GFD
-# once (labels on stdout), the validator's driver and cuda steps against the real root, and
-# print UUIDs, memory and driver version. Needs no cluster; a few minutes, build included.
+# once (labels on stdout), the validator's driver and cuda steps against the real root (the cuda
+# step creates a CUDA context on every GPU and copies 16 MiB there and back through
+# libcuda.so.1), and print UUIDs, memory and driver version. Needs no cluster; a few minutes,
+# build included.
 #
 #   scripts/gpu-check.sh            # from anywhere; runs in the repository root
 #
@@ -12,6 +14,8 @@ cd "$(dirname "$0")/.."
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Checks that failed without stopping the script (reported at the end).
+failed=""
 
 echo "== build (release, kiln-cli)"
 cargo build --release -p kiln-cli 2>&1 | tail -n 3
@@ -48,8 +52,19 @@ cat "$work/validations/driver-ready"
 echo "-- CUDA unified-memory device nodes (the driver step creates them when missing):"
 ls -l /dev/nvidia-uvm /dev/nvidia-uvm-tools || true
 
-echo "== kiln validator cuda"
-"$kiln" validator --validations-dir "$work/validations" --retries 1 cuda
+echo "== kiln validator cuda (every CUDA device: a context, 16 MiB written and read back)"
+# libcuda.so.1 comes from the host's loader cache here (in a pod, the container runtime injects
+# it). A failure names the device and the CUDA call (or the missing library); the other checks
+# still run, and the script exits 1 at the end.
+started=$(date +%s%N)
+cuda_rc=0
+"$kiln" validator --validations-dir "$work/validations" --retries 1 cuda || cuda_rc=$?
+echo "-- exit status $cuda_rc after $(( ($(date +%s%N) - started) / 1000000 )) ms; cuda-ready $(
+  [ -e "$work/validations/cuda-ready" ] && echo written || echo absent)"
+if command -v nvidia-smi >/dev/null; then
+  echo "-- nvidia-smi lists $(nvidia-smi -L | grep -c '^GPU ') GPU(s); the step names each CUDA device it checked"
+fi
+[ "$cuda_rc" -eq 0 ] || failed="$failed cuda"
 # ---- end validator / GFD ----
 
 # ---- device plugin (kiln-device-plugin) ----
@@ -60,4 +75,8 @@ KILN_BIN="$PWD/$kiln" KILN_DP_GPU_BACKEND=nvml \
   cargo bench -p kiln-device-plugin --bench plugin 2>&1 | grep -E '^process'
 # ---- end device plugin ----
 
+if [ -n "$failed" ]; then
+  echo "== gpu-check FAILED:$failed"
+  exit 1
+fi
 echo "== gpu-check OK"

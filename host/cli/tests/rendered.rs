@@ -74,7 +74,7 @@ const NOT_FOR_THE_AGENT: &[(&str, &str, &str)] = &[
     (
         "validator",
         "WITH_WORKLOAD",
-        "workload pods upstream; kiln's cuda/plugin steps check in-process",
+        "upstream's main container (kiln validator hold) carries it too; kiln's cuda and plugin steps read it",
     ),
     (
         "validator",

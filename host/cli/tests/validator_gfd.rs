@@ -190,3 +190,81 @@ fn gfd_oneshot_prints_time_sliced_labels_on_stdout() {
     }
     assert!(!text.contains("gfd.timestamp"));
 }
+
+/// Whether the dynamic loader can find `libcuda.so.1` here (`LD_LIBRARY_PATH` or its cache).
+fn has_libcuda() -> bool {
+    let in_path = std::env::var("LD_LIBRARY_PATH").is_ok_and(|p| {
+        p.split(':')
+            .any(|d| !d.is_empty() && Path::new(d).join("libcuda.so.1").exists())
+    });
+    let cached = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"]
+        .iter()
+        .find_map(|c| Command::new(c).arg("-p").output().ok())
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains("libcuda.so.1"));
+    in_path || cached
+}
+
+/// The cuda step on a fake GPU: NVML's prerequisites pass, then CUDA itself must work. Without
+/// `libcuda.so.1` (CI) it exits 1 naming the library, without a panic message; with
+/// `WITH_WORKLOAD=false` it creates no CUDA context, as upstream then runs no workload pod.
+#[test]
+fn the_cuda_step_needs_libcuda_unless_the_workload_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("gpus.yaml");
+    std::fs::write(&fixture, FIXTURE).unwrap();
+    let backend = format!("fake:{}", fixture.display());
+    let args = [
+        "validator",
+        "--gpu-backend",
+        &backend,
+        "--retries",
+        "2",
+        "--sleep-interval-seconds",
+        "0",
+        "cuda",
+    ];
+    let root = [("KILN_VALIDATOR_ROOT", dir.path())];
+    let out = kiln(&args, &root);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if !has_libcuda() {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(
+                "cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 \
+                 cannot be loaded (nor any of the "
+            ) && err.contains(
+                " other names tried): the driver step must have found the NVIDIA driver and the \
+                 toolkit step"
+            ),
+            "{err}"
+        );
+        assert!(
+            !dir.path()
+                .join("run/nvidia/validations/cuda-ready")
+                .exists()
+        );
+    }
+
+    let mut off = Command::new(KILN);
+    off.args(args)
+        .env_remove("NODE_NAME")
+        .env("KILN_LOG", "warn")
+        .env("KILN_VALIDATOR_ROOT", dir.path())
+        .env("WITH_WORKLOAD", "false");
+    let out = off.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "cuda 12.4 ok on 1 GPU(s)\n"
+    );
+    assert!(
+        dir.path()
+            .join("run/nvidia/validations/cuda-ready")
+            .exists()
+    );
+}

@@ -70,6 +70,28 @@ pub enum NotReady {
     /// A CUDA prerequisite is missing.
     #[error("CUDA is not usable: {0}")]
     Cuda(String),
+    /// The CUDA driver API failed ([`crate::cuda`]): loading `libcuda.so.1`, `cuInit`, or a
+    /// call on a device.
+    #[error(
+        "CUDA is not usable{}",
+        device.as_ref().map(|d| format!(" on {d}")).unwrap_or_default()
+    )]
+    CudaApi {
+        /// The device the call was made on; `None` before any device (loading, `cuInit`,
+        /// `cuDeviceGetCount`).
+        device: Option<Box<crate::CudaDevice>>,
+        /// What failed: the library, a symbol, or the call with its CUDA error name.
+        #[source]
+        source: crate::CudaError,
+    },
+    /// A device's memory read back differs from what was written to it.
+    #[error("CUDA is not usable on {device}: {mismatch}")]
+    CudaMemory {
+        /// The device.
+        device: Box<crate::CudaDevice>,
+        /// Where and how much.
+        mismatch: crate::Mismatch,
+    },
     /// The node does not (yet) advertise the GPU resource.
     #[error("node {node} advertises no allocatable {wanted} (allocatable GPU resources: {have})")]
     NoAllocatable {

@@ -14,9 +14,11 @@
 //! times ([`RetryPolicy`], logging what it waits for and why), then writes its file with the
 //! content upstream writes: `driver-ready` holds `KEY=value` lines ([`DriverReady`]); the
 //! others are empty. Every path is under a configurable root ([`Layout`]) so the chain tests
-//! against a temporary tree; GPUs come through `kiln_gpu` (a fake in tests) and the node
-//! through [`NodeSource`].
+//! against a temporary tree; GPUs come through `kiln_gpu` (a fake in tests), the CUDA driver
+//! API through [`CudaApi`] ([`DynamicCuda`]: `libcuda.so.1` loaded at run time; a fake in
+//! tests) and the node through [`NodeSource`].
 
+mod cuda;
 mod driver;
 mod error;
 mod layout;
@@ -32,6 +34,10 @@ use std::sync::Arc;
 
 use kiln_gpu::{GpuError, GpuInventory};
 
+pub use cuda::{
+    CHECK_BYTES, CUDA_LIBRARY, CudaApi, CudaDevice, CudaDeviceApi, CudaError, DynamicCuda,
+    Mismatch, check_cuda_memory, classify_panic, error_name, first_mismatch, format_uuid, pattern,
+};
 pub use driver::{
     DriverReport, DriverRoot, GpuOpener, LIBRARY_DIRS, NVML_LIBRARY, check_driver, driver_ready,
     find_driver_root, find_nvml_library, kernel_module_version, parse_proc_version,
@@ -43,8 +49,8 @@ pub use retry::{RetryPolicy, chain};
 pub use sandbox::{PciGpu, check_vfio_pci, check_vgpu_devices, nvidia_pci_gpus};
 pub use status::{DriverReady, StatusFile, clear_ready_files, remove_stale, write_status};
 pub use steps::{
-    CC_READY_LABEL, ExpectedResource, GpuReport, check_cc_manager, check_cuda, check_plugin,
-    check_toolkit,
+    CC_READY_LABEL, CudaReport, ExpectedResource, GpuReport, check_cc_manager, check_cuda,
+    check_plugin, check_toolkit,
 };
 pub use uvm::{MakeNode, UVM_NODES, char_major, ensure_uvm_nodes, mknod_char};
 
@@ -66,6 +72,8 @@ pub struct Validator {
     /// Creates the CUDA unified-memory device nodes the driver step finds missing
     /// ([`mknod_char`] in production).
     pub make_node: MakeNode,
+    /// The CUDA driver API of the cuda step ([`DynamicCuda`] in production).
+    pub cuda: Box<dyn CudaApi>,
 }
 
 impl std::fmt::Debug for Validator {
@@ -118,16 +126,41 @@ impl Validator {
         Ok(report)
     }
 
-    /// The cuda step ([`check_cuda`]); writes an empty `cuda-ready`.
+    /// The cuda step, as upstream's with its default `WITH_WORKLOAD=true`: the prerequisites
+    /// NVML reports ([`check_cuda`]), then a CUDA context on every device with
+    /// [`CHECK_BYTES`] allocated, written and read back ([`check_cuda_memory`] with the
+    /// validator's [`CudaApi`]), both retried together; writes an empty `cuda-ready`.
+    ///
+    /// # Errors
+    /// As [`Validator::driver`]; the last reason names the device and the CUDA call that
+    /// failed, or that `libcuda.so.1` cannot be loaded.
+    pub fn cuda(&self) -> Result<CudaReport, ValidatorError> {
+        self.cuda_step(true)
+    }
+
+    /// The cuda step with `WITH_WORKLOAD=false`: upstream then runs no `vectorAdd` pod, so no
+    /// CUDA context is created; the NVML prerequisites ([`check_cuda`]) are still checked.
+    /// Writes an empty `cuda-ready`.
     ///
     /// # Errors
     /// As [`Validator::driver`].
-    pub fn cuda(&self) -> Result<GpuReport, ValidatorError> {
+    pub fn cuda_without_workload(&self) -> Result<CudaReport, ValidatorError> {
+        self.cuda_step(false)
+    }
+
+    fn cuda_step(&self, with_workload: bool) -> Result<CudaReport, ValidatorError> {
         remove_stale(&self.layout, StatusFile::Cuda)?;
         let open = || (self.open_gpu)(None);
-        let report = self
-            .retry
-            .run("cuda", "CUDA to be usable", || check_cuda(&open))?;
+        let report = self.retry.run("cuda", "CUDA to be usable", || {
+            let gpu = check_cuda(&open)?;
+            let devices = if with_workload {
+                check_cuda_memory(&*self.cuda, CHECK_BYTES)?
+            } else {
+                tracing::info!("WITH_WORKLOAD=false: no CUDA context created");
+                Vec::new()
+            };
+            Ok(CudaReport { gpu, devices })
+        })?;
         write_status(&self.layout, StatusFile::Cuda, "")?;
         Ok(report)
     }

@@ -16,6 +16,16 @@ pub struct GpuReport {
     pub gpus: Vec<(String, String)>,
 }
 
+/// What the cuda step found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaReport {
+    /// The prerequisites NVML reports ([`check_cuda`]).
+    pub gpu: GpuReport,
+    /// The devices a CUDA context was created on, with memory allocated, written and read
+    /// back ([`crate::check_cuda_memory`]), in CUDA's order; empty with `WITH_WORKLOAD=false`.
+    pub devices: Vec<crate::CudaDevice>,
+}
+
 /// Toolkit: the NVIDIA container runtime has set this container up, as upstream checks by
 /// running `nvidia-smi` in a pod with `NVIDIA_VISIBLE_DEVICES=all`: `/dev/nvidiactl`,
 /// `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools` (CUDA cannot start without them,
@@ -38,11 +48,10 @@ pub fn check_toolkit(
     report(&*gpu().map_err(NotReady::Nvml)?)
 }
 
-/// Cuda: what a CUDA program needs from the driver, read through the GPU seam — the driver
-/// reports a CUDA version (`nvmlSystemGetCudaDriverVersion`, i.e. libcuda is there), every GPU
-/// has a compute capability, and a GPU in MIG mode has MIG devices (CUDA sees none
-/// otherwise). Upstream instead starts a pod running the `vectorAdd` sample; kiln's image
-/// holds no CUDA kernel, so this checks the prerequisites rather than running one.
+/// Cuda's prerequisites, read through the GPU seam: the driver reports a CUDA version
+/// (`nvmlSystemGetCudaDriverVersion`), every GPU has a compute capability, and a GPU in MIG
+/// mode has MIG devices (CUDA sees none otherwise). They name a missing piece more plainly
+/// than a CUDA error would; the step then uses CUDA itself ([`crate::check_cuda_memory`]).
 ///
 /// # Errors
 /// [`NotReady::Nvml`], [`NotReady::NoGpus`] or [`NotReady::Cuda`] naming the GPU.

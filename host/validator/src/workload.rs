@@ -11,8 +11,9 @@
 //! `VALIDATOR_IMAGE`, `VALIDATOR_IMAGE_PULL_POLICY`, `VALIDATOR_IMAGE_PULL_SECRETS` and
 //! `VALIDATOR_RUNTIME_CLASS`; owner references and tolerations of the validator DaemonSet
 //! `nvidia-operator-validator`. Upstream's init container runs the CUDA `vectorAdd` sample,
-//! which kiln's image does not hold: kiln's runs `kiln validator cuda` (the GPU seen through
-//! NVML inside a container that got only what the device plugin allocated) and its main
+//! which kiln's image does not hold: kiln's runs `kiln validator cuda` (NVML's view, then a
+//! CUDA context with memory written and read back, inside a container that got only what the
+//! device plugin allocated) and its main
 //! container `kiln validator wait --for cuda-ready`, the two sharing an `emptyDir` for the
 //! status file. As upstream: an earlier workload pod on the node is deleted first, and the
 //! step waits for the new one to reach `Succeeded`; unlike upstream, a failure is reported as

@@ -10,8 +10,8 @@ use std::{
 
 use kiln_gpu::{FakeBackend, GpuError, GpuInventory};
 use kiln_validator::{
-    ExpectedResource, HostPaths, Layout, RetryPolicy, StatusFile, Validator, ValidatorError,
-    clear_ready_files,
+    CudaApi, CudaDevice, CudaDeviceApi, CudaError, ExpectedResource, HostPaths, Layout,
+    RetryPolicy, StatusFile, Validator, ValidatorError, clear_ready_files,
 };
 
 /// One fake H100 (see `kiln_gpu::fixtures`).
@@ -22,6 +22,59 @@ const PROC_550: &str = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.
 struct Node {
     dir: tempfile::TempDir,
     slept: Arc<Mutex<Vec<Duration>>>,
+    cuda: HostCuda,
+}
+
+/// CUDA over host memory: `devices` devices, of which device 1 fails its first
+/// `alloc_failures` allocations; counts the `cuInit` calls.
+#[derive(Clone, Default)]
+struct HostCuda {
+    devices: usize,
+    alloc_failures: Arc<Mutex<usize>>,
+    inits: Arc<Mutex<usize>>,
+}
+
+struct HostDevice {
+    ordinal: usize,
+    alloc_failures: Arc<Mutex<usize>>,
+}
+
+impl CudaApi for HostCuda {
+    fn init(&self) -> Result<(), CudaError> {
+        *self.inits.lock().unwrap() += 1;
+        Ok(())
+    }
+    fn device_count(&self) -> Result<usize, CudaError> {
+        Ok(self.devices)
+    }
+    fn open(&self, ordinal: usize) -> Result<Box<dyn CudaDeviceApi>, CudaError> {
+        Ok(Box::new(HostDevice {
+            ordinal,
+            alloc_failures: self.alloc_failures.clone(),
+        }))
+    }
+}
+
+impl CudaDeviceApi for HostDevice {
+    fn device(&self) -> CudaDevice {
+        CudaDevice {
+            ordinal: self.ordinal,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: format!("GPU-{}", self.ordinal),
+        }
+    }
+    fn round_trip(&self, written: &[u8]) -> Result<Vec<u8>, CudaError> {
+        let mut left = self.alloc_failures.lock().unwrap();
+        if self.ordinal == 1 && *left > 0 {
+            *left -= 1;
+            return Err(CudaError::Call {
+                call: "cuMemAllocAsync",
+                name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                description: "out of memory".into(),
+            });
+        }
+        Ok(written.to_vec())
+    }
 }
 
 impl Node {
@@ -30,6 +83,10 @@ impl Node {
         let n = Self {
             dir: tempfile::tempdir().unwrap(),
             slept: Arc::default(),
+            cuda: HostCuda {
+                devices: 1,
+                ..HostCuda::default()
+            },
         };
         n.write("proc/driver/nvidia/version", PROC_550);
         n.write(
@@ -98,6 +155,7 @@ impl Node {
             make_node: Box::new(|path, major, minor| {
                 std::fs::write(path, format!("{major}:{minor}"))
             }),
+            cuda: Box::new(self.cuda.clone()),
         }
     }
 
@@ -132,7 +190,14 @@ fn chain_writes_each_status_file_with_upstream_content() {
     assert_eq!(node.status("toolkit-ready").unwrap(), "");
 
     let cuda = v.cuda().unwrap();
-    assert_eq!(cuda.cuda_version, "12.4");
+    assert_eq!(cuda.gpu.cuda_version, "12.4");
+    assert_eq!(
+        cuda.devices
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["CUDA device 0 (NVIDIA H100 80GB HBM3, GPU-0)"]
+    );
     assert_eq!(node.status("cuda-ready").unwrap(), "");
 
     let alloc: BTreeMap<String, String> = [("nvidia.com/gpu".into(), "5".into())].into();
@@ -308,6 +373,39 @@ fn toolkit_needs_the_control_device_and_cuda_needs_mig_devices() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn the_cuda_step_retries_a_failed_cuda_call_naming_device_and_call() {
+    let mut node = Node::new();
+    node.cuda = HostCuda {
+        devices: 2,
+        alloc_failures: Arc::new(Mutex::new(5)),
+        ..HostCuda::default()
+    };
+    node.write("run/nvidia/validations/cuda-ready", "");
+    let err = node.validator(FIXTURE, 3).cuda().unwrap_err();
+    assert_eq!(
+        kiln_validator::chain(&err),
+        "cuda: not ready after 3 attempts over 10s: CUDA is not usable on CUDA device 1 \
+         (NVIDIA H100 80GB HBM3, GPU-1): cuMemAllocAsync failed: CUDA_ERROR_OUT_OF_MEMORY (out \
+         of memory)"
+    );
+    assert_eq!(node.status("cuda-ready"), None, "stale cuda-ready removed");
+    assert_eq!(*node.cuda.inits.lock().unwrap(), 3);
+
+    // Two failures left: the third attempt passes.
+    let report = node.validator(FIXTURE, 3).cuda().unwrap();
+    assert_eq!(report.devices.len(), 2);
+    assert_eq!(node.status("cuda-ready").unwrap(), "");
+
+    // WITH_WORKLOAD=false: no CUDA call at all.
+    *node.cuda.alloc_failures.lock().unwrap() = 1;
+    let inits = *node.cuda.inits.lock().unwrap();
+    let report = node.validator(FIXTURE, 1).cuda_without_workload().unwrap();
+    assert!(report.devices.is_empty());
+    assert_eq!(*node.cuda.inits.lock().unwrap(), inits);
+    assert_eq!(node.status("cuda-ready").unwrap(), "");
 }
 
 #[test]

@@ -187,6 +187,7 @@ fn run(statuses: Vec<Value>) -> (Result<u64, String>, Arc<Mutex<Api>>) {
         },
         open_gpu: Box::new(|_| Err(kiln_gpu::GpuError::NoSuchDevice(0))),
         make_node: Box::new(|_, _, _| Ok(())),
+        cuda: Box::new(kiln_validator::DynamicCuda),
     };
     let r = v
         .plugin_with_workload(&nodes, NODE, ExpectedResource::Gpu, &spec())

@@ -72,8 +72,20 @@ enum Step {
     Driver,
     /// The NVIDIA container runtime injected the driver into this container; writes toolkit-ready.
     Toolkit,
-    /// CUDA prerequisites (CUDA version, compute capability, MIG devices); writes cuda-ready.
-    Cuda,
+    /// CUDA prerequisites (CUDA version, compute capability, MIG devices), then a CUDA context
+    /// on every device with 16 MiB allocated, written and read back; writes cuda-ready.
+    Cuda {
+        /// `false`: create no CUDA context, only check the prerequisites (upstream then runs
+        /// no vectorAdd pod).
+        #[arg(
+            long,
+            env = "WITH_WORKLOAD",
+            default_value_t = true,
+            action = clap::ArgAction::Set,
+            value_parser = clap::builder::BoolishValueParser::new()
+        )]
+        with_workload: bool,
+    },
     /// The node advertises allocatable GPUs; writes plugin-ready.
     Plugin {
         /// This node (downward API).
@@ -135,6 +147,7 @@ impl ValidatorArgs {
             ),
             open_gpu: Box::new(move |root| open_gpu(&spec, root)),
             make_node: Box::new(kiln_validator::mknod_char),
+            cuda: Box::new(kiln_validator::DynamicCuda),
         };
         match self.step {
             Step::Driver => {
@@ -158,9 +171,23 @@ impl ValidatorArgs {
                     r.gpus.len()
                 );
             }
-            Step::Cuda => {
-                let r = v.cuda()?;
-                super::outln!("cuda {} ok on {} GPU(s)", r.cuda_version, r.gpus.len());
+            Step::Cuda { with_workload } => {
+                let r = if with_workload {
+                    v.cuda()?
+                } else {
+                    v.cuda_without_workload()?
+                };
+                super::outln!(
+                    "cuda {} ok on {} GPU(s)",
+                    r.gpu.cuda_version,
+                    r.gpu.gpus.len()
+                );
+                for device in &r.devices {
+                    super::outln!(
+                        "{device}: context created, {} MiB allocated, written and read back",
+                        kiln_validator::CHECK_BYTES >> 20
+                    );
+                }
             }
             Step::Plugin {
                 node_name,
