@@ -205,9 +205,12 @@ fn plugin_check_refuses_a_name_that_differs_from_the_file_name() {
     let dir = tempfile::tempdir().unwrap();
     let path: &Path = &dir.path().join("site-x.wasm");
     std::fs::write(path, common::patcher("site-y", "[]")).unwrap();
+    // The check's compile goes to the cache directory (a refused plugin leaves nothing there).
+    let cache = dir.path().join("cache");
     let out = Command::new(KILN)
         .args(["plugin", "check"])
         .arg(path)
+        .env("KILN_PLUGIN_CACHE_DIR", &cache)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -216,12 +219,15 @@ fn plugin_check_refuses_a_name_that_differs_from_the_file_name() {
         text.contains("verdict: refused: plugin \"site-x\": the component calls itself \"site-y\""),
         "{text}"
     );
+    assert!(text.contains(" s, not cached (refused)\n"), "{text}");
+    assert_eq!(std::fs::read_dir(&cache).map_or(0, |d| d.count()), 0);
     // Every forbidden import is listed and marked.
     let forbidden = dir.path().join("fs.wasm");
     std::fs::write(&forbidden, common::standalone("forbidden_many")).unwrap();
     let out = Command::new(KILN)
         .args(["plugin", "check"])
         .arg(&forbidden)
+        .env("KILN_PLUGIN_CACHE_DIR", &cache)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -236,6 +242,10 @@ fn plugin_check_refuses_a_name_that_differs_from_the_file_name() {
     ] {
         assert!(text.contains(line), "{line:?} in {text}");
     }
+    assert!(
+        text.contains("compile: not compiled (refused before compiling)\n"),
+        "{text}"
+    );
     assert!(
         text.contains("verdict: refused: plugin \"fs\": forbidden imports \"wasi:keyvalue/store@0.2.0-draft\", \"wasi:config/store@0.2.0-draft\", \"wasi:http/incoming-handler@0.2.6\""),
         "{text}"

@@ -304,9 +304,46 @@ fn precompile_fills_the_cache_once_and_names_a_broken_drop_in() {
     assert!(!err.contains("caching in memory only"), "{err}");
 }
 
+/// `kiln plugin run --state` with a name that is not a state lists the states, in the words the
+/// `kiln.dev/plugins` annotation uses for an unknown key, before anything is read.
+#[test]
+fn plugin_run_with_an_unknown_state_lists_the_states() {
+    let out = kiln(&[
+        "plugin",
+        "run",
+        "/nonexistent/p.wasm",
+        "--state",
+        "deviceplugin",
+        "--policy",
+        "/nonexistent/policy.yaml",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let valid: Vec<&str> = kiln_core::State::ALL.iter().map(|s| s.name()).collect();
+    assert!(
+        err.contains(&format!(
+            "invalid value 'deviceplugin' for '--state <STATE>': unknown state \"deviceplugin\" (valid: {})",
+            valid.join(", ")
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("/nonexistent"), "{err}");
+}
+
 #[test]
 fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let check = |path: &std::path::Path| {
+        kiln(&["plugin", "check"])
+            .arg(path)
+            .env("KILN_PLUGIN_CACHE_DIR", &cache)
+            .output()
+            .unwrap()
+    };
+    let cached = || std::fs::read_dir(&cache).map_or(0, |d| d.count());
     // A standalone plugin that calls itself `dcgm`, as `cargo build -p kiln-plugin-dcgm
     // --target wasm32-wasip2` builds one.
     let name = "dcgm";
@@ -315,7 +352,7 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
     for (file, rename) in [("kiln_plugin_dcgm.wasm", true), ("dcgm.wasm", false)] {
         let path = dir.path().join(file);
         std::fs::write(&path, &bytes).unwrap();
-        let out = kiln(&["plugin", "check"]).arg(&path).output().unwrap();
+        let out = check(path.as_path());
         // Under a file name the host would look it up by, it would be refused: exit 1.
         assert_eq!(out.status.success(), !rename, "{}", stderr(&out));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -336,12 +373,28 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
             rename,
             "{text}"
         );
+        // Compiled into the cache as `kiln render` compiles it (the artifact and its digest
+        // record); a refused plugin leaves nothing there.
+        let compiled = if rename {
+            " s, not cached (refused)\n"
+        } else {
+            " s, cached in "
+        };
+        assert!(text.contains(compiled), "{text}");
+        assert_eq!(cached(), if rename { 0 } else { 2 }, "{text}");
     }
+    // Checked again, it is not compiled again.
+    let out = check(dir.path().join("dcgm.wasm").as_path());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("compile: from the cache in {}\n", cache.display())),
+        "{text}"
+    );
     // The standard bundle (what kiln embeds) calls itself `kiln-standard-plugins`: accepted
     // under any file name, to be installed once per plugin it carries.
     let bundle = dir.path().join("kiln_plugin_bundle.wasm");
     std::fs::write(&bundle, kiln_bundled_plugins::get("dcgm").unwrap()).unwrap();
-    let out = kiln(&["plugin", "check"]).arg(&bundle).output().unwrap();
+    let out = check(bundle.as_path());
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     for line in [
@@ -354,7 +407,7 @@ fn plugin_check_says_under_which_file_name_to_install_a_build_output() {
     // Not Wasm at all: exit 1, naming the file and the plugin name it would be looked up by.
     let notes = dir.path().join("notes.md");
     std::fs::write(&notes, "# not a plugin\n").unwrap();
-    let out = kiln(&["plugin", "check"]).arg(&notes).output().unwrap();
+    let out = check(notes.as_path());
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(

@@ -4,15 +4,21 @@
 //!
 //! Run with `cargo bench -p kiln-plugin-host`; the test guest is built on first use.
 //!
-//! With `KILN_BENCH_PLUGINS=a.wasm:b.wasm` (e.g. the Python and JavaScript templates built by
-//! `kiln plugin new --lang python|js`), it first prints, for the Rust test guest and each of
-//! those, the time to compile it, to load it from the disk cache, and the median of 50 warm
-//! calls on one DaemonSet (one line each; plain figures, not criterion runs: a Python
-//! component takes seconds to compile).
+//! With `KILN_BENCH_PLUGINS=a.wasm:b.wasm` (e.g. the Rust, Python and JavaScript templates of
+//! `kiln plugin new --lang rust|python|js`, built as `host/cli/tests/plugin_author.rs` builds
+//! them; each is installed under its file name), it prints only, for the Rust test guest and
+//! each of those, one line: its size; reading, hashing and validating it (`wasmparser`, what
+//! precedes a compile); compiling it cold (a new host, no disk cache); and loading it from the
+//! precompiled disk cache (a new host) — medians of `$KILN_BENCH_LOADS` (default 10) and
+//! `$KILN_BENCH_COMPILES` (default 3) runs; plain figures, not criterion runs: a Python
+//! component takes seconds to compile. Per-call and render times of the same plugins on NVIDIA's
+//! sample: `KILN_BENCH_PLUGINS=… cargo bench -p kiln-render`.
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
 use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kiln_plugin_host::{CacheHit, HostConfig, PluginHost};
@@ -23,6 +29,9 @@ use serde_json::json;
 mod common;
 
 fn warm_call(c: &mut Criterion) {
+    if figures_only() {
+        return;
+    }
     let dirs = common::Dirs::new();
     let host = common::host_with_good(&dirs, dirs.config());
     let objects = [common::daemonset("nvidia-device-plugin-daemonset")];
@@ -51,6 +60,9 @@ fn warm_call(c: &mut Criterion) {
 }
 
 fn load(c: &mut Criterion) {
+    if figures_only() {
+        return;
+    }
     let mut group = c.benchmark_group("load");
     group.sample_size(10);
     group.bench_function("compile/good", |b| {
@@ -79,55 +91,92 @@ fn load(c: &mut Criterion) {
     group.finish();
 }
 
-/// Compile, disk-cache load and median warm call of the test guest and of every plugin in
-/// `$KILN_BENCH_PLUGINS`, printed (see the crate documentation above).
-fn other_languages(_: &mut Criterion) {
+/// How many times each figure of [`plugin_figures`] is taken (the median is printed).
+fn repeats(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// The median of `f`'s durations over `n` runs.
+fn median_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let mut runs: Vec<Duration> = (0..n).map(|_| f()).collect();
+    runs.sort();
+    runs[n / 2]
+}
+
+/// The component costs of the test guest and of every plugin in `$KILN_BENCH_PLUGINS`,
+/// printed (see the crate documentation above).
+fn plugin_figures(_: &mut Criterion) {
     let Some(list) = std::env::var_os("KILN_BENCH_PLUGINS") else {
         return;
     };
-    let mut files: Vec<(String, Vec<u8>)> = vec![("good".into(), common::good_wasm().to_vec())];
-    for path in std::env::split_paths(&list) {
+    let (compiles, loads) = (
+        repeats("KILN_BENCH_COMPILES", 3),
+        repeats("KILN_BENCH_LOADS", 10),
+    );
+    let good = std::env::temp_dir().join(format!("kiln-bench-good-{}.wasm", std::process::id()));
+    std::fs::write(&good, common::good_wasm()).unwrap();
+    let files: Vec<(String, PathBuf)> = std::iter::once(("good".to_string(), good.clone()))
+        .chain(std::env::split_paths(&list).map(|path| {
+            let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+            (name, path)
+        }))
+        .collect();
+    let validator = || wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all());
+    for (name, path) in files {
         let bytes = std::fs::read(&path).unwrap();
-        let name = kiln_plugin_host::inspect(&bytes).unwrap().name.unwrap();
-        files.push((name, bytes));
-    }
-    let objects = [common::daemonset("nvidia-device-plugin-daemonset")];
-    let ctx = common::ctx();
-    for (name, bytes) in files {
+        // What precedes any compile: reading the file, its digest, and validating the Wasm.
+        let validate = median_of(loads, || {
+            let started = Instant::now();
+            let bytes = std::fs::read(&path).unwrap();
+            black_box(kiln_plugin_host::sha256_hex(&bytes));
+            validator().validate_all(&bytes).unwrap();
+            started.elapsed()
+        });
         let dirs = common::Dirs::new();
         dirs.install(&name, &bytes);
+        // Cold: no disk cache, a new host (and engine) each time.
+        let compile = median_of(compiles, || {
+            let started = Instant::now();
+            let host = PluginHost::new(dirs.config(), &[]).unwrap();
+            let plugin = host.load(&name, None).unwrap();
+            assert_eq!(plugin.cache_hit(), CacheHit::Compiled);
+            started.elapsed()
+        });
         let config = HostConfig {
             cache_dir: Some(dirs.cache.clone()),
             ..dirs.config()
         };
-        let started = std::time::Instant::now();
         let host = PluginHost::new(config.clone(), &[]).unwrap();
         assert_eq!(
             host.load(&name, None).unwrap().cache_hit(),
             CacheHit::Compiled
         );
-        let compile = started.elapsed();
-        let started = std::time::Instant::now();
-        let host = PluginHost::new(config, &[]).unwrap();
-        assert_eq!(host.load(&name, None).unwrap().cache_hit(), CacheHit::Disk);
-        let load = started.elapsed();
-        let mut calls: Vec<_> = (0..50)
-            .map(|_| {
-                let started = std::time::Instant::now();
-                black_box(host.transform(&name, &objects, &json!({}), &ctx).unwrap());
-                started.elapsed()
-            })
-            .collect();
-        calls.sort();
+        let cached = median_of(loads, || {
+            let started = Instant::now();
+            let host = PluginHost::new(config.clone(), &[]).unwrap();
+            assert_eq!(host.load(&name, None).unwrap().cache_hit(), CacheHit::Disk);
+            started.elapsed()
+        });
         println!(
-            "{name}: {} bytes; compile {:.2} s; load from cache {:.1} ms; warm call {:.2} ms (median of 50)",
-            bytes.len(),
+            "{name}: {:.2} MiB; read+validate {:.1} ms; compile (cold, no cache) {:.2} s; \
+             load from the precompiled cache {:.1} ms (medians of {loads}, {compiles}, {loads})",
+            bytes.len() as f64 / f64::from(1 << 20),
+            validate.as_secs_f64() * 1e3,
             compile.as_secs_f64(),
-            load.as_secs_f64() * 1e3,
-            calls[25].as_secs_f64() * 1e3
+            cached.as_secs_f64() * 1e3,
         );
     }
+    let _ = std::fs::remove_file(good);
 }
 
-criterion_group!(benches, other_languages, warm_call, load);
+/// With `$KILN_BENCH_PLUGINS` set, only [`plugin_figures`] runs.
+fn figures_only() -> bool {
+    std::env::var_os("KILN_BENCH_PLUGINS").is_some()
+}
+
+criterion_group!(benches, plugin_figures, warm_call, load);
 criterion_main!(benches);

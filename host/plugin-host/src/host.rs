@@ -188,7 +188,7 @@ pub struct PluginHost {
     pub(crate) config: HostConfig,
     pub(crate) engine: Engine,
     linker: Linker<CallState>,
-    cache: ComponentCache,
+    pub(crate) cache: ComponentCache,
     bundled: HashMap<String, &'static [u8]>,
     /// Build-time SHA-256 of bundled plugins, so loading one from the disk cache never reads
     /// (and so never pages in) its embedded bytes.

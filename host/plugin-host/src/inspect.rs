@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::cache::sha256_hex;
+use crate::cache::{CacheHit, sha256_hex};
 use crate::config::HostConfig;
 use crate::error::PluginError;
 use crate::host::{Interface, PluginHost, Pre};
@@ -31,6 +31,12 @@ pub struct PluginReport {
     pub validates_settings: bool,
     /// Why the host would refuse it; none when it would be accepted.
     pub refusal: Option<PluginError>,
+    /// Where the compiled component came from: [`CacheHit::Compiled`] when it was compiled
+    /// now (and, when accepted by a host with a disk cache, written there as
+    /// [`PluginHost::load`] would: a later load of the same bytes maps the artifact), or from
+    /// that host's caches; none when it was refused before compiling. A component refused
+    /// after compiling leaves nothing cached.
+    pub cache_hit: Option<CacheHit>,
 }
 
 impl PluginReport {
@@ -71,7 +77,9 @@ impl PluginHost {
         self.inspect_as(bytes, INSPECTED)
     }
 
-    /// [`inspect_as`] with this host's engine and limits.
+    /// [`inspect_as`] with this host's engine, limits and compiled-component caches (memory,
+    /// and the disk cache when it has one): an accepted component is cached by digest as
+    /// [`PluginHost::load`] caches it, so checking a plugin spares compiling it again.
     ///
     /// # Errors
     /// As [`inspect`].
@@ -88,29 +96,51 @@ impl PluginHost {
                 interface: None,
                 validates_settings: false,
                 refusal: Some(e),
+                cache_hit: None,
             });
         }
-        let component = crate::cache::compile_with_deadline(
-            &self.engine,
+        let digest = sha256_hex(bytes);
+        let (component, hit) = self.cache.get_or_compile(
             label,
-            std::borrow::Cow::Owned(bytes.to_vec()),
-            self.config.compile_deadline,
+            &digest,
+            || Ok(std::borrow::Cow::Owned(bytes.to_vec())),
+            Some(self.config.compile_deadline),
         )?;
+        let report = self.report(label, digest, &component, bounds);
+        // Refused after compiling: nothing of it stays cached (as in `PluginHost::load`).
+        if report.refusal.is_some() && hit == CacheHit::Compiled {
+            self.cache.forget(&report.sha256);
+        }
+        Ok(PluginReport {
+            cache_hit: Some(hit),
+            ..report
+        })
+    }
+
+    /// The report on a compiled `component` (its `cache_hit` still none).
+    fn report(
+        &self,
+        label: &str,
+        sha256: String,
+        component: &wasmtime::component::Component,
+        bounds: Vec<crate::Bound>,
+    ) -> PluginReport {
         let mut report = PluginReport {
-            sha256: sha256_hex(bytes),
-            imports: imports_of(&self.engine, &component),
-            exports: exports_of(&self.engine, &component),
+            sha256,
+            imports: imports_of(&self.engine, component),
+            exports: exports_of(&self.engine, component),
             bounds,
             name: None,
             interface: None,
             validates_settings: false,
             refusal: None,
+            cache_hit: None,
         };
-        if let Err(e) = crate::audit::check_resources(label, &component, &self.config) {
+        if let Err(e) = crate::audit::check_resources(label, component, &self.config) {
             report.refusal = Some(e);
-            return Ok(report);
+            return report;
         }
-        let pre = self.link_pre(label, &component);
+        let pre = self.link_pre(label, component);
         if let Ok(pre) = &pre {
             report.interface = Some(match pre {
                 Pre::V1(_) => Interface::V0_1,
@@ -129,6 +159,6 @@ impl PluginHost {
             }
             Err(e) => report.refusal = Some(e),
         }
-        Ok(report)
+        report
     }
 }

@@ -4,6 +4,18 @@
 //!
 //! `cargo bench -p kiln-render` (the load figures are printed first, then criterion's).
 //! Targets: full render of the sample ≤ 1.4 ms CPU on one thread (issue 16); cache load ≤ 50 ms.
+//!
+//! Site plugins: `KILN_BENCH_PLUGINS=a.wasm:b.wasm cargo bench -p kiln-render` prints only, for
+//! each of those components (installed as drop-ins under their file names, e.g. the templates
+//! of `kiln plugin new --lang rust|python|js` built as `host/cli/tests/plugin_author.rs` builds
+//! them, with settings `$KILN_BENCH_SETTINGS`, JSON, default the templates'
+//! `{"labels":{"team":"gpu"}}`): the time of one call on the sample's `device-plugin` state (the
+//! standard plugin's output, as the chain hands it on; median and p99 of
+//! `$KILN_BENCH_CALLS`, default 200), and a full render of the sample on one thread without
+//! site plugins against one with the plugin after the standard one in every enabled state's
+//! chain (median and p99 wall time and median CPU time of `$KILN_BENCH_RENDERS`, default 50).
+//! The component costs (size, validation, compile, cache load) are printed by
+//! `cargo bench -p kiln-plugin-host` with the same variable.
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -21,14 +33,16 @@ use kiln_plugin_sdk::{Outcome, run_operand};
 use kiln_render::{Policy, Renderer, assets, defaults, placeholders};
 use serde_json::Value;
 
-fn sample_policy() -> Policy {
+/// NVIDIA's sample ClusterPolicy (v26.7.0), as a document.
+fn sample_doc() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/nvidia-v26.7.0/policies/sample.yaml");
-    let doc: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(path).expect("the in-repo upstream sample"),
-    )
-    .unwrap();
-    Policy::from_object(&doc).unwrap()
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).expect("the in-repo upstream sample"))
+        .unwrap()
+}
+
+fn sample_policy() -> Policy {
+    Policy::from_object(&sample_doc()).unwrap()
 }
 
 /// The state's objects as the host hands them to plugins.
@@ -270,9 +284,136 @@ fn print_cpu_figures(policy: &Policy, ctx: &TransformContext) {
     );
 }
 
+/// Median and p99 (nearest rank) of `samples`, which it sorts.
+fn median_p99(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort();
+    let n = samples.len();
+    (samples[n / 2], samples[(n * 99).div_ceil(100).max(1) - 1])
+}
+
+fn env_count(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// The site-plugin figures of `$KILN_BENCH_PLUGINS` (see the crate documentation above).
+fn print_site_plugin_figures(list: &std::ffi::OsStr, ctx: &TransformContext) {
+    let (calls, renders) = (
+        env_count("KILN_BENCH_CALLS", 200),
+        env_count("KILN_BENCH_RENDERS", 50),
+    );
+    let settings = std::env::var("KILN_BENCH_SETTINGS")
+        .unwrap_or_else(|_| r#"{"labels":{"team":"gpu"}}"#.to_string());
+    let settings_value: Value = serde_json::from_str(&settings).expect("$KILN_BENCH_SETTINGS");
+    let dir = tempfile::tempdir().unwrap();
+    let (drop_in, cache) = (dir.path().join("plugins"), dir.path().join("cache"));
+    std::fs::create_dir_all(&drop_in).unwrap();
+    let names: Vec<String> = std::env::split_paths(list)
+        .map(|path| {
+            let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+            std::fs::copy(&path, drop_in.join(format!("{name}.wasm"))).unwrap();
+            name
+        })
+        .collect();
+    let host = PluginHost::new(
+        HostConfig {
+            drop_in_dir: Some(drop_in),
+            cache_dir: Some(cache),
+            ..HostConfig::in_memory()
+        },
+        kiln_bundled_plugins::BUNDLED,
+    )
+    .unwrap();
+    for (name, _) in kiln_bundled_plugins::BUNDLED {
+        host.load(name, None).unwrap();
+    }
+    let renderer = Renderer::new(Arc::new(host));
+    let doc = sample_doc();
+    let plain = Policy::from_object(&doc).unwrap();
+    let states = kiln_core::plan::enabled_states(&plain.spec);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // Full renders on this thread: (median wall, p99 wall, median CPU) per render.
+    let render = |policy: &Policy| {
+        let (mut wall, mut cpu) = (Vec::new(), Vec::new());
+        for _ in 0..=renders {
+            let (c, w) = (thread_cpu(), Instant::now());
+            for &s in &states {
+                black_box(renderer.render_state(s, policy, ctx).unwrap());
+            }
+            wall.push(w.elapsed());
+            cpu.push(thread_cpu() - c);
+        }
+        // The first render loads what it needs (the site plugin's first call): left out.
+        let (wall, cpu) = (&mut wall[1..], &mut cpu[1..]);
+        let (median, p99) = median_p99(wall);
+        (median, p99, median_p99(cpu).0)
+    };
+    let (median, p99, cpu) = render(&plain);
+    eprintln!(
+        "render of the sample ({} states, one thread, {renders} renders) without site plugins: \
+         median {:.2} ms, p99 {:.2} ms wall; median {:.2} ms CPU",
+        states.len(),
+        ms(median),
+        ms(p99),
+        ms(cpu)
+    );
+    let state = State::DevicePlugin;
+    let mut sctx = ctx.clone();
+    sctx.state = state.name().into();
+    sctx.default_workload = kiln_render::default_workload(&plain.spec).into();
+    let objects = renderer.render_state(state, &plain, ctx).unwrap().objects;
+    for name in names {
+        let plugin = renderer.host().load(&name, None).unwrap();
+        let input = kiln_plugin_host::CallInput {
+            spec: &plain.spec_text,
+            settings: Some(&settings),
+            policy: &plain.meta,
+        };
+        let host = renderer.host();
+        black_box(host.call_with(&plugin, &objects, &input, &sctx).unwrap());
+        let mut times: Vec<Duration> = (0..calls)
+            .map(|_| {
+                let started = Instant::now();
+                black_box(host.call_with(&plugin, &objects, &input, &sctx).unwrap());
+                started.elapsed()
+            })
+            .collect();
+        let (call_median, call_p99) = median_p99(&mut times);
+        // The plugin after the standard one in every enabled state's chain.
+        let chains: serde_json::Map<String, Value> = states
+            .iter()
+            .map(|s| {
+                let entry = serde_json::json!({"name": name, "settings": settings_value});
+                (s.name().to_string(), serde_json::json!({"then": [entry]}))
+            })
+            .collect();
+        let mut with = doc.clone();
+        with["metadata"]["annotations"][kiln_render::site::PLUGINS_ANNOTATION] =
+            Value::String(Value::Object(chains).to_string());
+        let (median, p99, cpu) = render(&Policy::from_object(&with).unwrap());
+        eprintln!(
+            "{name}: call on state {state} ({} objects): median {:.2} ms, p99 {:.2} ms ({calls} calls); \
+             render with it in every chain: median {:.2} ms, p99 {:.2} ms wall; median {:.2} ms CPU",
+            objects.len(),
+            ms(call_median),
+            ms(call_p99),
+            ms(median),
+            ms(p99),
+            ms(cpu)
+        );
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let policy = sample_policy();
     let ctx = defaults::render_context();
+    if let Some(list) = std::env::var_os("KILN_BENCH_PLUGINS") {
+        print_site_plugin_figures(&list, &ctx);
+        return;
+    }
     print_cpu_figures(&policy, &ctx);
     if std::env::var_os("KILN_BENCH_CPU_ONLY").is_some() {
         return;

@@ -31,6 +31,19 @@ use serde::Deserialize;
 /// The annotation holding the site plugin configuration.
 pub const PLUGINS_ANNOTATION: &str = "kiln.dev/plugins";
 
+/// A state by name (`device-plugin`, or `state-device-plugin` as upstream's asset folders
+/// name it), as an annotation key or `kiln plugin run --state` gives it.
+///
+/// # Errors
+/// `unknown state "NAME" (valid: pre-requisites, …)`, listing every state of
+/// [`State::ALL`] in order.
+pub fn parse_state(name: &str) -> Result<State, String> {
+    name.parse().map_err(|e| {
+        let valid: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
+        format!("{e} (valid: {})", valid.join(", "))
+    })
+}
+
 /// Plugins of one state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,13 +89,8 @@ impl PluginConfig {
             .map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
         let mut map = BTreeMap::new();
         for (key, plugins) in raw {
-            let state: State = key.parse().map_err(|e| {
-                let valid: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
-                format!(
-                    "annotation {PLUGINS_ANNOTATION}: {e} (valid: {})",
-                    valid.join(", ")
-                )
-            })?;
+            let state =
+                parse_state(&key).map_err(|e| format!("annotation {PLUGINS_ANNOTATION}: {e}"))?;
             let pins = plugins
                 .pin
                 .iter()

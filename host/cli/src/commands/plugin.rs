@@ -37,7 +37,9 @@ pub struct HostPolicyArgs {
 pub enum PluginCommand {
     /// Report a plugin's name, sha256, exports and imports, and whether the host accepts it
     /// under its file name. Exits 1 when it would be refused (also when its `name()` differs
-    /// from the file name, which the host refuses).
+    /// from the file name, which the host refuses). An accepted plugin is compiled into the
+    /// cache directory (`$KILN_PLUGIN_CACHE_DIR`, else `~/.cache/kiln/plugins`), as `kiln
+    /// render` compiles it, so neither compiles it again.
     Check {
         /// The component (`.wasm`).
         file: PathBuf,
@@ -71,8 +73,8 @@ pub enum PluginCommand {
         /// The component (`.wasm`).
         plugin: PathBuf,
         /// The state, e.g. `device-plugin`.
-        #[arg(long)]
-        state: String,
+        #[arg(long, value_parser = kiln_render::site::parse_state)]
+        state: kiln_core::State,
         /// The ClusterPolicy (YAML).
         #[arg(long)]
         policy: PathBuf,
@@ -146,7 +148,7 @@ impl PluginCommand {
                 state,
                 policy,
                 settings,
-            } => super::plugin_author::run(&plugin, &state, &policy, settings.as_deref()),
+            } => super::plugin_author::run(&plugin, state, &policy, settings.as_deref()),
             PluginCommand::Precompile {
                 cache_dir,
                 plugins_dir,
@@ -247,11 +249,45 @@ fn check(file: &PathBuf) -> anyhow::Result<ExitCode> {
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or_default();
-    let report =
-        kiln_plugin_host::inspect_as(&bytes, stem).with_context(|| file.display().to_string())?;
+    // Compiled through the default cache directory, as `kiln render` and `kiln plugin
+    // test/run` compile a plugin: what is checked here is compiled once.
+    let host = kiln_plugin_host::PluginHost::new(
+        kiln_plugin_host::HostConfig {
+            drop_in_dir: None,
+            ..kiln_plugin_host::HostConfig::default()
+        },
+        &[],
+    )?;
+    let started = std::time::Instant::now();
+    let report = host
+        .inspect_as(&bytes, stem)
+        .with_context(|| file.display().to_string())?;
+    let took = started.elapsed().as_secs_f64();
     super::outln!("file:    {}", file.display());
     super::outln!("name:    {}", report.name.as_deref().unwrap_or("(unknown)"));
     super::outln!("sha256:  {}", report.sha256);
+    let cache = host
+        .config()
+        .cache_dir
+        .as_ref()
+        .filter(|_| host.has_disk_cache());
+    let compiled = match (report.cache_hit, cache) {
+        (None, _) => "not compiled (refused before compiling)".to_string(),
+        (Some(kiln_plugin_host::CacheHit::Compiled), _) if !report.accepted() => {
+            format!("compiled in {took:.1} s, not cached (refused)")
+        }
+        (Some(kiln_plugin_host::CacheHit::Compiled), Some(dir)) => {
+            format!("compiled in {took:.1} s, cached in {}", dir.display())
+        }
+        (Some(kiln_plugin_host::CacheHit::Compiled), None) => {
+            format!("compiled in {took:.1} s (no cache directory)")
+        }
+        (Some(_), dir) => format!(
+            "from the cache in {}",
+            dir.map_or_else(|| "memory".into(), |d| d.display().to_string())
+        ),
+    };
+    super::outln!("compile: {compiled}");
     super::outln!(
         "wit:     {}{}",
         report

@@ -277,11 +277,10 @@ fn run_case_file(host: &PluginHost, plugin: &LoadedPlugin, file: &Path) -> anyho
 /// plugin does to each (a JSON Patch, `omit` or `unchanged`) and its log.
 pub(super) fn run(
     file: &Path,
-    state: &str,
+    state: kiln_core::State,
     policy: &Path,
     settings: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
-    let state: kiln_core::State = state.parse().map_err(|e| anyhow::anyhow!("--state: {e}"))?;
     let text = std::fs::read_to_string(policy)
         .with_context(|| format!("{}: cannot read", policy.display()))?;
     let doc: Value = kiln_input::yaml::from_str(&text)

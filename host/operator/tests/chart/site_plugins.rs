@@ -135,29 +135,67 @@ fn plugin_values_write_the_policy_annotation_and_the_registry_settings() {
     assert!(env(c, "KILN_INSECURE_REGISTRIES").is_none() && env(c, "KILN_REGISTRY_AUTH").is_none());
 }
 
-/// The schema names the states a chain may be given for: exactly kiln's states, and an unknown
-/// key (a state's typo, or a field kiln does not know) is refused by `helm template` itself.
+/// The schema names the states a chain may be given for: exactly kiln's states, each a property
+/// of `clusterPolicy.plugins` (one shared definition), so that an unknown key (a state's typo,
+/// or a field kiln does not know) is refused by `helm template` itself, with its path.
+/// (With the states as `propertyNames`, helm 3.22's validator reported a typo at an unrelated
+/// path, `/nodeStatusExporter/enabled`.)
 #[test]
 fn the_schema_takes_exactly_the_states_and_known_fields() {
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(repo().join("deploy/helm/kiln/values.schema.json")).unwrap(),
     )
     .unwrap();
-    let states =
-        &schema["properties"]["clusterPolicy"]["properties"]["plugins"]["propertyNames"]["enum"];
-    let names: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
-    assert_eq!(states, &json!(names));
-    for bad in [
-        "clusterPolicy.plugins.deviceplugin.then[0].name=x",
-        "clusterPolicy.plugins.dcgm.then[0].config=x",
-        "clusterPolicy.plugins.dcgm.pin=abc",
-        "operator.pluginRegistry.insecure[0]=http://x",
+    let plugins = &schema["properties"]["clusterPolicy"]["properties"]["plugins"];
+    assert_eq!(plugins["additionalProperties"], json!(false));
+    let mut states: Vec<&str> = plugins["properties"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(state, s)| {
+            assert_eq!(s, &json!({"$ref": "#/definitions/statePlugins"}), "{state}");
+            state.as_str()
+        })
+        .collect();
+    let mut names: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
+    states.sort_unstable();
+    names.sort_unstable();
+    assert_eq!(states, names);
+    for (bad, want) in [
+        (
+            "clusterPolicy.plugins.deviceplugin.then[0].name=x",
+            "at '/clusterPolicy/plugins': additional properties 'deviceplugin' not allowed",
+        ),
+        (
+            "clusterPolicy.plugins.dcgm.then[0].config=x",
+            "at '/clusterPolicy/plugins/dcgm/then/0': additional properties 'config' not allowed",
+        ),
+        (
+            "clusterPolicy.plugins.dcgm.pin=abc",
+            "at '/clusterPolicy/plugins/dcgm/pin': 'abc' does not match pattern",
+        ),
+        (
+            "operator.pluginRegistry.insecure[0]=http://x",
+            "at '/operator/pluginRegistry/insecure/0'",
+        ),
         // A registry plugin by tag: pins are digests.
-        "clusterPolicy.plugins.dcgm.then[0].name=oci://r.example/a/x:v1",
+        (
+            "clusterPolicy.plugins.dcgm.then[0].name=oci://r.example/a/x:v1",
+            "at '/clusterPolicy/plugins/dcgm/then/0/name': 'oci://r.example/a/x:v1' does not match pattern",
+        ),
     ] {
         let Some(out) = helm(&["--set", bad]) else {
             return;
         };
-        assert!(out.is_err(), "{bad} was accepted");
+        let err = out.err().unwrap_or_else(|| panic!("{bad} was accepted"));
+        assert!(err.contains(want), "{bad}: {err}");
+        // Every location helm names is under the value set.
+        let under = format!(
+            "at '/{}",
+            bad.split('.').take(2).collect::<Vec<_>>().join("/")
+        );
+        for line in err.lines().filter(|l| l.contains("at '")) {
+            assert!(line.contains(&under), "{bad}: {line:?} in {err}");
+        }
     }
 }

@@ -152,6 +152,41 @@ fn a_second_host_loads_from_the_disk_cache() {
     assert_good_works(&second);
 }
 
+/// `PluginHost::inspect_as` (`kiln plugin check`) compiles through the host's caches: an
+/// accepted component is then loaded from the disk cache by another host, and checked again
+/// it is not compiled again; a component refused after compiling leaves nothing cached.
+#[test]
+fn inspecting_fills_the_disk_cache_only_for_an_accepted_component() {
+    let dirs = Dirs::new();
+    let config = HostConfig {
+        cache_dir: Some(dirs.cache.clone()),
+        ..dirs.config()
+    };
+    let artifacts = || std::fs::read_dir(&dirs.cache).map_or(0, |d| d.count());
+    let checker = PluginHost::new(config.clone(), &[]).unwrap();
+    // Named otherwise than the file it would be installed as: refused, nothing cached.
+    let report = checker.inspect_as(good_wasm(), "other").unwrap();
+    assert!(report.refusal.is_some());
+    assert_eq!(report.cache_hit, Some(CacheHit::Compiled));
+    assert_eq!(artifacts(), 0);
+    let report = checker.inspect_as(good_wasm(), "good").unwrap();
+    assert!(report.accepted(), "{:?}", report.refusal);
+    assert_eq!(report.cache_hit, Some(CacheHit::Compiled));
+    // The artifact and its digest record.
+    assert_eq!(artifacts(), 2);
+    let again = PluginHost::new(config.clone(), &[]).unwrap();
+    let report = again.inspect_as(good_wasm(), "good").unwrap();
+    assert_eq!(report.cache_hit, Some(CacheHit::Disk));
+    let host = host_with_good(&dirs, config);
+    assert_eq!(host.load("good", None).unwrap().cache_hit(), CacheHit::Disk);
+    assert_good_works(&host);
+    // Refused before compiling: no compile at all.
+    let report = checker
+        .inspect_as(&standalone("forbidden_many"), "many")
+        .unwrap();
+    assert!(report.refusal.is_some() && report.cache_hit.is_none());
+}
+
 #[test]
 fn released_plugins_reload_from_the_disk_cache() {
     let dirs = Dirs::new();
