@@ -28,6 +28,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 say "running the tests"
 cargo test --workspace --locked "$@"
 
+# The plugin SDK is published on its own: its package must build from crates.io alone (the
+# verify step compiles the packaged crate; its dependencies are already built).
+say "packaging the plugin SDK (cargo package -p kiln-plugin-sdk)"
+cargo package -p kiln-plugin-sdk --locked --allow-dirty --quiet
+
 # Benchmarks do not run in CI (they measure), but they must keep compiling.
 say "compiling the benchmarks (dev profile, not run)"
 cargo build --workspace --locked --bench '*'

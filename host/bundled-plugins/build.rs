@@ -23,7 +23,7 @@ const TARGET: &str = "wasm32-wasip2";
 /// it, alternating runs on one machine. Fields are separated by 0x1f, as cargo's encoding asks.
 ///
 /// `--cfg kiln_standard_bundle` turns off each plugin crate's own exports, so that the bundle's
-/// are the only ones (`kiln_plugin_sdk::export_standard_bundle!`).
+/// are the only ones (`kiln_plugin_std::export_standard_bundle!`).
 const GUEST_RUSTFLAGS: &str = "-Ctarget-feature=+simd128\x1f--cfg\x1fkiln_standard_bundle";
 /// The crate directory (under `plugins/`) of the standard bundle; not a plugin itself.
 const BUNDLE_DIR: &str = "bundle";
@@ -119,7 +119,8 @@ fn main() {
     std::fs::write(&out, code).expect("write bundled.rs");
 }
 
-/// Names of the plugin directories (all but `sdk` and the bundle, with a Cargo.toml), sorted.
+/// Names of the plugin directories (all but the SDK, `std` and the bundle, with a Cargo.toml),
+/// sorted.
 fn plugin_dirs(plugins: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(plugins) else {
         return Vec::new();
@@ -128,7 +129,7 @@ fn plugin_dirs(plugins: &Path) -> Vec<String> {
         .filter_map(Result::ok)
         .filter(|e| e.path().join("Cargo.toml").is_file())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n != "sdk" && n != BUNDLE_DIR)
+        .filter(|n| n != "sdk" && n != "std" && n != BUNDLE_DIR)
         .collect();
     names.sort();
     names

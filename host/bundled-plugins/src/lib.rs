@@ -1,8 +1,8 @@
 //! The standard kiln plugins, compiled to one WebAssembly component and embedded in the binary.
 //!
 //! The build script builds `plugins/bundle` (the standard bundle: every plugin crate under
-//! `plugins/` but `sdk` and `bundle`, behind one `name`/`transform`, see
-//! `kiln_plugin_sdk::export_standard_bundle!`) with `cargo build --profile plugin --target
+//! `plugins/` but `sdk`, `std` and `bundle`, behind one `name`/`transform`, see
+//! `kiln_plugin_std::export_standard_bundle!`) with `cargo build --profile plugin --target
 //! wasm32-wasip2 --cfg kiln_standard_bundle` (opt-level 3, LTO) into `target/plugins`, and lists
 //! it here once under each plugin's name, which is its directory name (`plugins/dcgm` → plugin
 //! `dcgm`). The host compiles the bundle once (every name has the same digest) and tells it the

@@ -80,7 +80,7 @@ fn a_host_with_build_time_digests_loads_from_the_disk_cache_under_the_same_diges
 }
 
 /// The host does not parse a standard plugin's patched DaemonSet again as a typed DaemonSet
-/// (`wit/README.md`, output policy) because the SDK's `export_operand!` path answers only
+/// (`wit/README.md`, output policy) because `kiln_plugin_std::export_operand!` answers only
 /// serializations of the typed DaemonSet it edited. Every bundled plugin must export through
 /// it, not through `export_plugin!` (free-form `Value` edits, for site plugins); the one bundled
 /// plugin configured by settings (`node-placement`) edits the typed `PodSpec` and writes it back
@@ -93,7 +93,7 @@ fn every_bundled_plugin_exports_the_typed_operand_path() {
         let text =
             std::fs::read_to_string(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
         assert!(
-            (text.contains("kiln_plugin_sdk::export_operand!(")
+            (text.contains("kiln_plugin_std::export_operand!(")
                 || text.contains("kiln_plugin_sdk::export_plugin_with_settings!("))
                 && !text.contains("export_plugin!"),
             "{}: a bundled plugin exports through export_operand! (or, configured by settings, \

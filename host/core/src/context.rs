@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// What the `name()` export of a **standard bundle** returns: one component carrying the code of
 /// several standard plugins (the one `kiln-bundled-plugins` embeds, built from `plugins/bundle`
-/// with `kiln_plugin_sdk::export_standard_bundle!`). The plugin host accepts such a component
+/// with `kiln_plugin_std::export_standard_bundle!`). The plugin host accepts such a component
 /// under any name it is loaded by and calls it with the context's `state` set to that name, which
 /// the component dispatches on (a plugin it does not carry is a `failed` error naming it). The
 /// standard plugins share most of their code (the SDK, the spec and DaemonSet parsers), and one

@@ -1,5 +1,5 @@
 //! Transform test cases as data: one YAML file per case under `plugins/<name>/cases/`, run both
-//! natively (each plugin crate's tests, via `kiln_plugin_sdk::testing`) and through the compiled
+//! natively (each plugin crate's tests, via `kiln_plugin_std::testing`) and through the compiled
 //! Wasm plugins (the host's integration tests), so every case proves the component, not only the
 //! Rust.
 //!

@@ -207,7 +207,7 @@ impl PluginHost {
     /// A host with limits `config` and the given bundled plugins (name, wasm bytes), e.g.
     /// `kiln_bundled_plugins::BUNDLED`. Bundled plugins are standard: trusted to leave RBAC
     /// and pod privileges as they must, and expected to answer through the SDK's typed operand
-    /// path (`kiln_plugin_sdk::export_operand!`, or `export_standard_bundle!`, which runs the
+    /// path (`kiln_plugin_std::export_operand!`, or `export_standard_bundle!`, which runs the
     /// same path for each plugin it carries), whose DaemonSets the host does not parse again
     /// (`wit/README.md`, output policy). Names whose bytes are the same component (the standard
     /// bundle) share one compiled copy.

@@ -52,6 +52,7 @@ mod patch;
 mod sandbox;
 pub mod text;
 mod trap;
+pub mod wit_package;
 
 pub use cache::{CacheHit, sha256_hex};
 pub use capture::{LogLine, LogSource, PluginLog};

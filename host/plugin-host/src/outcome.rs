@@ -330,7 +330,7 @@ enum Refusal {
 /// Only a site plugin's DaemonSet is parsed as a typed `apps/v1` DaemonSet: a standard plugin
 /// answers through the SDK's `export_operand!` path (in kiln's build, the standard bundle's
 /// `export_standard_bundle!`, which runs it per plugin), which serializes every DaemonSet section
-/// from the typed object it edited (`kiln_plugin_sdk::run_operand`), so its result parses by
+/// from the typed object it edited (`kiln_plugin_std::run_operand`), so its result parses by
 /// construction and is not parsed again (what that parse cost: `docs/benchmarks.md`,
 /// `cargo bench -p kiln-render`).
 struct SiteGuard {

@@ -29,7 +29,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use kiln_core::State;
 use kiln_core::context::TransformContext;
 use kiln_plugin_host::{HostConfig, PluginHost};
-use kiln_plugin_sdk::{Outcome, run_operand};
+use kiln_plugin_std::{Outcome, run_operand};
 use kiln_render::{Policy, Renderer, assets, defaults, placeholders};
 use serde_json::Value;
 

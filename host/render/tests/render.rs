@@ -47,13 +47,16 @@ fn upstream_sample() -> PathBuf {
 /// `then:` chain.
 const BUNDLED_SITE_PLUGINS: &[&str] = &["node-placement"];
 
-/// The standard plugins' crates (`plugins/*` less the SDK, the bundle and
+/// The standard plugins' crates (`plugins/*` less the SDK, their helpers `std`, the bundle and
 /// [`BUNDLED_SITE_PLUGINS`]).
 fn plugin_dirs() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(repo().join("plugins"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "sdk" && n != "bundle" && !BUNDLED_SITE_PLUGINS.contains(&n.as_str()))
+        .filter(|n| {
+            !["sdk", "std", "bundle"].contains(&n.as_str())
+                && !BUNDLED_SITE_PLUGINS.contains(&n.as_str())
+        })
         .collect();
     v.sort();
     v

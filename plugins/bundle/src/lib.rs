@@ -1,5 +1,5 @@
 //! The standard plugins as one component, a **standard bundle**
-//! (`kiln_plugin_sdk::STANDARD_BUNDLE_NAME`): the plugin host loads it under each standard
+//! (`kiln_plugin_std::STANDARD_BUNDLE_NAME`): the plugin host loads it under each standard
 //! plugin's name and calls it with the context's `state` set to that name, which selects the
 //! plugin's transform.
 //!
@@ -11,13 +11,13 @@
 //! that code hot while every call still runs in a fresh sandbox.
 //!
 //! `kiln-bundled-plugins` builds this crate with `--cfg kiln_standard_bundle`, which turns off
-//! each plugin crate's own exports (`kiln_plugin_sdk::export_operand!`); built without it (or
+//! each plugin crate's own exports (`kiln_plugin_std::export_operand!`); built without it (or
 //! natively) the plugin crates are ordinary standalone plugins.
 //!
-//! After the `;` come the bundled plugins configured by settings (`kiln_plugin_sdk::Plugin`),
+//! After the `;` come the bundled plugins configured by settings (`kiln_plugin_std::Plugin`),
 //! which a policy names in a state's `then:` chain (`node-placement`).
 
-kiln_plugin_sdk::export_standard_bundle!(
+kiln_plugin_std::export_standard_bundle!(
     kiln_plugin_cc_manager::CcManager,
     kiln_plugin_container_toolkit::ContainerToolkit,
     kiln_plugin_dcgm::Dcgm,

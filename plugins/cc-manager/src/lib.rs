@@ -1,9 +1,9 @@
 //! Standard plugin of the `cc-manager` state: the confidential-computing manager DaemonSet
 //! (upstream `TransformCCManager`, gpu-operator.md §3.11).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::apply_simple_component;
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::apply_simple_component;
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// Env carrying the default CC mode.
 pub const DEFAULT_CC_MODE_ENV: &str = "DEFAULT_CC_MODE";
@@ -49,7 +49,7 @@ impl Operand for CcManager {
     }
 }
 
-kiln_plugin_sdk::export_operand!(CcManager);
+kiln_plugin_std::export_operand!(CcManager);
 
 #[cfg(test)]
 mod tests {
@@ -57,6 +57,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<CcManager>(env!("CARGO_MANIFEST_DIR"), 3);
+        kiln_plugin_std::testing::assert_cases::<CcManager>(env!("CARGO_MANIFEST_DIR"), 3);
     }
 }

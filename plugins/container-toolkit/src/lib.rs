@@ -1,14 +1,14 @@
 //! Standard plugin of the `container-toolkit` state: the NVIDIA container toolkit DaemonSet
 //! (upstream `TransformToolkit`, gpu-operator.md §3.2).
 
-use kiln_plugin_sdk::env::{apply_env, set_env};
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::kiln_core::context::ContainerRuntime;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::env::{apply_env, set_env};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::kiln_core::context::ContainerRuntime;
+use kiln_plugin_std::pod::{
     add_pull_secrets, apply_host_network, ds_name, pod_spec, set_host_path, set_main_image,
     set_resources_all, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, image};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, image};
 
 pub mod runtime;
 
@@ -86,7 +86,7 @@ impl Operand for ContainerToolkit {
     }
 }
 
-kiln_plugin_sdk::export_operand!(ContainerToolkit);
+kiln_plugin_std::export_operand!(ContainerToolkit);
 
 #[cfg(test)]
 mod tests {
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<ContainerToolkit>(env!("CARGO_MANIFEST_DIR"), 41);
+        kiln_plugin_std::testing::assert_cases::<ContainerToolkit>(env!("CARGO_MANIFEST_DIR"), 41);
     }
 
     #[test]
@@ -107,7 +107,7 @@ mod tests {
                                   "spec": {"containers": [{"name": MAIN}]}}}});
         let spec = json!({"toolkit": {"image": "tk:1",
             "env": [{"name": "CONTAINERD_CONFIG", "value": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"}]}});
-        let out = kiln_plugin_sdk::apply_native::<ContainerToolkit>(
+        let out = kiln_plugin_std::apply_native::<ContainerToolkit>(
             &[ds],
             &spec,
             &TransformContext::default(),

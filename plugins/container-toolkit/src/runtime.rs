@@ -1,10 +1,10 @@
 //! The toolkit's runtime wiring (upstream `transformForRuntime`, gpu-operator.md §3.2 step 6).
 
-use kiln_plugin_sdk::ClusterPolicySpec;
-use kiln_plugin_sdk::env::{get_env, set_env};
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{Container, PodSpec};
-use kiln_plugin_sdk::kiln_core::context::ContainerRuntime;
-use kiln_plugin_sdk::pod::{add_mounts, add_volume, host_path_volume, mount};
+use kiln_plugin_std::ClusterPolicySpec;
+use kiln_plugin_std::env::{get_env, set_env};
+use kiln_plugin_std::k8s_openapi::api::core::v1::{Container, PodSpec};
+use kiln_plugin_std::kiln_core::context::ContainerRuntime;
+use kiln_plugin_std::pod::{add_mounts, add_volume, host_path_volume, mount};
 
 /// Where the top-level runtime config directory is mounted in the container.
 pub const CONFIG_DIR: &str = "/runtime/config-dir/";

@@ -6,11 +6,11 @@
 //! `DCGM_IMAGE`) and `dcgm.hostNetwork`; no runtime class (DRA hands the GPUs over through
 //! CDI); the SDK has already applied `daemonsets.*`.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
 
 /// The `dcgm-dra` operand.
 pub struct DcgmDra;
@@ -35,7 +35,7 @@ impl Operand for DcgmDra {
     }
 }
 
-kiln_plugin_sdk::export_operand!(DcgmDra);
+kiln_plugin_std::export_operand!(DcgmDra);
 
 #[cfg(test)]
 mod tests {
@@ -43,6 +43,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DcgmDra>(env!("CARGO_MANIFEST_DIR"), 2);
+        kiln_plugin_std::testing::assert_cases::<DcgmDra>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 }

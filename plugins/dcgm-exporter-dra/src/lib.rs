@@ -11,14 +11,14 @@
 //! ConfigMap), `hpcJobMapping` and `serviceMonitor` are not rendered for a GPUCluster (NVIDIA's
 //! goldens of this state show none of them).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::Container;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::Container;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     template_annotations,
 };
-use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::{Value, json};
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -108,7 +108,7 @@ impl Operand for DcgmExporterDra {
     }
 }
 
-kiln_plugin_sdk::export_operand!(DcgmExporterDra);
+kiln_plugin_std::export_operand!(DcgmExporterDra);
 
 #[cfg(test)]
 mod tests {
@@ -116,6 +116,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DcgmExporterDra>(env!("CARGO_MANIFEST_DIR"), 2);
+        kiln_plugin_std::testing::assert_cases::<DcgmExporterDra>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 }

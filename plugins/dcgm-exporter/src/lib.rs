@@ -4,20 +4,20 @@
 
 mod objects;
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
     PodSpec, VolumeMount,
 };
-use kiln_plugin_sdk::kiln_core::spec::{DcgmExporterSpec, EnvVarSpec};
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::kiln_core::spec::{DcgmExporterSpec, EnvVarSpec};
+use kiln_plugin_std::pod::{
     add_mounts, add_pull_secrets, add_volume, apply_host_network, ds_name, first_container,
     fit_command_to_image, host_path_volume, pod_spec, set_host_path, set_main_image,
     set_nri_annotation, set_resources_all, set_runtime_class, template_annotations,
     transform_validation_init_containers,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -339,8 +339,8 @@ fn read_only_mount(name: &str, path: &str, sub_path: Option<&str>) -> VolumeMoun
     }
 }
 
-fn metrics_config_volume(cm: &str) -> kiln_plugin_sdk::k8s_openapi::api::core::v1::Volume {
-    kiln_plugin_sdk::k8s_openapi::api::core::v1::Volume {
+fn metrics_config_volume(cm: &str) -> kiln_plugin_std::k8s_openapi::api::core::v1::Volume {
+    kiln_plugin_std::k8s_openapi::api::core::v1::Volume {
         name: "metrics-config".into(),
         config_map: Some(ConfigMapVolumeSource {
             name: cm.into(),
@@ -355,7 +355,7 @@ fn metrics_config_volume(cm: &str) -> kiln_plugin_sdk::k8s_openapi::api::core::v
     }
 }
 
-kiln_plugin_sdk::export_operand!(DcgmExporter);
+kiln_plugin_std::export_operand!(DcgmExporter);
 
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,10 @@
 //! Non-DaemonSet objects of the `dcgm-exporter` state (upstream §2.4 control functions).
 
-use kiln_plugin_sdk::monitoring::{
+use kiln_plugin_std::monitoring::{
     apply_service_monitor_spec, ensure_object, kind, name, service_monitor_gate,
 };
-use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{ClusterPolicySpec, Decision, TransformContext, TransformError};
+use kiln_plugin_std::serde_json::{Value, json};
+use kiln_plugin_std::{ClusterPolicySpec, Decision, TransformContext, TransformError};
 
 use crate::needs_api_access;
 

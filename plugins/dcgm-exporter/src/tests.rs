@@ -1,11 +1,11 @@
 use super::*;
-use kiln_plugin_sdk::apply_native;
-use kiln_plugin_sdk::kiln_core::spec::EnvVarSpec;
+use kiln_plugin_std::apply_native;
+use kiln_plugin_std::kiln_core::spec::EnvVarSpec;
 use serde_json::{Value, json};
 
 #[test]
 fn cases() {
-    kiln_plugin_sdk::testing::assert_cases::<DcgmExporter>(env!("CARGO_MANIFEST_DIR"), 30);
+    kiln_plugin_std::testing::assert_cases::<DcgmExporter>(env!("CARGO_MANIFEST_DIR"), 30);
 }
 
 fn exporter_spec(env: &[(&str, &str)]) -> DcgmExporterSpec {

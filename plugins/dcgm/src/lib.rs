@@ -1,12 +1,12 @@
 //! Standard plugin of the `dcgm` state: the standalone DCGM host engine DaemonSet
 //! (upstream `TransformDCGM`, gpu-operator.md §3.7).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
 
 /// The `dcgm` operand.
 pub struct Dcgm;
@@ -36,7 +36,7 @@ impl Operand for Dcgm {
     }
 }
 
-kiln_plugin_sdk::export_operand!(Dcgm);
+kiln_plugin_std::export_operand!(Dcgm);
 
 #[cfg(test)]
 mod tests {
@@ -45,7 +45,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<Dcgm>(env!("CARGO_MANIFEST_DIR"), 2);
+        kiln_plugin_std::testing::assert_cases::<Dcgm>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 
     #[test]
@@ -56,7 +56,7 @@ mod tests {
                      "template": {"metadata": {"labels": {"app": "nvidia-dcgm"}},
                                   "spec": {"containers": [{"name": "nvidia-dcgm-ctr"}]}}}});
         let spec = json!({"dcgm": {"repository": "r", "image": "dcgm", "version": "4", "env": [{"name": "A", "value": "b"}]}});
-        let out = kiln_plugin_sdk::apply_native::<Dcgm>(&[ds], &spec, &TransformContext::default())
+        let out = kiln_plugin_std::apply_native::<Dcgm>(&[ds], &spec, &TransformContext::default())
             .unwrap();
         let pod = &out[0].as_ref().unwrap()["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["image"], "r/dcgm:4");

@@ -1,17 +1,17 @@
 //! Standard plugin of the `device-plugin` state: the kubelet device plugin DaemonSet
 //! `nvidia-device-plugin-daemonset` (upstream `TransformDevicePlugin`, gpu-operator.md §3.3).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector,
 };
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
     fit_command_args_to_image, handle_device_plugin_config, pod_spec, require_container,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env,
 };
 
@@ -79,7 +79,7 @@ impl Operand for DevicePlugin {
         apply_cdi_env(main, spec);
         if let Some(root) = spec.device_plugin.custom_mps_root() {
             env::set_env(require_container(pod, &name, MAIN)?, "MPS_ROOT", root);
-            kiln_plugin_sdk::pod::rewrite_mps_volumes(pod, root);
+            kiln_plugin_std::pod::rewrite_mps_volumes(pod, root);
         }
         let main = require_container(pod, &name, MAIN)?;
         env::apply_env(main, &dp.env);
@@ -87,7 +87,7 @@ impl Operand for DevicePlugin {
         if main
             .image
             .as_deref()
-            .is_some_and(kiln_plugin_sdk::image::is_kiln_image)
+            .is_some_and(kiln_plugin_std::image::is_kiln_image)
         {
             // kiln's plugin takes the driver root from the validator's driver-ready file,
             // which names it as operand pods see it (/run/nvidia/driver), not /driver-root.
@@ -110,7 +110,7 @@ impl Operand for DevicePlugin {
         ctx: &TransformContext,
     ) -> Result<Decision, TransformError> {
         let kiln = device_plugin_image(spec, ctx)
-            .map_or(true, |img| kiln_plugin_sdk::image::is_kiln_image(&img));
+            .map_or(true, |img| kiln_plugin_std::image::is_kiln_image(&img));
         if !kiln {
             drop_kiln_only_rules(obj);
         }
@@ -172,12 +172,12 @@ fn apply_cdi_env(main: &mut Container, spec: &ClusterPolicySpec) {
         env::set_env(
             main,
             "NVIDIA_CDI_HOOK_PATH",
-            kiln_plugin_sdk::pod::cdi_hook_path(spec.toolkit.install_dir()),
+            kiln_plugin_std::pod::cdi_hook_path(spec.toolkit.install_dir()),
         );
     }
 }
 
-kiln_plugin_sdk::export_operand!(DevicePlugin);
+kiln_plugin_std::export_operand!(DevicePlugin);
 
 #[cfg(test)]
 mod tests {
@@ -185,6 +185,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 17);
+        kiln_plugin_std::testing::assert_cases::<DevicePlugin>(env!("CARGO_MANIFEST_DIR"), 17);
     }
 }

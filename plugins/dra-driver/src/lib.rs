@@ -8,20 +8,20 @@
 //! [`ClusterPolicySpec::dra_driver`]); the SDK has already applied `daemonsets.*` and the
 //! `driverInstallDir` rewrite to the DaemonSet.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::{
     Container, PodSpec, ResourceRequirements, VolumeMount,
 };
-use kiln_plugin_sdk::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kiln_plugin_sdk::kiln_core::spec::gpucluster::{
+use kiln_plugin_std::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kiln_plugin_std::kiln_core::spec::gpucluster::{
     DEFAULT_KUBELET_ROOT, DraDriverSpec, KubeletPluginSpec, under_kubelet_root,
 };
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::pod::{
     add_mounts, add_pull_secrets, add_volume, container, host_path_volume, init_container, mount,
     pod_spec, remove_container, set_main_image, set_resources, set_side_image,
 };
-use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::{Value, json};
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -412,7 +412,7 @@ fn controller(
         pod["priorityClassName"] = json!(ds.priority_class_name);
     }
     if !ds.tolerations.is_empty() {
-        let extra = kiln_plugin_sdk::serde_json::to_value(&ds.tolerations)
+        let extra = kiln_plugin_std::serde_json::to_value(&ds.tolerations)
             .map_err(|e| TransformError::Failed(format!("{CONTROLLER}: {e}")))?;
         if !pod["tolerations"].is_array() {
             pod["tolerations"] = json!([]);
@@ -449,7 +449,7 @@ fn set_env_value(ctr: &mut Value, name: &str, value: &str) {
     }
 }
 
-kiln_plugin_sdk::export_operand!(DraDriver);
+kiln_plugin_std::export_operand!(DraDriver);
 
 #[cfg(test)]
 mod tests {
@@ -457,7 +457,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DraDriver>(env!("CARGO_MANIFEST_DIR"), 2);
+        kiln_plugin_std::testing::assert_cases::<DraDriver>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! block), pulled `IfNotPresent`, with `draDriver.imagePullSecrets`; the SDK has already applied
 //! `daemonsets.*`.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{add_pull_secrets, pod_spec, set_main_image};
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{add_pull_secrets, pod_spec, set_main_image};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `dra-validation` operand.
 pub struct DraValidation;
@@ -42,7 +42,7 @@ impl Operand for DraValidation {
     }
 }
 
-kiln_plugin_sdk::export_operand!(DraValidation);
+kiln_plugin_std::export_operand!(DraValidation);
 
 #[cfg(test)]
 mod tests {
@@ -50,6 +50,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<DraValidation>(env!("CARGO_MANIFEST_DIR"), 2);
+        kiln_plugin_std::testing::assert_cases::<DraValidation>(env!("CARGO_MANIFEST_DIR"), 2);
     }
 }

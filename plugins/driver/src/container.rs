@@ -1,14 +1,14 @@
 //! The `nvidia-driver-ctr` container (upstream `transformDriverContainer`, gpu-operator.md §3.1
 //! step 2).
 
-use kiln_plugin_sdk::env::{apply_env, set_env};
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{PodSpec, Probe, VolumeMount};
-use kiln_plugin_sdk::kiln_core::spec::{ClusterPolicySpec, KernelModuleType, ProbeSpec};
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::env::{apply_env, set_env};
+use kiln_plugin_std::k8s_openapi::api::core::v1::{PodSpec, Probe, VolumeMount};
+use kiln_plugin_std::kiln_core::spec::{ClusterPolicySpec, KernelModuleType, ProbeSpec};
+use kiln_plugin_std::pod::{
     add_pull_secrets, add_volume, host_path_volume, set_host_path, set_main_image,
     set_resources_all,
 };
-use kiln_plugin_sdk::{TransformContext, TransformError};
+use kiln_plugin_std::{TransformContext, TransformError};
 
 use crate::image::precompiled;
 use crate::volumes::{self, Mounts};
@@ -44,7 +44,7 @@ fn kernel_module_type(t: KernelModuleType) -> &'static str {
 
 /// Append `mounts` to `ctr` (nothing, not even an empty list, when there are none).
 pub fn push_mounts(
-    ctr: &mut kiln_plugin_sdk::k8s_openapi::api::core::v1::Container,
+    ctr: &mut kiln_plugin_std::k8s_openapi::api::core::v1::Container,
     mounts: Vec<VolumeMount>,
 ) {
     if !mounts.is_empty() {

@@ -1,9 +1,9 @@
 //! Driver image tags (upstream `resolveDriverTag`, gpu-operator.md §3.1 step 2).
 
-use kiln_plugin_sdk::driver_family::{os_tag, with_os_tag};
-use kiln_plugin_sdk::image::{ImageFields, resolve_image};
-use kiln_plugin_sdk::kiln_core::spec::{ClusterPolicySpec, ComponentSpec};
-use kiln_plugin_sdk::{TransformContext, TransformError};
+use kiln_plugin_std::driver_family::{os_tag, with_os_tag};
+use kiln_plugin_std::image::{ImageFields, resolve_image};
+use kiln_plugin_std::kiln_core::spec::{ClusterPolicySpec, ComponentSpec};
+use kiln_plugin_std::{TransformContext, TransformError};
 
 /// Whether `driver.usePrecompiled` is set (nil = false).
 pub fn precompiled(spec: &ClusterPolicySpec) -> bool {

@@ -14,13 +14,13 @@
 //! - The OpenShift cluster proxy env and trusted-CA mount are not applied (not in the context;
 //!   for an NVIDIADriver the host applies them with the Driver Toolkit).
 
-use kiln_plugin_sdk::driver_family::{DRIVER_MANAGER, transform_driver_manager};
-use kiln_plugin_sdk::env::set_env;
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::driver_family::{DRIVER_MANAGER, transform_driver_manager};
+use kiln_plugin_std::env::set_env;
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     apply_host_network, ds_name, init_container, pod_spec, template_labels,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 pub mod container;
 pub mod digest;
@@ -105,7 +105,7 @@ impl Operand for Driver {
     }
 }
 
-kiln_plugin_sdk::export_operand!(Driver);
+kiln_plugin_std::export_operand!(Driver);
 
 #[cfg(test)]
 mod tests;

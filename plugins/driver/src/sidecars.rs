@@ -1,11 +1,11 @@
 //! The driver's sidecars (gpu-operator.md §3.1 steps 3–6): nvidia-peermem, nvidia-fs (GDS),
 //! nvidia-gdrcopy and the OpenShift Driver Toolkit container.
 
-use kiln_plugin_sdk::env::{apply_env, set_env};
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::PodSpec;
-use kiln_plugin_sdk::kiln_core::spec::{ClusterPolicySpec, ComponentSpec};
-use kiln_plugin_sdk::pod::{add_pull_secrets, remove_container, set_resources, set_side_image};
-use kiln_plugin_sdk::{TransformContext, TransformError};
+use kiln_plugin_std::env::{apply_env, set_env};
+use kiln_plugin_std::k8s_openapi::api::core::v1::PodSpec;
+use kiln_plugin_std::kiln_core::spec::{ClusterPolicySpec, ComponentSpec};
+use kiln_plugin_std::pod::{add_pull_secrets, remove_container, set_resources, set_side_image};
+use kiln_plugin_std::{TransformContext, TransformError};
 
 use crate::container::push_mounts;
 use crate::image::{precompiled, sidecar_image};

@@ -1,11 +1,11 @@
 //! Case files and the C20 digest-sensitivity rules (transform-cases.md C20).
 
 use super::*;
-use kiln_plugin_sdk::serde_json::{Value, json};
+use kiln_plugin_std::serde_json::{Value, json};
 
 #[test]
 fn cases() {
-    kiln_plugin_sdk::testing::assert_cases::<Driver>(env!("CARGO_MANIFEST_DIR"), 15);
+    kiln_plugin_std::testing::assert_cases::<Driver>(env!("CARGO_MANIFEST_DIR"), 15);
 }
 
 fn base_ds() -> Value {
@@ -39,7 +39,7 @@ fn ctx() -> TransformContext {
 /// The digests on (k8s-driver-manager, nvidia-driver-ctr) after transforming `ds` with `spec`.
 fn digests(ds: &Value, spec: &Value) -> (String, String) {
     let out =
-        kiln_plugin_sdk::apply_native::<Driver>(std::slice::from_ref(ds), spec, &ctx()).unwrap();
+        kiln_plugin_std::apply_native::<Driver>(std::slice::from_ref(ds), spec, &ctx()).unwrap();
     let pod = &out[0].as_ref().unwrap()["spec"]["template"]["spec"];
     let get = |c: &Value| {
         c["env"]
@@ -72,7 +72,7 @@ fn digest_is_set_identically_on_manager_and_driver() {
     // NVIDIA's format: an unsigned 32-bit integer in decimal.
     assert!(m.parse::<u32>().is_ok(), "{m}");
     // Idempotent: transforming an already-transformed object gives the same digest.
-    let once = kiln_plugin_sdk::apply_native::<Driver>(&[base_ds()], &base_spec(), &ctx()).unwrap();
+    let once = kiln_plugin_std::apply_native::<Driver>(&[base_ds()], &base_spec(), &ctx()).unwrap();
     let again = digests(once[0].as_ref().unwrap(), &base_spec());
     assert_eq!(again.0, m);
 }

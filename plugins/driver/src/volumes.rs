@@ -1,14 +1,14 @@
 //! Config mounts of the driver and its sidecars (gpu-operator.md §3.1 step 2): licensing,
 //! topology, kernel module parameters, package repositories, CA certificates, subscriptions.
 
-use kiln_plugin_sdk::driver_family::{config_map_mounts, config_map_volume};
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{
+use kiln_plugin_std::driver_family::{config_map_mounts, config_map_volume};
+use kiln_plugin_std::k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, EnvFromSource, KeyToPath, SecretEnvSource,
     SecretVolumeSource, Volume, VolumeMount,
 };
-use kiln_plugin_sdk::kiln_core::spec::ClusterPolicySpec;
-use kiln_plugin_sdk::pod::host_path_volume;
-use kiln_plugin_sdk::{TransformContext, TransformError};
+use kiln_plugin_std::kiln_core::spec::ClusterPolicySpec;
+use kiln_plugin_std::pod::host_path_volume;
+use kiln_plugin_std::{TransformContext, TransformError};
 
 /// Mounts for one container and the volumes they need.
 #[derive(Default)]
@@ -191,7 +191,7 @@ pub fn secret_env(
 /// Upstream `SubscriptionPathMap` mounts (`subscription-config-N`, read-only, sorted by mount
 /// path): rhel off OpenShift with a non-CRI-O runtime and no repoConfig; sles and sl-micro.
 pub fn subscriptions(spec: &ClusterPolicySpec, ctx: &TransformContext, out: &mut Mounts) {
-    use kiln_plugin_sdk::kiln_core::context::ContainerRuntime;
+    use kiln_plugin_std::kiln_core::context::ContainerRuntime;
     let paths: &[(&str, &str, &str)] = match os_id(ctx) {
         "rhel"
             if ctx.openshift_version.is_none()

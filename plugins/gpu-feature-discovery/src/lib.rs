@@ -1,13 +1,13 @@
 //! Standard plugin of the `gpu-feature-discovery` state: the GFD DaemonSet
 //! `gpu-feature-discovery` (upstream `TransformGPUDiscoveryPlugin`, gpu-operator.md §3.5).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, apply_mig_env, ds_name, first_container,
     fit_command_to_image, handle_device_plugin_config, pod_spec, set_nri_annotation,
     set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, env, image};
 
 /// Entrypoint of NVIDIA's GFD image, used when `gfd.*` does not resolve to kiln's image.
 pub const UPSTREAM_ENTRYPOINT: &str = "gpu-feature-discovery";
@@ -60,7 +60,7 @@ impl Operand for GpuFeatureDiscovery {
     }
 }
 
-kiln_plugin_sdk::export_operand!(GpuFeatureDiscovery);
+kiln_plugin_std::export_operand!(GpuFeatureDiscovery);
 
 #[cfg(test)]
 mod tests {
@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<GpuFeatureDiscovery>(
+        kiln_plugin_std::testing::assert_cases::<GpuFeatureDiscovery>(
             env!("CARGO_MANIFEST_DIR"),
             9,
         );

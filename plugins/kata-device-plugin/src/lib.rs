@@ -1,8 +1,8 @@
 //! Standard plugin of the `kata-device-plugin` state: the Kata sandbox device plugin (upstream `TransformKataDevicePlugin`, gpu-operator.md §3.11).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::apply_simple_component;
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::apply_simple_component;
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `kata-device-plugin` operand.
 pub struct KataDevicePlugin;
@@ -32,7 +32,7 @@ impl Operand for KataDevicePlugin {
     }
 }
 
-kiln_plugin_sdk::export_operand!(KataDevicePlugin);
+kiln_plugin_std::export_operand!(KataDevicePlugin);
 
 #[cfg(test)]
 mod tests {
@@ -40,6 +40,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<KataDevicePlugin>(env!("CARGO_MANIFEST_DIR"), 3);
+        kiln_plugin_std::testing::assert_cases::<KataDevicePlugin>(env!("CARGO_MANIFEST_DIR"), 3);
     }
 }

@@ -3,9 +3,9 @@
 //! plugin keeps the state renderable with the v26.3 `TransformKataManager` basics, for clusters
 //! that still carry the objects.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::apply_simple_component;
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::apply_simple_component;
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `kata-manager` operand.
 pub struct KataManager;
@@ -33,7 +33,7 @@ impl Operand for KataManager {
     }
 }
 
-kiln_plugin_sdk::export_operand!(KataManager);
+kiln_plugin_std::export_operand!(KataManager);
 
 #[cfg(test)]
 mod tests {
@@ -41,6 +41,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<KataManager>(env!("CARGO_MANIFEST_DIR"), 1);
+        kiln_plugin_std::testing::assert_cases::<KataManager>(env!("CARGO_MANIFEST_DIR"), 1);
     }
 }

@@ -1,15 +1,15 @@
 //! Standard plugin of the `mig-manager` state: the MIG manager DaemonSet `nvidia-mig-manager`
 //! (upstream `TransformMIGManager`, gpu-operator.md §3.8) and its default ConfigMaps (§2.4).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::{ConfigMapVolumeSource, KeyToPath, PodSpec};
-use kiln_plugin_sdk::monitoring::default_config_map_gate;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::{ConfigMapVolumeSource, KeyToPath, PodSpec};
+use kiln_plugin_std::monitoring::default_config_map_gate;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     set_nri_annotation, set_runtime_class, transform_validation_init_containers,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -73,7 +73,7 @@ impl Operand for MigManager {
                 env::set_env(
                     main,
                     "NVIDIA_CDI_HOOK_PATH",
-                    kiln_plugin_sdk::pod::cdi_hook_path(spec.toolkit.install_dir()),
+                    kiln_plugin_std::pod::cdi_hook_path(spec.toolkit.install_dir()),
                 );
             }
         }
@@ -159,7 +159,7 @@ fn config_map_volume(
     Some(vol.config_map.get_or_insert_with(Default::default))
 }
 
-kiln_plugin_sdk::export_operand!(MigManager);
+kiln_plugin_std::export_operand!(MigManager);
 
 #[cfg(test)]
 mod tests {
@@ -167,6 +167,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<MigManager>(env!("CARGO_MANIFEST_DIR"), 7);
+        kiln_plugin_std::testing::assert_cases::<MigManager>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }

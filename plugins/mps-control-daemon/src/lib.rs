@@ -5,16 +5,16 @@
 //! `MPS_CONTROL_DAEMON_IMAGE` (NVIDIA's device plugin image). `devicePlugin.env` and
 //! `devicePlugin.args` are not applied.
 
-use kiln_plugin_sdk::image::{is_kiln_image, pull_policy};
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::k8s_openapi::api::core::v1::PodSpec;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::image::{is_kiln_image, pull_policy};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::k8s_openapi::api::core::v1::PodSpec;
+use kiln_plugin_std::pod::{
     add_pull_secrets, apply_host_network, apply_mig_env, device_plugin_image, ds_name,
     handle_device_plugin_config, init_container, pod_spec, require_container, set_main_image,
     set_nri_annotation, set_resources, set_resources_all, set_runtime_class,
     transform_validation_init_containers,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The main container.
 pub const MAIN: &str = "mps-control-daemon-ctr";
@@ -103,11 +103,11 @@ pub fn daemon_image(
 /// `mps-shm` → `<root>/shm` (no `MPS_ROOT` env here, unlike the device plugin).
 pub fn rewrite_mps_root(pod: &mut PodSpec, spec: &ClusterPolicySpec) {
     if let Some(root) = spec.device_plugin.custom_mps_root() {
-        kiln_plugin_sdk::pod::rewrite_mps_volumes(pod, root);
+        kiln_plugin_std::pod::rewrite_mps_volumes(pod, root);
     }
 }
 
-kiln_plugin_sdk::export_operand!(MpsControlDaemon);
+kiln_plugin_std::export_operand!(MpsControlDaemon);
 
 #[cfg(test)]
 mod tests {
@@ -115,22 +115,22 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<MpsControlDaemon>(env!("CARGO_MANIFEST_DIR"), 8);
+        kiln_plugin_std::testing::assert_cases::<MpsControlDaemon>(env!("CARGO_MANIFEST_DIR"), 8);
     }
 
     #[test]
     fn default_root_leaves_volumes() {
         let mut pod = PodSpec {
-            volumes: Some(vec![kiln_plugin_sdk::pod::host_path_volume(
+            volumes: Some(vec![kiln_plugin_std::pod::host_path_volume(
                 "mps-root",
-                kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT,
+                kiln_plugin_std::kiln_core::spec::DEFAULT_MPS_ROOT,
                 None,
             )]),
             ..Default::default()
         };
         let mut spec = ClusterPolicySpec::default();
         spec.device_plugin.mps.root =
-            Some(kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT.into());
+            Some(kiln_plugin_std::kiln_core::spec::DEFAULT_MPS_ROOT.into());
         rewrite_mps_root(&mut pod, &spec);
         let path = |p: &PodSpec| {
             p.volumes.as_ref().unwrap()[0]
@@ -141,7 +141,7 @@ mod tests {
         };
         assert_eq!(
             path(&pod),
-            kiln_plugin_sdk::kiln_core::spec::DEFAULT_MPS_ROOT
+            kiln_plugin_std::kiln_core::spec::DEFAULT_MPS_ROOT
         );
         spec.device_plugin.mps.root = Some("/var/mps/".into());
         rewrite_mps_root(&mut pod, &spec);

@@ -199,7 +199,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_plugin_cases::<NodePlacement>(
+        kiln_plugin_std::testing::assert_plugin_cases::<NodePlacement>(
             env!("CARGO_MANIFEST_DIR"),
             4,
         );

@@ -3,14 +3,14 @@
 //! `nvidia-validator`, which kiln's image does not have: when the image resolves to kiln's, the
 //! operator's `NODE_STATUS_EXPORTER_IMAGE` (NVIDIA's validator image) runs it instead.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::monitoring::{kind, service_monitor_gate};
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::monitoring::{kind, service_monitor_gate};
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, fit_command_to_image,
     pod_spec, run_as_root,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -76,7 +76,7 @@ impl Operand for NodeStatusExporter {
     }
 }
 
-kiln_plugin_sdk::export_operand!(NodeStatusExporter);
+kiln_plugin_std::export_operand!(NodeStatusExporter);
 
 #[cfg(test)]
 mod tests {
@@ -84,6 +84,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<NodeStatusExporter>(env!("CARGO_MANIFEST_DIR"), 7);
+        kiln_plugin_std::testing::assert_cases::<NodeStatusExporter>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }

@@ -1,10 +1,10 @@
 //! Standard plugin of the `operator-metrics` state: the operator's own metrics Service and
 //! ServiceMonitor (upstream §2.4 ServiceMonitor control). The state has no DaemonSet.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::monitoring::{apply_service_monitor_spec, kind, service_monitor_gate};
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::monitoring::{apply_service_monitor_spec, kind, service_monitor_gate};
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, log_warn,
 };
 
@@ -50,7 +50,7 @@ impl Operand for OperatorMetrics {
     }
 }
 
-kiln_plugin_sdk::export_operand!(OperatorMetrics);
+kiln_plugin_std::export_operand!(OperatorMetrics);
 
 #[cfg(test)]
 mod tests {
@@ -58,6 +58,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<OperatorMetrics>(env!("CARGO_MANIFEST_DIR"), 4);
+        kiln_plugin_std::testing::assert_cases::<OperatorMetrics>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 }

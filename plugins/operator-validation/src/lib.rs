@@ -1,12 +1,12 @@
 //! Standard plugin of the `operator-validation` state: the operator validator DaemonSet
 //! `nvidia-operator-validator` (upstream `TransformValidator`, gpu-operator.md §3.9).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{ds_name, pod_spec, set_nri_annotation, set_runtime_class};
-use kiln_plugin_sdk::validator::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{ds_name, pod_spec, set_nri_annotation, set_runtime_class};
+use kiln_plugin_std::validator::{
     OPERATOR_COMPONENTS, apply_validator_shared, transform_validator_component,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, log_warn};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, log_warn};
 
 /// The `operator-validation` operand.
 pub struct OperatorValidation;
@@ -38,7 +38,7 @@ impl Operand for OperatorValidation {
     }
 }
 
-kiln_plugin_sdk::export_operand!(OperatorValidation);
+kiln_plugin_std::export_operand!(OperatorValidation);
 
 #[cfg(test)]
 mod tests {
@@ -46,7 +46,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<OperatorValidation>(
+        kiln_plugin_std::testing::assert_cases::<OperatorValidation>(
             env!("CARGO_MANIFEST_DIR"),
             12,
         );

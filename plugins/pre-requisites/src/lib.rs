@@ -1,10 +1,10 @@
 //! Standard plugin of the `pre-requisites` state: the NVIDIA RuntimeClasses (upstream §1
 //! placeholder rule and the §2.4 RuntimeClass control). The state has no DaemonSet.
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::monitoring::{kind, name};
-use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{ClusterPolicySpec, Decision, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::monitoring::{kind, name};
+use kiln_plugin_std::serde_json::{Value, json};
+use kiln_plugin_std::{ClusterPolicySpec, Decision, Operand, TransformContext, TransformError};
 
 /// The assets' placeholder for the operator-chosen RuntimeClass name and handler.
 pub const PLACEHOLDER: &str = "FILLED_BY_OPERATOR";
@@ -57,7 +57,7 @@ impl Operand for PreRequisites {
     }
 }
 
-kiln_plugin_sdk::export_operand!(PreRequisites);
+kiln_plugin_std::export_operand!(PreRequisites);
 
 #[cfg(test)]
 mod tests {
@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<PreRequisites>(env!("CARGO_MANIFEST_DIR"), 4);
+        kiln_plugin_std::testing::assert_cases::<PreRequisites>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Standard plugin of the `sandbox-device-plugin` state: the KubeVirt GPU device plugin (upstream `TransformSandboxDevicePlugin`, gpu-operator.md §3.11).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::apply_simple_component;
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::apply_simple_component;
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `sandbox-device-plugin` operand.
 pub struct SandboxDevicePlugin;
@@ -24,7 +24,7 @@ impl Operand for SandboxDevicePlugin {
     }
 }
 
-kiln_plugin_sdk::export_operand!(SandboxDevicePlugin);
+kiln_plugin_std::export_operand!(SandboxDevicePlugin);
 
 #[cfg(test)]
 mod tests {
@@ -32,7 +32,7 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<SandboxDevicePlugin>(
+        kiln_plugin_std::testing::assert_cases::<SandboxDevicePlugin>(
             env!("CARGO_MANIFEST_DIR"),
             3,
         );

@@ -1,12 +1,12 @@
 //! Standard plugin of the `sandbox-validation` state: the sandbox validator DaemonSet
 //! `nvidia-sandbox-validator` (upstream `TransformSandboxValidator`, gpu-operator.md §3.9).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{apply_host_network, ds_name, pod_spec};
-use kiln_plugin_sdk::validator::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{apply_host_network, ds_name, pod_spec};
+use kiln_plugin_std::validator::{
     SANDBOX_COMPONENTS, apply_validator_shared, transform_validator_component,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError, log_warn};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError, log_warn};
 
 /// The `sandbox-validation` operand.
 pub struct SandboxValidation;
@@ -37,7 +37,7 @@ impl Operand for SandboxValidation {
     }
 }
 
-kiln_plugin_sdk::export_operand!(SandboxValidation);
+kiln_plugin_std::export_operand!(SandboxValidation);
 
 #[cfg(test)]
 mod tests {
@@ -45,6 +45,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<SandboxValidation>(env!("CARGO_MANIFEST_DIR"), 7);
+        kiln_plugin_std::testing::assert_cases::<SandboxValidation>(env!("CARGO_MANIFEST_DIR"), 7);
     }
 }

@@ -1,16 +1,14 @@
-//! The plugin entry point: parse inputs, run the edits, answer with patches.
+//! Running edits over a state's objects and answering with one patch per object: free-form
+//! [`Value`] edits ([`transform_each`]) or typed DaemonSet edits ([`transform_typed`]).
 
 use std::borrow::Cow;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kiln_core::context::TransformContext;
-use kiln_core::spec::ClusterPolicySpec;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::TransformError;
-use crate::common::{apply_common_config, apply_common_metadata, apply_host_paths};
+use crate::{Context, TransformError};
 
 /// What a plugin decides for one object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,54 +28,21 @@ pub enum Outcome {
     Omit,
 }
 
-/// A standard operand transform. The SDK runs, for each DaemonSet of the state: common config
-/// and host-path rewrites, then [`Operand::daemonset`], then common metadata (upstream
-/// `preProcessDaemonSet` order); objects of the kinds in [`Operand::OBJECT_KINDS`] go to
-/// [`Operand::object`]; every other object is kept unchanged without being parsed.
-pub trait Operand {
-    /// Plugin name; a standard plugin carries its state's name.
-    const NAME: &'static str;
-
-    /// Kinds (other than `DaemonSet`) that [`Operand::object`] edits or omits, e.g.
-    /// `&["ServiceMonitor"]`. Objects of other kinds pass through unchanged and unparsed, which
-    /// spares every call the parse and diff of the state's RBAC objects. Default: none. Native
-    /// debug builds (the tests) check that `object` leaves unlisted kinds alone.
-    const OBJECT_KINDS: &'static [&'static str] = &[];
-
-    /// Edit one DaemonSet of the state.
-    fn daemonset(
-        ds: &mut DaemonSet,
-        spec: &ClusterPolicySpec,
-        ctx: &TransformContext,
-    ) -> Result<(), TransformError>;
-
-    /// Edit (or omit) one object of a kind in [`Operand::OBJECT_KINDS`]. Default: keep
-    /// unchanged.
-    fn object(
-        obj: &mut Value,
-        spec: &ClusterPolicySpec,
-        ctx: &TransformContext,
-    ) -> Result<Decision, TransformError> {
-        let _ = (obj, spec, ctx);
-        Ok(Decision::Keep)
-    }
-}
-
 /// Parse the spec and objects, call `edit` on each object, and answer with one patch (or omit)
-/// per object, computed with `json_patch::diff`. This is the building block for site plugins
-/// that do not want the standard common config.
+/// per object, computed with `json_patch::diff`. The spec is the ClusterPolicy's `spec` as the
+/// host sends it (pruned to the CRD and validated), as JSON.
 ///
 /// # Errors
-/// A spec or object that does not parse (`InvalidField` naming the field / `InvalidObject`), or
-/// whatever `edit` returns.
+/// A spec that is not JSON (`InvalidField` at `spec`), an object that is not JSON
+/// (`InvalidObject` naming its index), or whatever `edit` returns.
 pub fn transform_each<F>(
     objects: &[String],
     spec_json: &str,
-    ctx: &TransformContext,
+    ctx: &Context,
     mut edit: F,
 ) -> Result<Vec<Outcome>, TransformError>
 where
-    F: FnMut(&mut Value, &ClusterPolicySpec, &TransformContext) -> Result<Decision, TransformError>,
+    F: FnMut(&mut Value, &Value, &Context) -> Result<Decision, TransformError>,
 {
     let spec = parse_spec(spec_json)?;
     objects
@@ -87,24 +52,33 @@ where
         .collect()
 }
 
-/// Run a standard [`Operand`] over a state's objects.
+/// Run typed edits over a state's objects: `daemonset` edits each `DaemonSet` (parsed straight
+/// into the `apps/v1` type, no [`Value`]), `object` edits or omits each object whose `kind` is
+/// in `object_kinds`, and every other object is kept unchanged without being parsed.
 ///
-/// A DaemonSet is parsed straight into the typed object (no `Value`), edited, and answered
-/// with one RFC 6902 `add` per top-level section the edits changed (`/metadata`, `/spec`),
-/// carrying the section as the typed object serializes it (`add` on an existing member
-/// replaces it, RFC 6902 §4.1); sections the edits did not touch keep their input JSON. This
-/// costs a third of a generic JSON diff of the whole object, which matters because every call
-/// runs in a fresh instance.
+/// A DaemonSet is answered with one RFC 6902 `add` per top-level section the edit changed
+/// (`/metadata`, `/spec`, `/status`; `remove` for one that became absent), carrying the section
+/// as the typed object serializes it (`add` on an existing member replaces it, RFC 6902 §4.1);
+/// sections the edit did not touch keep their input JSON. This costs a third of a generic JSON
+/// diff of the whole object, which matters because every call runs in a fresh instance. Other
+/// objects are answered with a `json_patch::diff`.
+///
+/// `object` must leave kinds outside `object_kinds` alone (they never reach it); native debug
+/// builds call it on them too and panic when it changes one.
 ///
 /// # Errors
-/// An unparsable spec (`InvalidField` naming the field), an object that is not a JSON object
-/// or a DaemonSet that does not parse (`InvalidObject`), or whatever the operand returns.
-pub fn run_operand<O: Operand>(
+/// An object that is not a JSON object or a DaemonSet that does not parse (`InvalidObject`
+/// naming its index), or whatever the edits return.
+pub fn transform_typed<D, O>(
     objects: &[String],
-    spec_json: &str,
-    ctx: &TransformContext,
-) -> Result<Vec<Outcome>, TransformError> {
-    let spec = parse_spec(spec_json)?;
+    object_kinds: &[&str],
+    mut daemonset: D,
+    mut object: O,
+) -> Result<Vec<Outcome>, TransformError>
+where
+    D: FnMut(&mut DaemonSet) -> Result<(), TransformError>,
+    O: FnMut(&mut Value) -> Result<Decision, TransformError>,
+{
     objects
         .iter()
         .enumerate()
@@ -114,13 +88,11 @@ pub fn run_operand<O: Operand>(
                 None => peek_kind(i, text)?,
             };
             match kind.as_deref() {
-                Some("DaemonSet") => edit_daemonset::<O>(i, text, &spec, ctx),
-                Some(k) if O::OBJECT_KINDS.contains(&k) => {
-                    edit_value(i, text, |obj| O::object(obj, &spec, ctx))
-                }
+                Some("DaemonSet") => edit_daemonset(i, text, &mut daemonset),
+                Some(k) if object_kinds.contains(&k) => edit_value(i, text, &mut object),
                 _other => {
                     #[cfg(debug_assertions)]
-                    check_unlisted_kind_untouched::<O>(text, _other, &spec, ctx);
+                    check_unlisted_kind_untouched(text, _other, &mut object);
                     Ok(Outcome::Patch(EMPTY_PATCH.to_string()))
                 }
             }
@@ -136,9 +108,10 @@ const DAEMONSET_PREFIX: &str = r#"{"apiVersion":"apps/v1","kind":"DaemonSet","#;
 /// The RFC 6902 patch that changes nothing.
 const EMPTY_PATCH: &str = "[]";
 
-fn parse_spec(spec_json: &str) -> Result<ClusterPolicySpec, TransformError> {
-    ClusterPolicySpec::from_json_str(spec_json)
-        .map_err(|e| TransformError::field(e.path, e.message))
+/// The spec as JSON.
+fn parse_spec(spec_json: &str) -> Result<Value, TransformError> {
+    serde_json::from_str(spec_json)
+        .map_err(|e| TransformError::field("spec", format!("not JSON: {e}")))
 }
 
 /// The `kind` of an object whose text starts `{"apiVersion":"…","kind":"…",` (members sorted,
@@ -189,13 +162,11 @@ fn edit_value(
     }
 }
 
-/// Runs the standard DaemonSet edits of `O` on object `index` and answers with
-/// [`section_patch`].
-fn edit_daemonset<O: Operand>(
+/// Runs `edit` on DaemonSet `index` and answers with [`section_patch`].
+fn edit_daemonset(
     index: usize,
     text: &str,
-    spec: &ClusterPolicySpec,
-    ctx: &TransformContext,
+    edit: &mut impl FnMut(&mut DaemonSet) -> Result<(), TransformError>,
 ) -> Result<Outcome, TransformError> {
     let mut ds: DaemonSet = serde_json::from_str(text).map_err(|e| {
         TransformError::InvalidObject(format!("object #{index} is not a DaemonSet: {e}"))
@@ -211,10 +182,7 @@ fn edit_daemonset<O: Operand>(
         Some(_) => None,
         None => Some(ds.clone()),
     };
-    apply_common_config(&mut ds, spec)?;
-    apply_host_paths(&mut ds, spec);
-    O::daemonset(&mut ds, spec, ctx)?;
-    apply_common_metadata(&mut ds, spec);
+    edit(&mut ds)?;
     match (&before, &sections) {
         (Some(before), _) => section_patch(before, &ds, text.len()),
         (None, Some(sections)) => text_section_patch(sections, &ds, text.len()),
@@ -421,44 +389,35 @@ fn section_patch(
         .map_err(|e| TransformError::Failed(format!("cannot serialize patch: {e}")))
 }
 
-/// Debug builds: an operand's `object` must leave kinds it does not list in
-/// [`Operand::OBJECT_KINDS`] alone, since release builds never show them to it.
+/// Debug builds: `object` must leave kinds that [`transform_typed`] was not told to show it
+/// alone, since release builds never show them to it.
 #[cfg(debug_assertions)]
-fn check_unlisted_kind_untouched<O: Operand>(
+fn check_unlisted_kind_untouched(
     text: &str,
     kind: Option<&str>,
-    spec: &ClusterPolicySpec,
-    ctx: &TransformContext,
+    object: &mut impl FnMut(&mut Value) -> Result<Decision, TransformError>,
 ) {
     let Ok(original) = serde_json::from_str::<Value>(text) else {
         return;
     };
     let mut obj = original.clone();
-    let decision = O::object(&mut obj, spec, ctx);
+    let decision = object(&mut obj);
     assert!(
         matches!(decision, Ok(Decision::Keep)) && obj == original,
-        "plugin {}: Operand::object changes kind {kind:?}, which OBJECT_KINDS does not list",
-        O::NAME
+        "the object edit changes kind {kind:?}, which its object kinds (an Operand's \
+         OBJECT_KINDS) do not list"
     );
 }
 
-/// Native test helper: run `O` over typed objects and return the edited objects (omitted ones
-/// as `None`), applying the patches exactly as the host would.
-pub fn apply_native<O: Operand>(
-    objects: &[Value],
-    spec: &Value,
-    ctx: &TransformContext,
-) -> Result<Vec<Option<Value>>, TransformError> {
-    let texts: Vec<String> = objects.iter().map(Value::to_string).collect();
-    let outcomes = run_operand::<O>(&texts, &spec.to_string(), ctx)?;
-    apply_outcomes(objects, outcomes)
-}
-
-/// Applies SDK outcomes to their objects natively (`None`: omitted).
+/// Applies outcomes to their objects natively, as the host would (`None`: omitted): for
+/// native tests of a plugin.
 ///
 /// # Errors
 /// Never for outcomes the SDK produced; the `Result` lets callers chain it.
-pub(crate) fn apply_outcomes(
+///
+/// # Panics
+/// On a patch that does not parse or apply (the SDK never produces one).
+pub fn apply_outcomes(
     objects: &[Value],
     outcomes: Vec<Outcome>,
 ) -> Result<Vec<Option<Value>>, TransformError> {

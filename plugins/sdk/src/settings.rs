@@ -7,12 +7,10 @@
 //! field that does not parse is named by its path, e.g. `tolerations[0].effect`), asks
 //! [`Plugin::validate`], and runs [`Plugin::edit`] on every object with a [`Call`].
 
-use kiln_core::context::TransformContext;
-use kiln_core::spec::ClusterPolicySpec;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::{Decision, Outcome, TransformError};
+use crate::{Context, Decision, Outcome, TransformError};
 
 /// A settings field a plugin refuses: its path below the settings (`nodeSelector.pool`,
 /// `tolerations[0].effect`; empty for the whole value) and why. The host reports it as
@@ -40,14 +38,11 @@ impl FieldError {
 pub struct Call<'a, S> {
     /// The chain entry's settings (`S::default()` when it gives none).
     pub settings: &'a S,
-    /// The ClusterPolicy spec.
-    pub spec: &'a ClusterPolicySpec,
-    /// The cluster facts (`ctx.state` is the state being rendered).
-    pub ctx: &'a TransformContext,
-    /// The policy's `metadata.name`.
-    pub policy_name: &'a str,
-    /// The policy's annotations, sorted by key.
-    pub policy_annotations: &'a [(String, String)],
+    /// The ClusterPolicy spec, as JSON.
+    pub spec: &'a Value,
+    /// The cluster facts (`ctx.state` is the state being rendered; the policy's name and
+    /// annotations are there too).
+    pub ctx: &'a Context,
 }
 
 /// A site plugin configured by settings.
@@ -105,9 +100,7 @@ pub fn run_plugin<P: Plugin>(
     objects: &[String],
     spec_json: &str,
     settings_json: &str,
-    ctx: &TransformContext,
-    policy_name: &str,
-    policy_annotations: &[(String, String)],
+    ctx: &Context,
 ) -> Result<Vec<Outcome>, TransformError> {
     let settings = parse_settings::<P::Settings>(settings_json).map_err(settings_error)?;
     if let Some(e) = P::validate(&settings).into_iter().next() {
@@ -120,8 +113,6 @@ pub fn run_plugin<P: Plugin>(
                 settings: &settings,
                 spec,
                 ctx,
-                policy_name,
-                policy_annotations,
             },
         )
     })

@@ -1,10 +1,11 @@
-//! WIT export glue (wasm32 only). Plugin crates use [`crate::export_operand!`] or
-//! [`crate::export_plugin!`]; nothing here is meant to be called directly.
+//! WIT export glue (wasm32 only), generated from the package's `wit/` (`kiln:operand@0.2.0`).
+//! Plugin crates use [`crate::export_plugin!`] or [`crate::export_plugin_with_settings!`];
+//! nothing here is meant to be called directly.
 #![allow(missing_docs, unsafe_code)]
 
 wit_bindgen::generate!({
     world: "operand-transform-validated",
-    path: "../../wit",
+    path: "wit",
     pub_export_macro: true,
     export_macro_name: "export_bindings",
     default_bindings_module: "kiln_plugin_sdk::wasm",
@@ -18,33 +19,14 @@ pub type WitOutcome = Outcome;
 /// The WIT `transform-error` (generated).
 pub type WitError = TransformError;
 
-use kiln_core::context::{ConfigMapKeys, ContainerRuntime, NodeOs, TransformContext};
-
+use crate::context::{ConfigMapKeys, ContainerRuntime, Context as SdkContext, NodeOs};
 use crate::{Outcome as SdkOutcome, TransformError as SdkError};
 
-/// What a `kiln:operand@0.2.0` context says beyond the shared Rust type.
-pub struct CallMeta {
-    /// The name the plugin was loaded by (a bundle dispatches on it).
-    pub plugin: String,
-    /// The policy's `metadata.name`.
-    pub policy_name: String,
-    /// The policy's annotations, sorted by key.
-    pub policy_annotations: Vec<(String, String)>,
-}
-
-/// Convert the WIT context into the shared Rust type and the rest.
-pub fn context_from_wit(c: Context) -> (TransformContext, CallMeta) {
-    let meta = CallMeta {
-        plugin: c.plugin,
-        policy_name: c.policy_name,
-        policy_annotations: c
-            .policy_annotations
-            .into_iter()
-            .map(|a| (a.key, a.value))
-            .collect(),
-    };
-    let ctx = TransformContext {
+/// Convert the WIT context into the SDK's [`crate::Context`].
+pub fn context_from_wit(c: Context) -> SdkContext {
+    SdkContext {
         state: c.state,
+        plugin: c.plugin,
         runtime: match c.runtime {
             WitRuntime::Containerd => ContainerRuntime::Containerd,
             WitRuntime::Crio => ContainerRuntime::Crio,
@@ -74,8 +56,13 @@ pub fn context_from_wit(c: Context) -> (TransformContext, CallMeta) {
             .collect(),
         default_workload: c.default_workload,
         has_service_monitor_crd: c.has_service_monitor_crd,
-    };
-    (ctx, meta)
+        policy_name: c.policy_name,
+        policy_annotations: c
+            .policy_annotations
+            .into_iter()
+            .map(|a| (a.key, a.value))
+            .collect(),
+    }
 }
 
 /// Convert settings field errors into the WIT answer of `validate-settings`.
@@ -90,18 +77,6 @@ pub fn settings_to_wit(errors: Vec<crate::settings::FieldError>) -> Result<(), V
             message: e.message,
         })
         .collect())
-}
-
-/// What a standard operand answers to settings: it takes none.
-pub fn operand_settings(settings: &str) -> Vec<crate::settings::FieldError> {
-    if settings.trim() == "null" {
-        Vec::new()
-    } else {
-        vec![crate::settings::FieldError::new(
-            "",
-            "a standard plugin takes no settings",
-        )]
-    }
 }
 
 /// Convert a run result into the WIT result.

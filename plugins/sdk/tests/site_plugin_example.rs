@@ -2,16 +2,10 @@
 //! keeps building as the SDK changes.
 
 use kiln_plugin_sdk::serde_json::{Value, json};
-use kiln_plugin_sdk::{
-    ClusterPolicySpec, Decision, Outcome, TransformContext, TransformError, transform_each,
-};
+use kiln_plugin_sdk::{Context, Decision, Outcome, TransformError, transform_each};
 
 /// Add `nodeSelector: {pool: gpu-a}` to every DaemonSet of the state; keep everything else.
-fn edit(
-    obj: &mut Value,
-    _spec: &ClusterPolicySpec,
-    _ctx: &TransformContext,
-) -> Result<Decision, TransformError> {
+fn edit(obj: &mut Value, _spec: &Value, _ctx: &Context) -> Result<Decision, TransformError> {
     if obj["kind"] == "DaemonSet" {
         let pod = obj
             .pointer_mut("/spec/template/spec")
@@ -31,7 +25,7 @@ fn worked_example_adds_the_node_selector_and_leaves_other_objects() {
     let out = transform_each(
         &[ds.to_string(), sa.to_string()],
         "{}",
-        &TransformContext::default(),
+        &Context::default(),
         edit,
     )
     .unwrap();
@@ -44,8 +38,7 @@ fn worked_example_adds_the_node_selector_and_leaves_other_objects() {
     );
     assert_eq!(out[1], Outcome::Patch("[]".into()));
     let bad = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"}});
-    let err =
-        transform_each(&[bad.to_string()], "{}", &TransformContext::default(), edit).unwrap_err();
+    let err = transform_each(&[bad.to_string()], "{}", &Context::default(), edit).unwrap_err();
     assert_eq!(
         err,
         TransformError::InvalidObject("DaemonSet without a pod spec".into())

@@ -1,14 +1,14 @@
 //! Standard plugin of the `vfio-manager` state: binds GPUs to vfio-pci for VM passthrough
 //! (upstream `TransformVFIOManager`, gpu-operator.md §3.11).
 
-use kiln_plugin_sdk::driver_family::transform_driver_manager;
-use kiln_plugin_sdk::env::apply_env;
-use kiln_plugin_sdk::image::{ImageFields, resolve_image};
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::driver_family::transform_driver_manager;
+use kiln_plugin_std::env::apply_env;
+use kiln_plugin_std::image::{ImageFields, resolve_image};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The `vfio-manager` operand.
 pub struct VfioManager;
@@ -45,7 +45,7 @@ impl Operand for VfioManager {
     }
 }
 
-kiln_plugin_sdk::export_operand!(VfioManager);
+kiln_plugin_std::export_operand!(VfioManager);
 
 #[cfg(test)]
 mod tests {
@@ -53,6 +53,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<VfioManager>(env!("CARGO_MANIFEST_DIR"), 4);
+        kiln_plugin_std::testing::assert_cases::<VfioManager>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 }

@@ -2,14 +2,14 @@
 //! `nvidia-vgpu-device-manager` (upstream `TransformVGPUDeviceManager`, gpu-operator.md §3.11)
 //! and its default ConfigMap (§2.4).
 
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::monitoring::default_config_map_gate;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::monitoring::default_config_map_gate;
+use kiln_plugin_std::pod::{
     apply_component_basics, apply_host_network, ds_name, first_container, pod_spec,
     transform_validation_init_containers,
 };
-use kiln_plugin_sdk::serde_json::Value;
-use kiln_plugin_sdk::{
+use kiln_plugin_std::serde_json::Value;
+use kiln_plugin_std::{
     ClusterPolicySpec, Decision, Operand, TransformContext, TransformError, env, image,
 };
 
@@ -82,7 +82,7 @@ fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
-kiln_plugin_sdk::export_operand!(VgpuDeviceManager);
+kiln_plugin_std::export_operand!(VgpuDeviceManager);
 
 #[cfg(test)]
 mod tests {
@@ -90,6 +90,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<VgpuDeviceManager>(env!("CARGO_MANIFEST_DIR"), 4);
+        kiln_plugin_std::testing::assert_cases::<VgpuDeviceManager>(env!("CARGO_MANIFEST_DIR"), 4);
     }
 }

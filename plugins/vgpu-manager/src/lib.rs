@@ -4,17 +4,17 @@
 //! As in the driver plugin, the OpenShift Driver Toolkit variant is not rendered:
 //! `openshift-driver-toolkit-ctr` is always removed (the context has no DTK ImageStream facts).
 
-use kiln_plugin_sdk::driver_family::{
+use kiln_plugin_std::driver_family::{
     config_map_mounts, config_map_volume, os_tag, transform_driver_manager, with_os_tag,
 };
-use kiln_plugin_sdk::env::{apply_env, set_env};
-use kiln_plugin_sdk::image::{ImageFields, resolve_image};
-use kiln_plugin_sdk::k8s_openapi::api::apps::v1::DaemonSet;
-use kiln_plugin_sdk::pod::{
+use kiln_plugin_std::env::{apply_env, set_env};
+use kiln_plugin_std::image::{ImageFields, resolve_image};
+use kiln_plugin_std::k8s_openapi::api::apps::v1::DaemonSet;
+use kiln_plugin_std::pod::{
     add_pull_secrets, add_volume, apply_host_network, ds_name, pod_spec, remove_container,
     require_container, set_main_image, set_resources_all,
 };
-use kiln_plugin_sdk::{ClusterPolicySpec, Operand, TransformContext, TransformError};
+use kiln_plugin_std::{ClusterPolicySpec, Operand, TransformContext, TransformError};
 
 /// The vGPU manager's main container.
 pub const MAIN: &str = "nvidia-vgpu-manager-ctr";
@@ -79,7 +79,7 @@ impl Operand for VgpuManager {
     }
 }
 
-kiln_plugin_sdk::export_operand!(VgpuManager);
+kiln_plugin_std::export_operand!(VgpuManager);
 
 #[cfg(test)]
 mod tests {
@@ -87,6 +87,6 @@ mod tests {
 
     #[test]
     fn cases() {
-        kiln_plugin_sdk::testing::assert_cases::<VgpuManager>(env!("CARGO_MANIFEST_DIR"), 5);
+        kiln_plugin_std::testing::assert_cases::<VgpuManager>(env!("CARGO_MANIFEST_DIR"), 5);
     }
 }

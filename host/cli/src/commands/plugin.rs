@@ -119,6 +119,17 @@ pub enum PluginCommand {
         #[command(flatten)]
         registry: super::plugin_oci::RegistryArgs,
     },
+    /// Write the WIT package plugins are written against (`kiln:operand`) as a binary WIT
+    /// package, what `wasm-tools component wit --wasm` and `wkg wit build` write, for component
+    /// tooling to depend on; prints its name, worlds and sha256.
+    Wit {
+        /// The package version: 0.2.0 (current) or 0.1.0 (still loaded).
+        #[arg(long, default_value = "0.2.0")]
+        version: String,
+        /// Where to write it (default `kiln-operand-VERSION.wasm`).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 impl PluginCommand {
@@ -164,8 +175,27 @@ impl PluginCommand {
                 output,
                 registry,
             } => super::plugin_oci::pull(&reference, output.as_deref(), &registry),
+            PluginCommand::Wit { version, output } => wit(&version, output),
         }
     }
+}
+
+/// `kiln plugin wit`: writes the binary WIT package and says what it declares.
+fn wit(version: &str, output: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    use kiln_plugin_host::wit_package::{decode_wit_package, encode_wit_package};
+    let bytes = encode_wit_package(version).map_err(anyhow::Error::msg)?;
+    let info = decode_wit_package(&bytes).map_err(anyhow::Error::msg)?;
+    let path = output.unwrap_or_else(|| PathBuf::from(format!("kiln-operand-{version}.wasm")));
+    std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+    super::outln!(
+        "{}: {} (worlds {}), {} bytes, sha256:{}",
+        path.display(),
+        info.package,
+        info.worlds.join(", "),
+        bytes.len(),
+        kiln_plugin_host::sha256_hex(&bytes)
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn precompile(
