@@ -77,7 +77,9 @@ pub fn apply_validator_shared(
 ///   workload>`, then `validator.vfioPCI` / `vgpuManager` / `vgpuDevices` `.env`.
 ///
 /// No matching init container is a no-op (the image is not even resolved). On a non-kiln image
-/// `kiln validator <component>` becomes `nvidia-validator` with `COMPONENT=<component>`.
+/// `kiln validator <component>` becomes `nvidia-validator` with `COMPONENT=<component>`; on
+/// kiln's image the cuda container gains `NVIDIA_VISIBLE_DEVICES=all`, since kiln's step runs
+/// CUDA in that container where upstream's starts a `vectorAdd` pod.
 ///
 /// # Errors
 /// An unknown component whose init container exists, or an unresolvable validator image.
@@ -151,6 +153,11 @@ pub fn transform_validator_component(
     run_as_root(ctr);
     if runs_kiln(ctr) && !crate::image::is_kiln_image(&image) {
         set_env(ctr, "COMPONENT", component);
+    }
+    if component == "cuda" && runs_kiln(ctr) && crate::image::is_kiln_image(&image) {
+        // kiln's cuda step opens CUDA in this container (upstream's starts a workload pod
+        // instead), so the NVIDIA runtime must inject the driver's libraries and every GPU.
+        set_env(ctr, "NVIDIA_VISIBLE_DEVICES", "all");
     }
     fit_command_args_to_image(ctr, &["sh", "-c"], &[UPSTREAM_VALIDATOR]);
     Ok(())
