@@ -67,8 +67,9 @@ pub enum PluginCommand {
         /// Directory of case files.
         cases_dir: PathBuf,
     },
-    /// Show what a plugin does to a state's objects: the objects as the policy's own chain
-    /// renders them, then the plugin's JSON Patch (or omit) per object, and its log.
+    /// Show what a plugin does to a state's objects as the policy's own chain renders them:
+    /// one line per object with the plugin's JSON Patch (or omit), then its log (`kiln render`
+    /// prints the objects).
     Run {
         /// The component (`.wasm`).
         plugin: PathBuf,
