@@ -234,8 +234,8 @@ fn the_cuda_step_needs_libcuda_unless_the_workload_is_off() {
                 "cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 \
                  cannot be loaded (nor any of the "
             ) && err.contains(
-                " other names tried): the driver step must have found the NVIDIA driver and the \
-                 toolkit step"
+                " other names tried): this step needs the driver step to have found the NVIDIA \
+                 driver and the toolkit step"
             ),
             "{err}"
         );

@@ -68,9 +68,9 @@ impl std::fmt::Display for CudaDevice {
 pub enum CudaError {
     /// The dynamic loader found no CUDA driver library.
     #[error(
-        "{CUDA_LIBRARY} cannot be loaded{}: the driver step must have found the NVIDIA driver \
-         and the toolkit step the NVIDIA container runtime injecting it into this container, \
-         which puts {CUDA_LIBRARY} on the library path",
+        "{CUDA_LIBRARY} cannot be loaded{}: this step needs the driver step to have found the \
+         NVIDIA driver and the toolkit step the NVIDIA container runtime, which injects it into \
+         this container and puts {CUDA_LIBRARY} on the library path",
         if *tried > 1 { format!(" (nor any of the {} other names tried)", tried - 1) } else { String::new() }
     )]
     NoLibrary {
@@ -536,8 +536,8 @@ mod tests {
         assert_eq!(no_lib, CudaError::NoLibrary { tried: 2 });
         assert!(
             no_lib.to_string().starts_with(
-                "libcuda.so.1 cannot be loaded (nor any of the 1 other names tried): the driver \
-                 step"
+                "libcuda.so.1 cannot be loaded (nor any of the 1 other names tried): this step \
+                 needs the driver step"
             ),
             "{no_lib}"
         );
@@ -546,7 +546,7 @@ mod tests {
         assert!(
             unknown
                 .to_string()
-                .starts_with("libcuda.so.1 cannot be loaded: the driver step"),
+                .starts_with("libcuda.so.1 cannot be loaded: this step needs the driver step"),
             "{unknown}"
         );
         assert_eq!(

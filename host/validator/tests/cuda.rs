@@ -69,9 +69,9 @@ fn without_libcuda_the_step_names_the_library_on_every_attempt_and_does_not_pani
     assert!(
         text.starts_with("cuda: not ready after 2 attempts over 0s: CUDA is not usable: libcuda.so.1 cannot be loaded (nor any of the ")
             && text.ends_with(
-                " other names tried): the driver step must have found the NVIDIA driver and the \
-                 toolkit step the NVIDIA container runtime injecting it into this container, \
-                 which puts libcuda.so.1 on the library path"
+                " other names tried): this step needs the driver step to have found the NVIDIA \
+                 driver and the toolkit step the NVIDIA container runtime, which injects it into \
+                 this container and puts libcuda.so.1 on the library path"
             ),
         "{text}"
     );
