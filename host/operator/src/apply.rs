@@ -300,11 +300,13 @@ impl Applier {
 
     /// Remove `removals` (from [`Applier::due`]) from the object `key` at `resource_version`
     /// with one JSON patch (field manager `kiln`), and remember what the server's answer still
-    /// holds (defaulted again, or put back by admission) as settled. Returns what is gone, or
-    /// `None` when the object changed since `resource_version` (409, or the patch's `test`
-    /// failing: a 422 naming `/metadata/resourceVersion`), or is gone: the watch event of that
-    /// change brings a fresh copy; also `None` when validation refuses the removal (any other
-    /// 422): then `removals` count as settled too.
+    /// holds (defaulted again, or put back by admission) as settled. When the object changed
+    /// since `resource_version` (a 409, or the patch not applying: [`unappliable`]), it is read
+    /// once and what is then due tried again, at most [`CORRECT_RETRIES`] times. Returns what
+    /// is gone, or `None`: gone, nothing due any more, still changing after the retries (the
+    /// watch event of that change brings a fresh copy), or refused, when validation refuses
+    /// the removal or the patch does not apply to the object as it is now; refused removals
+    /// count as settled too.
     ///
     /// # Errors
     /// [`Error::Kube`] naming the object when the request fails otherwise.
@@ -323,12 +325,11 @@ impl Applier {
         // resourceVersion of a DaemonSet often): on a changed object, read it once and retry
         // with what is then due, a bounded number of times (reads only while drift races).
         for _ in 0..CORRECT_RETRIES {
-            match self
+            let outcome = self
                 .correct_once(&api, key, &resource_version, &removals)
-                .await?
-            {
-                Corrected::Done(removed) => return Ok(removed),
-                Corrected::Changed => {}
+                .await?;
+            if let Corrected::Done(removed) = outcome {
+                return Ok(removed);
             }
             let Some(fresh) = api
                 .get_opt(&key.name)
@@ -337,6 +338,14 @@ impl Applier {
             else {
                 return Ok(None);
             };
+            if matches!(outcome, Corrected::NotApplied)
+                && fresh.metadata.resource_version.as_deref() == Some(resource_version.as_str())
+            {
+                // The object had not changed: the patch itself does not apply to it.
+                tracing::warn!(object = %key, "drift not removed: the removal does not apply to the object as it is");
+                self.settle(key, &removals);
+                return Ok(None);
+            }
             let managed = fresh.metadata.managed_fields.clone().unwrap_or_default();
             let value = serde_json::to_value(&fresh).map_err(|e| Error::Json {
                 action: format!("serialize {key}"),
@@ -376,28 +385,20 @@ impl Applier {
             .await
         {
             Ok(p) => p,
-            // Changed since `resource_version`: the `test` failed (a 422 `Invalid` like a
-            // validation error, naming the path it tested), a conflict, or gone.
-            Err(kube::Error::Api(s))
-                if matches!(s.code, 404 | 409)
-                    || (s.code == 422 && s.message.contains("/metadata/resourceVersion")) =>
-            {
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Corrected::Done(None)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::info!(object = %key, reason = %s.message, "drift not removed: the object changed");
-                return Ok(if s.code == 404 {
-                    Corrected::Done(None)
-                } else {
-                    Corrected::Changed
-                });
+                return Ok(Corrected::Changed);
+            }
+            // The `test` failed (the copy is stale) or a removed path is missing.
+            Err(kube::Error::Api(s)) if unappliable(&s) => {
+                tracing::info!(object = %key, "drift not removed: the patch did not apply (the object changed?)");
+                return Ok(Corrected::NotApplied);
             }
             // Refused by validation (or admission): not tried again while the values stay.
             Err(kube::Error::Api(s)) if s.code == 422 => {
                 tracing::warn!(object = %key, error = %s.message, "drift not removed: refused");
-                self.settled
-                    .lock()
-                    .expect("settled lock")
-                    .entry(key.clone())
-                    .or_default()
-                    .extend(removals.iter().map(Removal::id));
+                self.settle(key, removals);
                 return Ok(Corrected::Done(None));
             }
             Err(e) => return Err(Error::kube(format!("remove drift from {key}"), e)),
@@ -435,16 +436,43 @@ impl Applier {
             .insert(key.clone(), left);
         Ok(Corrected::Done(Some(removed)))
     }
+
+    /// Count `removals` of `key` as settled: not tried again while their values stay.
+    fn settle(&self, key: &ObjKey, removals: &[Removal]) {
+        self.settled
+            .lock()
+            .expect("settled lock")
+            .entry(key.clone())
+            .or_default()
+            .extend(removals.iter().map(Removal::id));
+    }
 }
 
 /// How many times [`Applier::correct`] patches an object that keeps changing under it.
 const CORRECT_RETRIES: usize = 3;
 
-/// One removal attempt's outcome: done (what is gone, or `None`: refused or gone), or the
-/// object changed since the resourceVersion the patch tested.
+/// Whether the API server's refusal `s` of a drift correction ([`drift::json_patch`]) says
+/// the patch did not apply: its `test` of `/metadata/resourceVersion` failed (the copy it was
+/// computed from is stale) or a path it removes is missing. The server answers both with a 422
+/// `Invalid` whose message is generic ("the server rejected our request due to an error in our
+/// request") and whose details are empty (the patch library's text is not passed on; older
+/// servers put it in the message, naming the tested path), where a validation error names the
+/// object and its fields. Which of the two it was takes a read ([`Applier::correct`]).
+fn unappliable(s: &kube::core::Status) -> bool {
+    s.code == 422
+        && (s.message.contains("/metadata/resourceVersion")
+            || s.details
+                .as_ref()
+                .is_none_or(|d| d.causes.is_empty() && d.name.is_empty() && d.kind.is_empty()))
+}
+
+/// One removal attempt's outcome: done (what is gone, or `None`: refused or gone), the
+/// object changed since the resourceVersion the patch tested (409), or the patch did not
+/// apply ([`unappliable`]: changed, or a removed path missing).
 enum Corrected {
     Done(Option<Vec<Removal>>),
     Changed,
+    NotApplied,
 }
 
 fn namespaced(caps: &ApiCapabilities) -> bool {
@@ -494,6 +522,33 @@ mod tests {
             key_of(&json!({"kind": "X"})),
             Err(Error::BadObject(_))
         ));
+    }
+
+    /// The API server's answer to a JSON patch that does not apply (its `test` failed, or a
+    /// removed path is missing), as a v1.36 server sends it, is told from a validation error.
+    #[test]
+    fn a_patch_that_did_not_apply_is_told_from_a_validation_error() {
+        let status = |v: Value| -> kube::core::Status { serde_json::from_value(v).unwrap() };
+        let generic = "the server rejected our request due to an error in our request";
+        assert!(unappliable(&status(
+            json!({"kind": "Status", "apiVersion": "v1",
+            "metadata": {}, "status": "Failure", "message": generic, "reason": "Invalid",
+            "details": {}, "code": 422})
+        )));
+        assert!(unappliable(&status(
+            json!({"status": "Failure", "code": 422,
+            "message": "testing value /metadata/resourceVersion failed: test failed"})
+        )));
+        let invalid = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "code": 422, "reason": "Invalid",
+            "message": "DaemonSet.apps \"x\" is invalid: spec.template.spec.containers: Required value",
+            "details": {"name": "x", "group": "apps", "kind": "DaemonSet", "causes": [
+                {"reason": "FieldValueRequired", "message": "Required value",
+                 "field": "spec.template.spec.containers"}]}});
+        assert!(!unappliable(&status(invalid.clone())));
+        let mut conflict = invalid;
+        conflict["code"] = json!(409);
+        assert!(!unappliable(&status(conflict)));
     }
 
     #[test]

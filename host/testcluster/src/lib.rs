@@ -271,10 +271,13 @@ impl TestCluster {
         self.run(&["restart-apiserver"])
     }
 
-    /// The last `lines` lines of each component's log, for failure messages.
+    /// The last `lines` lines of each component's log, for failure messages: first
+    /// `logs/operator.log` when a test wrote one there (what the operator it runs in-process
+    /// logged), then the control plane's (etcd without its per-request timing warnings).
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
         for c in [
+            "operator",
             "etcd",
             "kube-apiserver",
             "kube-controller-manager",
@@ -286,7 +289,11 @@ impl TestCluster {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
-            let all: Vec<&str> = text.lines().collect();
+            // etcd's per-request timing warnings crowd out everything else.
+            let all: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.contains("\"msg\":\"request stats\""))
+                .collect();
             let from = all.len().saturating_sub(lines);
             let _ = writeln!(
                 out,

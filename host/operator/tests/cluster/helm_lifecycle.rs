@@ -491,12 +491,6 @@ async fn helm_install_upgrade_uninstall_with_real_readiness() -> anyhow::Result<
         eprintln!("testcluster/bin/helm not built; skipping");
         return Ok(());
     }
-    // KILN_TEST_LOG=kiln_operator=debug shows what the replicas do (with timestamps).
-    if let Ok(filter) = std::env::var("KILN_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .try_init();
-    }
     let turn = crate::support::cluster::start(Options::default()).await?;
     let cluster = turn.cluster();
     cluster.with_logs(lifecycle_scenario(cluster).await)

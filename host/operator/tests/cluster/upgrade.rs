@@ -81,12 +81,6 @@ async fn install_crd(cluster: &TestCluster, client: &Client) -> anyhow::Result<(
 
 /// The operator in this process until the returned sender is dropped or sent.
 fn start_operator(client: Client) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
-    // KILN_TEST_LOG=kiln_operator=debug shows what the operator does (with timestamps).
-    if let Ok(filter) = std::env::var("KILN_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .try_init();
-    }
     let host = Arc::new(kiln_plugin_host::PluginHost::new(
         kiln_plugin_host::HostConfig {
             keep_resident_bytes: kiln_operator::PLUGIN_KEEP_RESIDENT_BYTES,

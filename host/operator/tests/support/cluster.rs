@@ -40,6 +40,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        operator_log::close();
         let _ = self.cluster.stop();
         if std::env::var_os("KILN_TESTCLUSTER_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(self.cluster.dir());
@@ -52,6 +53,7 @@ impl Drop for Turn {
 /// cluster's component logs after a failed assertion's message.
 pub async fn start(options: Options) -> anyhow::Result<Turn> {
     let permit = TURNS.acquire().await?;
+    operator_log::install();
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
@@ -66,6 +68,7 @@ pub async fn start(options: Options) -> anyhow::Result<Turn> {
     // processes and directory go when the `Turn` drops.
     let cluster: &'static TestCluster = Box::leak(Box::new(TestCluster::start(options)?));
     *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(cluster);
+    operator_log::to(&cluster.dir().join("logs").join("operator.log"));
     Ok(Turn {
         cluster,
         _permit: permit,
@@ -183,4 +186,66 @@ pub async fn wait_state(
             })
         })
         .await
+}
+
+/// What the operators a cluster test runs in this process log, written to the running
+/// cluster's `logs/operator.log`, which the cluster's log tails
+/// ([`TestCluster::log_tails`]) show first when a test fails: one subscriber for the whole
+/// binary (tests run one cluster at a time), filtered by `KILN_TEST_LOG` (an `EnvFilter`;
+/// default `warn,kiln_operator=debug`), and also printed to stderr when `KILN_TEST_LOG` is set.
+mod operator_log {
+    use std::fs::File;
+    use std::io::Write;
+    use std::path::Path;
+    use std::sync::{Mutex, Once};
+
+    /// The running cluster's operator log; `None` between clusters (lines are dropped).
+    static FILE: Mutex<Option<File>> = Mutex::new(None);
+
+    /// Installs the subscriber once (a no-op when another is already installed).
+    pub fn install() {
+        static INIT: Once = Once::new();
+        INIT.call_once(|| {
+            let (filter, echo) = match std::env::var("KILN_TEST_LOG") {
+                Ok(f) => (f, true),
+                Err(_) => ("warn,kiln_operator=debug".to_string(), false),
+            };
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(false)
+                .with_writer(move || Sink { echo })
+                .try_init();
+        });
+    }
+
+    /// Sends the lines from now on to `path` (created; truncated if there).
+    pub fn to(path: &Path) {
+        *FILE.lock().unwrap_or_else(|e| e.into_inner()) = File::create(path).ok();
+    }
+
+    /// Stops writing to the cluster's log (its directory is about to go).
+    pub fn close() {
+        *FILE.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// One formatted event's writer: the current file, and stderr when echoing.
+    struct Sink {
+        echo: bool,
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Some(f) = FILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                let _ = f.write_all(buf);
+            }
+            if self.echo {
+                let _ = std::io::stderr().write_all(buf);
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 }
