@@ -1,8 +1,9 @@
 //! State shared between the poller, the pod-resources refresher and scrapes.
 //!
 //! Writers swap whole `Arc`s under a short lock; a scrape clones two `Arc`s and renders, or
-//! reuses the body it rendered for the same (sample, pods) generations. Nothing here waits on
-//! NVML or the kubelet.
+//! reuses the body it rendered for the same (sample, pods) generations. A render reuses the
+//! attribution made for the same pods generation and GPU devices (a new sample alone, every
+//! poll, does not change who uses which GPU). Nothing here waits on NVML or the kubelet.
 
 use std::{
     sync::{
@@ -13,7 +14,7 @@ use std::{
 };
 
 use crate::{
-    attribution::{Allocation, PodMetas, attribute},
+    attribution::{Allocation, Attribution, PodMetas, attribute},
     catalogue::Catalogue,
     exposition::{Format, Kind, encode, family, finish, sample},
     fields::Value,
@@ -49,6 +50,9 @@ pub struct SelfMetrics {
 /// A rendered GPU section: (format, snapshot generation, pod generation, body).
 type CachedBody = (Format, u64, u64, Arc<str>);
 
+/// The attribution made for a pods generation over these GPU devices.
+type CachedAttribution = (u64, Vec<kiln_gpu::GpuDevice>, Arc<Attribution>);
+
 /// The shared state; see the module docs.
 #[derive(Debug)]
 pub struct Shared {
@@ -58,6 +62,7 @@ pub struct Shared {
     snapshot: RwLock<Arc<Snapshot>>,
     pods: RwLock<Arc<PodState>>,
     cache: Mutex<Vec<CachedBody>>,
+    attribution: Mutex<Option<CachedAttribution>>,
     /// Self-metrics counters.
     pub metrics: SelfMetrics,
 }
@@ -73,6 +78,7 @@ impl Shared {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             pods: RwLock::new(Arc::new(PodState::default())),
             cache: Mutex::new(Vec::new()),
+            attribution: Mutex::new(None),
             metrics: SelfMetrics::default(),
         }
     }
@@ -162,16 +168,7 @@ impl Shared {
         let gpus = self
             .cached(format, snap.generation, pods.generation)
             .unwrap_or_else(|| {
-                let attribution = attribute(
-                    pods.allocations.as_deref().unwrap_or(&[]),
-                    &snap
-                        .gpus
-                        .iter()
-                        .map(|g| g.device.clone())
-                        .collect::<Vec<_>>(),
-                    &self.extra_resources,
-                )
-                .with_meta(pods.meta.clone());
+                let attribution = self.attribution(&snap, &pods);
                 let families = render_gpus(&self.catalogue, &snap, &attribution, &self.options);
                 let mut body = String::with_capacity(64 * 1024);
                 if let Err(e) = encode(&mut body, format, families) {
@@ -186,6 +183,32 @@ impl Shared {
         self.render_self(&mut out, format, &snap);
         finish(&mut out, format);
         out
+    }
+
+    /// Who uses which GPU for `pods` over `snap`'s devices: the one made last, while the pods
+    /// generation and the devices are the same, else made now and kept.
+    fn attribution(&self, snap: &Snapshot, pods: &PodState) -> Arc<Attribution> {
+        let mut kept = self
+            .attribution
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((generation, devices, a)) = kept.as_ref()
+            && *generation == pods.generation
+            && devices.iter().eq(snap.gpus.iter().map(|g| &g.device))
+        {
+            return a.clone();
+        }
+        let devices: Vec<_> = snap.gpus.iter().map(|g| g.device.clone()).collect();
+        let a = Arc::new(
+            attribute(
+                pods.allocations.as_deref().unwrap_or(&[]),
+                &devices,
+                &self.extra_resources,
+            )
+            .with_meta(pods.meta.clone()),
+        );
+        *kept = Some((pods.generation, devices, a.clone()));
+        a
     }
 
     fn cached(&self, format: Format, snap_gen: u64, pod_gen: u64) -> Option<Arc<str>> {
@@ -242,5 +265,70 @@ impl Shared {
         if let Err(e) = encode(out, format, families) {
             tracing::warn!(error = %e, "encoding the exporter's own families");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::GpuSnapshot;
+    use kiln_gpu::{GpuDevice, MigDevice};
+
+    fn gpu(uuid: &str, migs: &[&str]) -> GpuDevice {
+        GpuDevice {
+            index: 0,
+            uuid: uuid.into(),
+            mig_devices: migs
+                .iter()
+                .map(|m| MigDevice {
+                    uuid: (*m).into(),
+                    ..MigDevice::default()
+                })
+                .collect(),
+            ..GpuDevice::default()
+        }
+    }
+
+    fn snapshot(generation: u64, device: GpuDevice) -> Snapshot {
+        Snapshot {
+            generation,
+            gpus: vec![GpuSnapshot::new(device)],
+            ..Snapshot::default()
+        }
+    }
+
+    fn alloc(pod: &str, id: &str) -> Allocation {
+        Allocation {
+            namespace: "ns".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec![id.into()],
+        }
+    }
+
+    /// A new sample keeps the attribution; new pods or new devices (MIG turned on) make it
+    /// again, and it then follows them.
+    #[test]
+    fn the_attribution_is_made_again_only_for_new_pods_or_devices() {
+        let shared = Shared::new(
+            Catalogue::default_list(),
+            RenderOptions::default(),
+            Vec::new(),
+        );
+        shared.set_allocations(vec![alloc("a", "MIG-m1")]);
+        let first = shared.attribution(&snapshot(1, gpu("GPU-0", &[])), &shared.pods());
+        assert!(
+            first.mig_pods("MIG-m1").is_empty(),
+            "no such MIG device yet"
+        );
+        let again = shared.attribution(&snapshot(2, gpu("GPU-0", &[])), &shared.pods());
+        assert!(Arc::ptr_eq(&first, &again), "a new sample alone reuses it");
+        let mig = shared.attribution(&snapshot(3, gpu("GPU-0", &["MIG-m1"])), &shared.pods());
+        assert!(!Arc::ptr_eq(&first, &mig));
+        assert_eq!(mig.mig_pods("MIG-m1")[0].pod, "a");
+        shared.set_allocations(vec![alloc("b", "MIG-m1")]);
+        let pods = shared.attribution(&snapshot(4, gpu("GPU-0", &["MIG-m1"])), &shared.pods());
+        assert_eq!(pods.mig_pods("MIG-m1")[0].pod, "b");
     }
 }
