@@ -182,6 +182,10 @@ impl fmt::Display for Loc<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Loc::Root => f.write_str("."),
+            // An empty key (`"": 1`, or `? |` with no text) is named `""`, so that no path is
+            // empty.
+            Loc::Key(Loc::Root, "") => f.write_str("\"\""),
+            Loc::Key(p, "") => write!(f, "{p}.\"\""),
             Loc::Key(Loc::Root, k) => f.write_str(k),
             Loc::Key(p, k) => write!(f, "{p}.{k}"),
             Loc::Index(Loc::Root, i) => write!(f, "[{i}]"),
@@ -448,6 +452,16 @@ mod tests {
             to_value("a: !!str 123\nb: '0755'\nc: ~\nd: null\n").unwrap(),
             json!({"a": "123", "b": "0755", "c": null, "d": null})
         );
+    }
+
+    /// Found by `tests/props.rs`: a parse error under an empty key still names a path.
+    #[test]
+    fn an_empty_key_is_named_in_the_path() {
+        let e = to_value("? |\n[").unwrap_err();
+        assert_eq!(e.path, "\"\"", "{e}");
+        assert!(e.message.contains("unclosed bracket"), "{e}");
+        let e = to_value("a:\n  ? |\n  [").unwrap_err();
+        assert!(e.path == "a.\"\"" || e.path == "a", "{e}");
     }
 
     #[test]
