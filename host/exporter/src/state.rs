@@ -48,7 +48,7 @@ pub struct SelfMetrics {
 }
 
 /// A rendered GPU section: (format, snapshot generation, pod generation, body).
-type CachedBody = (Format, u64, u64, Arc<str>);
+type CachedBody = (Format, u64, u64, Arc<String>);
 
 /// The attribution made for a pods generation over these GPU devices.
 type CachedAttribution = (u64, Vec<kiln_gpu::GpuDevice>, Arc<Attribution>);
@@ -170,11 +170,13 @@ impl Shared {
             .unwrap_or_else(|| {
                 let attribution = self.attribution(&snap, &pods);
                 let families = render_gpus(&self.catalogue, &snap, &attribution, &self.options);
-                let mut body = String::with_capacity(64 * 1024);
+                // Sized from the body it replaces: a virtual-GPU body (300 KB and more) is
+                // not grown, and copied, four times over.
+                let mut body = String::with_capacity(self.last_len(format).max(64 * 1024));
                 if let Err(e) = encode(&mut body, format, families) {
                     tracing::warn!(error = %e, "encoding the GPU families");
                 }
-                let body: Arc<str> = body.into();
+                let body = Arc::new(body);
                 self.store(format, snap.generation, pods.generation, body.clone());
                 body
             });
@@ -211,7 +213,16 @@ impl Shared {
         a
     }
 
-    fn cached(&self, format: Format, snap_gen: u64, pod_gen: u64) -> Option<Arc<str>> {
+    /// The length of the body last rendered in `format` (0 before any), with an eighth more.
+    fn last_len(&self, format: Format) -> usize {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .iter()
+            .find(|(f, ..)| *f == format)
+            .map_or(0, |c| c.3.len() + c.3.len() / 8)
+    }
+
+    fn cached(&self, format: Format, snap_gen: u64, pod_gen: u64) -> Option<Arc<String>> {
         let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache
             .iter()
@@ -219,7 +230,7 @@ impl Shared {
             .map(|c| c.3.clone())
     }
 
-    fn store(&self, format: Format, snap_gen: u64, pod_gen: u64, body: Arc<str>) {
+    fn store(&self, format: Format, snap_gen: u64, pod_gen: u64, body: Arc<String>) {
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.retain(|(f, ..)| *f != format);
         cache.push((format, snap_gen, pod_gen, body));
