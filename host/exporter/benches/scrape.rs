@@ -86,6 +86,7 @@ fn fixture() -> Fixture {
             sample: sample.clone(),
             mig_samples: Default::default(),
             processes: Vec::new(),
+            mig_processes: Default::default(),
             xid_events: Vec::new(),
         })
         .collect();

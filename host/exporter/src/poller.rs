@@ -12,13 +12,14 @@ use kiln_gpu::GpuInventory;
 
 use crate::{
     process::ProcessMapper,
-    snapshot::{GpuSnapshot, Snapshot},
+    snapshot::{GpuSnapshot, MigPodUsage, Snapshot},
     state::Shared,
 };
 
 /// Reads every GPU once, carrying XID history over from `prev`. Per-GPU failures leave that
 /// GPU without a sample and count one collect error each; with a `mapper`, per-pod usage is read
-/// too. Returns the snapshot and the number of errors.
+/// too: one process list per GPU and, on a GPU with MIG devices, one read of its MIG devices'
+/// process lists. Returns the snapshot and the number of errors.
 pub fn collect(
     inv: &dyn GpuInventory,
     prev: &Snapshot,
@@ -68,6 +69,23 @@ pub fn collect(
                     Ok(procs) => g.pod_usage = m.usage(&procs, &pod_dir),
                     Err(e) => {
                         tracing::debug!(gpu = g.device.index, error = %crate::error_chain(&e), "reading GPU processes")
+                    }
+                }
+                if !g.device.mig_devices.is_empty() {
+                    match inv.mig_processes(g.device.index) {
+                        Ok(migs) => {
+                            g.mig_pod_usage = migs
+                                .into_iter()
+                                .map(|p| MigPodUsage {
+                                    pods: m.usage(&p.processes, &pod_dir),
+                                    uuid: p.uuid,
+                                })
+                                .collect();
+                        }
+                        Err(e) => {
+                            tracing::debug!(gpu = g.device.index, error = %crate::error_chain(&e), "reading MIG device processes");
+                            g.mig_processes_failed = true;
+                        }
                     }
                 }
             }
@@ -179,6 +197,57 @@ mod tests {
 
     use super::*;
     use crate::{catalogue::Catalogue, render::RenderOptions, snapshot::GpuSnapshot};
+
+    #[test]
+    fn mig_devices_processes_are_summed_per_pod_per_device_in_device_order() {
+        const UID: &str = "0f3c2a1e-9b7d-4c11-8e2f-6a5b4c3d2e1f";
+        let fixture = r#"
+driver_version: "550.144.03"
+cuda_version: "12.4"
+gpus:
+  - uuid: GPU-33333333-2222-3333-4444-555555555555
+    name: NVIDIA A100-SXM4-40GB
+    memory_total_mib: 40960
+    compute_capability: "8.0"
+    mig_enabled: true
+    mig_devices: [{uuid: MIG-a}, {uuid: MIG-b}]
+    mig_processes:
+      MIG-b: [{pid: 7, used_memory_bytes: 1572864}, {pid: 8, used_memory_bytes: 1572864}]
+"#;
+        let inv = kiln_gpu::FakeBackend::new(kiln_input::yaml::from_str(fixture).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let mapper = ProcessMapper {
+            proc_root: dir.path().join("proc"),
+            pod_logs_dir: dir.path().join("pods"),
+        };
+        for pid in [7, 8] {
+            let d = mapper.proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::/kubepods/pod{UID}/c\n")).unwrap();
+        }
+        std::fs::create_dir_all(mapper.pod_logs_dir.join(format!("ml_p_{UID}"))).unwrap();
+        let (snap, errors) = collect(&inv, &Snapshot::default(), Some(&mapper));
+        assert_eq!(errors, 0);
+        let g = &snap.gpus[0];
+        assert!(!g.mig_processes_failed);
+        let usage: Vec<_> = g
+            .mig_pod_usage
+            .iter()
+            .map(|m| {
+                let pods: Vec<_> = m
+                    .pods
+                    .iter()
+                    .map(|u| (u.pod.pod.as_str(), u.memory_mib, u.sm_util_pct))
+                    .collect();
+                (m.uuid.as_str(), pods)
+            })
+            .collect();
+        // 1.5 MiB twice: 1 + 1 MiB, each process rounded down first.
+        assert_eq!(usage, [("MIG-a", vec![]), ("MIG-b", vec![("p", 2, None)])]);
+        // Not read without a mapper.
+        let (snap, _) = collect(&inv, &Snapshot::default(), None);
+        assert!(snap.gpus[0].mig_pod_usage.is_empty());
+    }
 
     #[test]
     fn fields_no_gpu_gave_are_reported_but_not_the_ratios_that_need_two_polls() {

@@ -24,7 +24,11 @@
 //! instance id is unknown. Pod labels come from the pods allocated that MIG device. Fields NVML
 //! only answers for the whole GPU (clocks, temperature, power, …) stay on the GPU's series,
 //! attributed to every pod on any of its MIG devices; dcgm-exporter instead repeats them on
-//! every instance.
+//! every instance. In virtual-GPU mode a MIG device's [`PER_PROCESS_FIELDS`] series carry each
+//! pod's own processes' values as a whole GPU's do, from the MIG device's process list (memory
+//! only: NVML has no per-process utilisation there, so `DCGM_FI_DEV_GPU_UTIL` would read 0),
+//! following dcgm-exporter's `processMIGEnabledGPU` and `createPerProcessMetrics`; the
+//! GPU-level series of a MIG GPU are copied per pod.
 
 use kiln_gpu::{MigDevice, MigSample};
 use prometheus::proto::{Metric, MetricFamily};
@@ -58,11 +62,14 @@ pub struct RenderOptions {
     pub process_metrics: bool,
 }
 
-/// The fields that, in virtual-GPU mode on a GPU without MIG, carry each pod's own processes'
-/// values (dcgm-exporter's `isPerProcessMetric`): the device-level series without pod labels,
-/// then one series per container and replica with the sum over the pod's processes (SM
-/// utilisation in percent; memory in MiB, each process rounded down first), `pod_uid` always
-/// (empty when unknown) and `vgpu` for a replica. A pod with no process there reads 0.
+/// The fields that, in virtual-GPU mode, carry each pod's own processes' values
+/// (dcgm-exporter's `isPerProcessMetric`), on a GPU without MIG and on each MIG device (GPU
+/// instance) that pods hold: the device-level series without pod labels, then one series per
+/// container and replica with the sum over the pod's processes on that GPU or MIG device (SM
+/// utilisation in percent, GPU only; memory in MiB, each process rounded down first),
+/// `pod_uid` always (empty when unknown) and `vgpu` for a replica. A pod with no process there
+/// reads 0. Where NVML cannot list a MIG GPU's devices' processes, the values are copied per
+/// pod as for other fields (dcgm-exporter's `processMIGEnabledGPU` then gives nothing).
 pub const PER_PROCESS_FIELDS: [&str; 2] = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"];
 
 /// Name of the info metric joining GPUs to every container that uses them.
@@ -141,6 +148,25 @@ pub fn render_gpus(
                             mig_uuid: Some(&dev.uuid),
                             ..Attrs::default()
                         };
+                        if opts.per_pod
+                            && PER_PROCESS_FIELDS.contains(&metric.field.name)
+                            && !gpu.mig_processes_failed
+                            && !targets.shares.is_empty()
+                        {
+                            let usage = gpu
+                                .mig_pod_usage
+                                .iter()
+                                .find(|u| u.uuid == dev.uuid)
+                                .map_or(&[][..], |u| u.pods.as_slice());
+                            samples.push(sample(kind, with_attributes(&base, 0, attrs), value));
+                            let per = PerProcess {
+                                field: metric.field.name,
+                                usage,
+                                shares: targets.shares,
+                            };
+                            ctx.push_per_process(&mut samples, kind, &base, per, attrs);
+                            continue;
+                        }
                         ctx.push(&mut samples, kind, &base, targets, attrs, value);
                     }
                 }
@@ -164,14 +190,12 @@ pub fn render_gpus(
                 && !targets.shares.is_empty()
             {
                 samples.push(sample(kind, base.clone(), value));
-                ctx.push_per_process(
-                    &mut samples,
-                    kind,
-                    base,
-                    gpu,
-                    targets.shares,
-                    metric.field.name,
-                );
+                let per = PerProcess {
+                    field: metric.field.name,
+                    usage: &gpu.pod_usage,
+                    shares: targets.shares,
+                };
+                ctx.push_per_process(&mut samples, kind, base, per, attrs);
                 continue;
             }
             ctx.push(&mut samples, kind, base, targets, attrs, value);
@@ -191,6 +215,17 @@ pub fn render_gpus(
 #[derive(Clone, Copy)]
 struct Targets<'a> {
     pods: &'a [PodRef],
+    shares: &'a [Share],
+}
+
+/// A per-process field's series for one GPU or MIG device: the field (one of
+/// [`PER_PROCESS_FIELDS`]), the per-pod usage of that device's processes (a MIG device's has no
+/// utilisation, so `DCGM_FI_DEV_GPU_UTIL` reads 0 there, as dcgm-exporter's
+/// `processMIGEnabledGPU` reads memory only) and the shares to emit.
+#[derive(Clone, Copy)]
+struct PerProcess<'a> {
+    field: &'a str,
+    usage: &'a [PodUsage],
     shares: &'a [Share],
 }
 
@@ -316,21 +351,25 @@ impl Ctx<'_> {
             .count()
     }
 
-    /// One sample per share with the sum over its pod's processes of `field` (one of
-    /// [`PER_PROCESS_FIELDS`]); the pod is found in the poll's process usage by namespace and
-    /// name, its UID in the pod log directory, then the API server's metadata, else empty.
+    /// One sample per share of `per` with the sum over its pod's processes of the field; the
+    /// pod is found in the usage by namespace and name, its UID in the pod log directory, then
+    /// the API server's metadata, else empty. `attrs` carries what every sample keeps (the MIG
+    /// device).
     fn push_per_process(
         &self,
         out: &mut Vec<Metric>,
         kind: Kind,
         base: &Labels,
-        gpu: &GpuSnapshot,
-        shares: &[Share],
-        field: &str,
+        per: PerProcess<'_>,
+        attrs: Attrs<'_>,
     ) {
+        let PerProcess {
+            field,
+            usage,
+            shares,
+        } = per;
         for s in shares {
-            let usage = gpu
-                .pod_usage
+            let usage = usage
                 .iter()
                 .find(|u| u.pod.namespace == s.pod.namespace && u.pod.pod == s.pod.pod);
             let value = match (field, usage) {
@@ -353,6 +392,7 @@ impl Ctx<'_> {
                 pod: Some(&s.pod),
                 uid: Some(uid),
                 vgpu: s.vgpu,
+                mig_uuid: attrs.mig_uuid,
                 ..Attrs::default()
             };
             out.push(sample(

@@ -38,6 +38,23 @@ pub struct GpuSnapshot {
     pub xid_counts: BTreeMap<u64, u64>,
     /// Per-pod usage from NVML's process list, when per-pod process metrics are on.
     pub pod_usage: Vec<PodUsage>,
+    /// Per-pod usage of each MIG device's processes (MIG on, process lists read), in
+    /// `device.mig_devices` order; virtual-GPU mode's per-process values of a GPU instance.
+    pub mig_pod_usage: Vec<MigPodUsage>,
+    /// Set when NVML could not list the MIG devices' processes this poll: their per-process
+    /// fields are then copied per pod like any other field, as dcgm-exporter's
+    /// `processMIGEnabledGPU` gives no per-process data for the GPU when that listing fails.
+    pub mig_processes_failed: bool,
+}
+
+/// What the pods' processes use on one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigPodUsage {
+    /// The MIG device, `MIG-xxxxxxxx-...`.
+    pub uuid: String,
+    /// Per pod, the memory of its processes on that device; `sm_util_pct` is `None` (NVML has
+    /// no per-process utilisation on a MIG device).
+    pub pods: Vec<PodUsage>,
 }
 
 impl GpuSnapshot {
@@ -51,6 +68,8 @@ impl GpuSnapshot {
             last_xid: 0,
             xid_counts: BTreeMap::new(),
             pod_usage: Vec::new(),
+            mig_pod_usage: Vec::new(),
+            mig_processes_failed: false,
         }
     }
 }

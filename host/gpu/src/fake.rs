@@ -23,6 +23,7 @@
 //!     mig_devices: [{uuid: MIG-..., gpu_instance_id: 1, profile: 1g.10gb,
 //!                    attributes: {multiprocessors: 16, copy_engines: 1}}]
 //!     mig_samples: {MIG-...: {fb_used_bytes: 1048576}}  # what `mig_samples()` returns
+//!     mig_processes: {MIG-...: [{pid: 4343, used_memory_bytes: 1048576}]}  # `mig_processes()`
 //!     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345, fb_used_bytes: 1048576}
 //!     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
 //!     xid_events: [31, 79]                  # one released per `drain_xid_events()` call
@@ -38,7 +39,7 @@ use serde::Deserialize;
 
 use crate::{
     Clique, DeviceInfo, DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigDevice,
-    MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
+    MigProcesses, MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
 };
 
 /// The fixture file's top level (see the module docs for an example).
@@ -69,7 +70,9 @@ pub const MAX_FIXTURE_GPUS: usize = 1024;
 impl Fixture {
     /// Range checks: at most [`MAX_FIXTURE_GPUS`] GPUs, `memory_total_mib` at most
     /// [`MAX_MEMORY_MIB`] (2^44 MiB is 2^64 bytes, which wrapped to 0 and lost the memory
-    /// label), and every `nvlinks` entry naming another GPU of the fixture.
+    /// label), every `nvlinks` entry naming another GPU of the fixture, and every
+    /// `mig_processes` key naming one of the GPU's MIG devices, with no `sm_util_pct` (NVML has
+    /// no per-process utilisation on a MIG device).
     ///
     /// # Errors
     /// The field path and the bound.
@@ -96,6 +99,20 @@ impl Fixture {
                         n.saturating_sub(1)
                     ),
                 });
+            }
+            for (uuid, procs) in &g.mig_processes {
+                if !g.mig_devices.iter().any(|m| m.uuid == *uuid) {
+                    return Err(kiln_input::YamlError {
+                        path: format!("gpus[{i}].mig_processes.{uuid}"),
+                        message: "not one of this GPU's mig_devices".into(),
+                    });
+                }
+                if let Some(j) = procs.iter().position(|p| p.sm_util_pct.is_some()) {
+                    return Err(kiln_input::YamlError {
+                        path: format!("gpus[{i}].mig_processes.{uuid}[{j}].sm_util_pct"),
+                        message: "NVML has no per-process utilisation on a MIG device".into(),
+                    });
+                }
             }
             if g.memory_total_mib > MAX_MEMORY_MIB {
                 return Err(kiln_input::YamlError {
@@ -156,6 +173,9 @@ pub struct FixtureGpu {
     /// What every `processes()` returns.
     #[serde(default)]
     pub processes: Vec<GpuProcess>,
+    /// MIG device UUID → what `mig_processes()` returns for it (none when absent).
+    #[serde(default)]
+    pub mig_processes: BTreeMap<String, Vec<GpuProcess>>,
     /// XIDs released one per `drain_xid_events()` call.
     #[serde(default)]
     pub xid_events: Vec<u64>,
@@ -169,6 +189,7 @@ pub struct FakeBackend {
     samples: Vec<DeviceSample>,
     mig_samples: Vec<Vec<MigSample>>,
     processes: Vec<Vec<GpuProcess>>,
+    mig_processes: Vec<Vec<MigProcesses>>,
     state: Mutex<FakeState>,
 }
 
@@ -228,6 +249,20 @@ impl FakeBackend {
                     .collect()
             })
             .collect();
+        let mig_processes = fixture
+            .gpus
+            .iter()
+            .zip(&devices)
+            .map(|(g, d): (&FixtureGpu, &GpuDevice)| {
+                d.mig_devices
+                    .iter()
+                    .map(|m| MigProcesses {
+                        uuid: m.uuid.clone(),
+                        processes: g.mig_processes.get(&m.uuid).cloned().unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .collect();
         let processes = fixture.gpus.iter().map(|g| g.processes.clone()).collect();
         let xids = fixture
             .gpus
@@ -254,6 +289,7 @@ impl FakeBackend {
             samples,
             mig_samples,
             processes,
+            mig_processes,
             state: Mutex::new(state),
         }
     }
@@ -372,6 +408,10 @@ impl GpuInventory for FakeBackend {
         Ok(self.processes[self.check(index)?].clone())
     }
 
+    fn mig_processes(&self, index: u32) -> Result<Vec<MigProcesses>, GpuError> {
+        Ok(self.mig_processes[self.check(index)?].clone())
+    }
+
     fn drain_xid_events(&self) -> Vec<XidEvent> {
         let mut st = self
             .state
@@ -410,6 +450,8 @@ gpus:
       - {uuid: MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee, gpu_instance_id: 8, profile: 1g.10gb}
     mig_samples:
       MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee: {fb_used_bytes: 2097152, fb_total_bytes: 10737418240}
+    mig_processes:
+      MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee: [{pid: 4343, used_memory_bytes: 2097152}]
     sample: {sm_clock_mhz: 1980, power_usage_mw: 72345}
     processes: [{pid: 4242, used_memory_bytes: 1048576, sm_util_pct: 30}]
     xid_events: [31, 79]
@@ -453,6 +495,26 @@ gpus:
         assert_eq!(migs[0].sample.fb_total_bytes, Some(10 << 30));
         assert_eq!(migs[1].sample, DeviceSample::default());
         assert!(f.mig_samples(1).unwrap().is_empty());
+        let mig_procs = f.mig_processes(0).unwrap();
+        assert_eq!(
+            mig_procs,
+            [
+                MigProcesses {
+                    uuid: "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+                    processes: Vec::new(),
+                },
+                MigProcesses {
+                    uuid: "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+                    processes: vec![GpuProcess {
+                        pid: 4343,
+                        used_memory_bytes: Some(2 << 20),
+                        sm_util_pct: None,
+                    }],
+                },
+            ]
+        );
+        assert!(f.mig_processes(1).unwrap().is_empty());
+        assert!(matches!(f.mig_processes(2), Err(GpuError::NoSuchDevice(2))));
         assert!(matches!(f.sample(2), Err(GpuError::NoSuchDevice(2))));
     }
 
@@ -538,6 +600,31 @@ gpus:
         };
         assert_eq!(source.path, "gpus[1].nvlinks[1].index");
         assert!(source.message.contains("1 is not another GPU"), "{source}");
+        let check = |text: String| {
+            std::fs::write(&path, text).unwrap();
+            match FakeBackend::from_file(&path).unwrap_err() {
+                GpuError::FixtureParse { source, .. } => (source.path, source.message),
+                other => panic!("{other:?}"),
+            }
+        };
+        let (at, why) = check(FIXTURE.replace(
+            "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee: [",
+            "MIG-00000000-bbbb-cccc-dddd-eeeeeeeeeeee: [",
+        ));
+        assert_eq!(
+            at,
+            "gpus[0].mig_processes.MIG-00000000-bbbb-cccc-dddd-eeeeeeeeeeee"
+        );
+        assert_eq!(why, "not one of this GPU's mig_devices");
+        let (at, why) = check(FIXTURE.replace(
+            "used_memory_bytes: 2097152}]",
+            "used_memory_bytes: 2097152, sm_util_pct: 5}]",
+        ));
+        assert_eq!(
+            at,
+            "gpus[0].mig_processes.MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee[0].sm_util_pct"
+        );
+        assert!(why.contains("no per-process utilisation"), "{why}");
         // In memory the conversion saturates instead of wrapping to 0.
         assert_eq!(mib_to_bytes(1 << 44), u64::MAX);
     }

@@ -22,8 +22,8 @@ use std::{path::PathBuf, str::FromStr, sync::Arc};
 pub use error::{GpuError, error_chain};
 pub use fake::{FakeBackend, Fixture, FixtureGpu, MAX_FIXTURE_GPUS, MAX_MEMORY_MIB};
 pub use model::{
-    Clique, DeviceInfo, DeviceSample, GpuDevice, GpuProcess, MigAttributes, MigDevice, MigSample,
-    NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
+    Clique, DeviceInfo, DeviceSample, GpuDevice, GpuProcess, MigAttributes, MigDevice,
+    MigProcesses, MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
 };
 pub use nvml::NvmlBackend;
 
@@ -65,6 +65,18 @@ pub trait GpuInventory: Send + Sync {
     /// # Errors
     /// As [`GpuInventory::sample`].
     fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, GpuError>;
+
+    /// Compute processes of each MIG device of GPU `index`, in [`GpuDevice::mig_devices`]
+    /// order (empty slots skipped); empty when MIG is off. A MIG device whose list NVML cannot
+    /// give has an empty list, as dcgm-exporter's `GetAllMIGDevicesProcessMemory` skips it. The
+    /// default answers no MIG devices (a backend without MIG support).
+    ///
+    /// # Errors
+    /// As [`GpuInventory::sample`], when the GPU's MIG devices cannot be listed at all.
+    fn mig_processes(&self, index: u32) -> Result<Vec<MigProcesses>, GpuError> {
+        let _ = index;
+        Ok(Vec::new())
+    }
 
     /// XID errors seen since the previous call, oldest first (drains them).
     fn drain_xid_events(&self) -> Vec<XidEvent>;

@@ -267,6 +267,18 @@ pub struct GpuProcess {
     pub sm_util_pct: Option<u32>,
 }
 
+/// The processes of one MIG device ([`crate::GpuInventory::mig_processes`]): NVML's compute
+/// process list on the MIG device handle, which gives memory but no utilisation per process
+/// (dcgm-exporter's `GetAllMIGDevicesProcessMemory` reads the same list).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigProcesses {
+    /// The MIG device, `MIG-xxxxxxxx-...` (as in [`MigDevice::uuid`]).
+    pub uuid: String,
+    /// Its compute processes; [`GpuProcess::sm_util_pct`] is `None` (NVML has no per-process
+    /// utilisation on a MIG device). Empty when NVML could not list them for this device.
+    pub processes: Vec<GpuProcess>,
+}
+
 /// An XID error reported by the driver (`nvmlEventTypeXidCriticalError`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidEvent {

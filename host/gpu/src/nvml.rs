@@ -33,7 +33,7 @@ use nvml_wrapper::{
 
 use crate::{
     DeviceInfo, DeviceSample, GpuDevice, GpuError, GpuInventory, GpuProcess, MigAttributes,
-    MigDevice, MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
+    MigDevice, MigProcesses, MigSample, NvLinkPeer, SystemInfo, VgpuGuest, XidEvent,
 };
 
 const SYSTEM: u32 = u32::MAX;
@@ -193,6 +193,17 @@ impl GpuInventory for NvmlBackend {
         }
     }
 
+    fn mig_processes(&self, index: u32) -> Result<Vec<MigProcesses>, GpuError> {
+        let d = self.device(index)?;
+        let on =
+            optional("nvmlDeviceGetMigMode", index, d.mig_mode())?.is_some_and(|m| m.current == 1);
+        if on {
+            read_mig_processes(&d, index)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
     fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, GpuError> {
         let d = self.device(index)?;
         let procs = optional(
@@ -211,10 +222,7 @@ impl GpuInventory for NvmlBackend {
             .iter()
             .map(|p: &ProcessInfo| GpuProcess {
                 pid: p.pid,
-                used_memory_bytes: match p.used_gpu_memory {
-                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
-                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
-                },
+                used_memory_bytes: used_memory(p),
                 // The newest sample per pid wins.
                 sm_util_pct: utils
                     .iter()
@@ -406,6 +414,51 @@ fn read_mig_samples(d: &Device<'_>, index: u32) -> Result<Vec<MigSample>, GpuErr
                 ..DeviceSample::default()
             },
         });
+    }
+    Ok(out)
+}
+
+/// A process's GPU memory in bytes; `None` where the driver hides it.
+fn used_memory(p: &ProcessInfo) -> Option<u64> {
+    match p.used_gpu_memory {
+        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+    }
+}
+
+/// Compute processes of each MIG device of `d`, read on the MIG device handle (empty slots
+/// skipped, as in `identify`). A device whose list NVML refuses (other than "not supported",
+/// which is an empty list) gets an empty list, as dcgm-exporter's
+/// `GetAllMIGDevicesProcessMemory` skips it; only the MIG device count failing is an error.
+fn read_mig_processes(d: &Device<'_>, index: u32) -> Result<Vec<MigProcesses>, GpuError> {
+    let n = optional(
+        "nvmlDeviceGetMaxMigDeviceCount",
+        index,
+        d.mig_device_count(),
+    )?
+    .unwrap_or(0);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let Ok(m) = d.mig_device_by_index(i) else {
+            continue;
+        };
+        let Ok(uuid) = m.uuid() else { continue };
+        let processes = match m.running_compute_processes() {
+            Ok(procs) => procs
+                .iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_memory_bytes: used_memory(p),
+                    sm_util_pct: None,
+                })
+                .collect(),
+            Err(NvmlError::NotSupported) => Vec::new(),
+            Err(e) => {
+                tracing::debug!(gpu = index, mig = %uuid, error = %e, "listing a MIG device's processes");
+                Vec::new()
+            }
+        };
+        out.push(MigProcesses { uuid, processes });
     }
     Ok(out)
 }

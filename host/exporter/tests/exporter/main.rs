@@ -9,6 +9,7 @@ mod dcgm_csv;
 mod exposition;
 mod kubelet;
 mod mig;
+mod mig_virtual_gpus;
 mod server;
 mod standin;
 mod virtual_gpus;

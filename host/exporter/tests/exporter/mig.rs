@@ -134,9 +134,12 @@ fn framebuffer_series_are_per_mig_device_with_instance_labels_and_their_pods() {
 }
 
 #[test]
-fn per_pod_mode_copies_whole_gpu_readings_per_pod_and_keeps_one_series_per_mig_device() {
+fn per_pod_mode_copies_whole_gpu_readings_per_pod_and_splits_per_process_fields_per_mig_device() {
     let scrape = parse(&body(true));
     let count = |m: &str| scrape.samples.iter().filter(|s| s.metric == m).count();
     assert_eq!(count("DCGM_FI_DEV_GPU_TEMP"), 2);
-    assert_eq!(count("DCGM_FI_DEV_FB_USED"), 2);
+    assert_eq!(count("DCGM_FI_DEV_FB_TOTAL"), 2);
+    // A per-process field: each MIG device's own series, then its pod's (no process list read
+    // here, so 0; see mig_virtual_gpus.rs).
+    assert_eq!(count("DCGM_FI_DEV_FB_USED"), 4);
 }

@@ -134,10 +134,10 @@ fn render(inv: &dyn GpuInventory, mapper: Option<&ProcessMapper>) -> String {
 }
 
 /// One series: name, labels in order, value.
-type Series = (String, Vec<(String, String)>, String);
+pub type Series = (String, Vec<(String, String)>, String);
 
 /// Every series, in output order.
-fn series(body: &str) -> Vec<Series> {
+pub fn series(body: &str) -> Vec<Series> {
     parse(body);
     body.lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
