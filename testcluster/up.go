@@ -91,6 +91,13 @@ func ownedPID(dir, name string) (int, bool) {
 	if err != nil {
 		return pid, false
 	}
+	if len(cmdline) == 0 {
+		// A process that has just exec'd shows an empty command line until the kernel has
+		// laid out its arguments (the exec already reported success to the parent): still
+		// starting, not exited. Under load that window lasts long enough for waitReadyz's
+		// first look, which took it for a dead kube-apiserver.
+		return pid, !isZombie(pid)
+	}
 	argv := strings.Split(string(cmdline), "\x00")
 	if len(argv) < 2 || argv[1] != name {
 		return pid, false

@@ -361,6 +361,11 @@ pub async fn serve(
         }
         None
     };
+    if cfg.kubernetes_virtual_gpus && !cfg.kubernetes {
+        tracing::warn!(
+            "--kubernetes-virtual-gpus needs --kubernetes (pods come from the kubelet's pod-resources API); series are not copied per pod"
+        );
+    }
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics");
     }

@@ -119,6 +119,9 @@ pub async fn refresh_forever(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stale_after = interval * STALE_AFTER_INTERVALS;
+    // The first failure of a run of them is a warning (a missing socket, a kubelet without the
+    // API); the rest are debug lines, and the first success after them says so.
+    let mut failing = false;
     loop {
         tick.tick().await;
         shared
@@ -126,13 +129,22 @@ pub async fn refresh_forever(
             .pod_resources_lists
             .fetch_add(1, Ordering::Relaxed);
         match client.list(&extra_resources).await {
-            Ok(allocs) => shared.set_allocations(allocs),
+            Ok(allocs) => {
+                if std::mem::take(&mut failing) {
+                    tracing::info!("pod-resources List answers again");
+                }
+                shared.set_allocations(allocs);
+            }
             Err(e) => {
                 shared
                     .metrics
                     .pod_resources_errors
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed");
+                if std::mem::replace(&mut failing, true) {
+                    tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed");
+                } else {
+                    tracing::warn!(error = %crate::error_chain(&e), "pod-resources List failed; GPUs are not attributed to pods until it answers (later failures are logged at debug)");
+                }
                 let stale = shared
                     .pods()
                     .last_success

@@ -1,7 +1,9 @@
 //! [`FakeBackend`]: GPUs described by a fixture file, so agents run without a GPU.
 //!
-//! Fixture format (YAML, or JSON which is YAML too); sizes in MiB, all other units as in
-//! [`DeviceSample`]'s field names:
+//! Fixture format (YAML, or JSON which is YAML too); units as the field names say
+//! (`memory_total_mib` in MiB, `fb_*_bytes` and `used_memory_bytes` in bytes, the rest as in
+//! [`DeviceSample`]'s field names); every field is documented on [`FixtureGpu`] and
+//! [`DeviceSample`]:
 //!
 //! ```yaml
 //! driver_version: "550.144.03"
