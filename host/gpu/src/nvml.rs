@@ -389,20 +389,26 @@ fn mig_profile(name: &str) -> Option<String> {
     (!profile.is_empty()).then(|| profile.to_owned())
 }
 
-/// Framebuffer readings of each MIG device of `d` (empty slots skipped, as in `identify`).
-fn read_mig_samples(d: &Device<'_>, index: u32) -> Result<Vec<MigSample>, GpuError> {
+/// The handles of `d`'s MIG devices with their UUIDs, in slot order; empty slots (and a device
+/// whose UUID NVML does not give) skipped, as in `identify`. Errors: the MIG device count
+/// failing other than "not supported" (no MIG: no handles).
+fn mig_handles<'n>(d: &Device<'n>, index: u32) -> Result<Vec<(Device<'n>, String)>, GpuError> {
     let n = optional(
         "nvmlDeviceGetMaxMigDeviceCount",
         index,
         d.mig_device_count(),
     )?
     .unwrap_or(0);
+    Ok((0..n)
+        .filter_map(|i| d.mig_device_by_index(i).ok())
+        .filter_map(|m| m.uuid().ok().map(|uuid| (m, uuid)))
+        .collect())
+}
+
+/// Framebuffer readings of each MIG device of `d` (empty slots skipped, as in `identify`).
+fn read_mig_samples(d: &Device<'_>, index: u32) -> Result<Vec<MigSample>, GpuError> {
     let mut out = Vec::new();
-    for i in 0..n {
-        let Ok(m) = d.mig_device_by_index(i) else {
-            continue;
-        };
-        let Ok(uuid) = m.uuid() else { continue };
+    for (m, uuid) in mig_handles(d, index)? {
         let mem = optional("nvmlDeviceGetMemoryInfo", index, m.memory_info())?;
         out.push(MigSample {
             uuid,
@@ -431,18 +437,8 @@ fn used_memory(p: &ProcessInfo) -> Option<u64> {
 /// which is an empty list) gets an empty list, as dcgm-exporter's
 /// `GetAllMIGDevicesProcessMemory` skips it; only the MIG device count failing is an error.
 fn read_mig_processes(d: &Device<'_>, index: u32) -> Result<Vec<MigProcesses>, GpuError> {
-    let n = optional(
-        "nvmlDeviceGetMaxMigDeviceCount",
-        index,
-        d.mig_device_count(),
-    )?
-    .unwrap_or(0);
     let mut out = Vec::new();
-    for i in 0..n {
-        let Ok(m) = d.mig_device_by_index(i) else {
-            continue;
-        };
-        let Ok(uuid) = m.uuid() else { continue };
+    for (m, uuid) in mig_handles(d, index)? {
         let processes = match m.running_compute_processes() {
             Ok(procs) => procs
                 .iter()
