@@ -47,3 +47,25 @@ fn writes_each_version_as_a_binary_wit_package() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("known: 0.2.0, 0.1.0"), "{stderr}");
 }
+
+/// `-o -` writes the package to stdout (the bytes a file would hold) and the summary to stderr.
+#[test]
+fn a_dash_writes_the_package_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.wasm");
+    assert!(
+        kiln(&["plugin", "wit", "-o", file.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let out = kiln(&["plugin", "wit", "-o", "-"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, std::fs::read(&file).unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("stdout: kiln:operand@0.2.0"), "{stderr}");
+    assert!(!std::path::Path::new("-").exists(), "no file named -");
+}

@@ -127,7 +127,8 @@ pub enum PluginCommand {
         /// The package version: 0.2.0 (current) or 0.1.0 (still loaded).
         #[arg(long, default_value = "0.2.0")]
         version: String,
-        /// Where to write it (default `kiln-operand-VERSION.wasm`).
+        /// Where to write it (default `kiln-operand-VERSION.wasm`; `-` for stdout, the summary
+        /// then on stderr).
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
@@ -187,15 +188,26 @@ fn wit(version: &str, output: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let bytes = encode_wit_package(version).map_err(anyhow::Error::msg)?;
     let info = decode_wit_package(&bytes).map_err(anyhow::Error::msg)?;
     let path = output.unwrap_or_else(|| PathBuf::from(format!("kiln-operand-{version}.wasm")));
+    let summary = |to: &str| {
+        format!(
+            "{to}: {} (worlds {}), {} bytes, sha256:{}",
+            info.package,
+            info.worlds.join(", "),
+            bytes.len(),
+            kiln_plugin_host::sha256_hex(&bytes)
+        )
+    };
+    if path.as_os_str() == "-" {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&bytes)
+            .and_then(|()| out.flush())
+            .context("writing the package to stdout")?;
+        eprintln!("{}", summary("stdout"));
+        return Ok(ExitCode::SUCCESS);
+    }
     std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
-    super::outln!(
-        "{}: {} (worlds {}), {} bytes, sha256:{}",
-        path.display(),
-        info.package,
-        info.worlds.join(", "),
-        bytes.len(),
-        kiln_plugin_host::sha256_hex(&bytes)
-    );
+    super::outln!("{}", summary(&path.display().to_string()));
     Ok(ExitCode::SUCCESS)
 }
 
