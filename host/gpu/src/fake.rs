@@ -237,34 +237,25 @@ impl FakeBackend {
             .map(|(i, g)| to_device(i, g))
             .collect();
         let samples = fixture.gpus.iter().map(sample_with_total).collect();
-        let mig_samples = fixture
-            .gpus
-            .iter()
-            .zip(&devices)
-            .map(|(g, d): (&FixtureGpu, &GpuDevice)| {
-                d.mig_devices
-                    .iter()
-                    .map(|m| MigSample {
-                        uuid: m.uuid.clone(),
-                        sample: g.mig_samples.get(&m.uuid).cloned().unwrap_or_default(),
-                    })
-                    .collect()
-            })
-            .collect();
-        let mig_processes = fixture
-            .gpus
-            .iter()
-            .zip(&devices)
-            .map(|(g, d): (&FixtureGpu, &GpuDevice)| {
-                d.mig_devices
-                    .iter()
-                    .map(|m| MigProcesses {
-                        uuid: m.uuid.clone(),
-                        processes: g.mig_processes.get(&m.uuid).cloned().unwrap_or_default(),
-                    })
-                    .collect()
-            })
-            .collect();
+        // One entry per MIG device of each GPU, in MIG-device order, made by `f`.
+        fn per_mig<T>(
+            gpus: &[FixtureGpu],
+            devices: &[GpuDevice],
+            f: impl Fn(&FixtureGpu, &str) -> T,
+        ) -> Vec<Vec<T>> {
+            gpus.iter()
+                .zip(devices)
+                .map(|(g, d)| d.mig_devices.iter().map(|m| f(g, &m.uuid)).collect())
+                .collect()
+        }
+        let mig_samples = per_mig(&fixture.gpus, &devices, |g, uuid| MigSample {
+            uuid: uuid.to_owned(),
+            sample: g.mig_samples.get(uuid).cloned().unwrap_or_default(),
+        });
+        let mig_processes = per_mig(&fixture.gpus, &devices, |g, uuid| MigProcesses {
+            uuid: uuid.to_owned(),
+            processes: g.mig_processes.get(uuid).cloned().unwrap_or_default(),
+        });
         let processes = fixture.gpus.iter().map(|g| g.processes.clone()).collect();
         let xids = fixture
             .gpus

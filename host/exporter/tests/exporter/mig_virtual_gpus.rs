@@ -18,10 +18,9 @@ use std::{
 use kiln_exporter::{
     attribution::{Allocation, attribute},
     catalogue::Catalogue,
-    exposition::{Format, encode},
     poller::collect,
     process::ProcessMapper,
-    render::{MIG_UUID_LABEL, POD_INFO, RenderOptions, render_gpus},
+    render::{MIG_UUID_LABEL, POD_INFO, RenderOptions},
     snapshot::Snapshot,
 };
 use kiln_gpu::{
@@ -29,7 +28,10 @@ use kiln_gpu::{
     MigSample, SystemInfo, XidEvent,
 };
 
-use crate::{parse, virtual_gpus::series};
+use crate::{
+    parse,
+    virtual_gpus::{fake_node, render_virtual, series, text},
+};
 
 const MIG_B: &str = "MIG-bbbbbbbb-1111-2222-3333-444444444444";
 
@@ -89,7 +91,6 @@ fn allocations() -> Vec<Allocation> {
 /// A node's `/proc` (201 and 202 in train-a, 203 in train-b, 301 in notebook; 204 and 401
 /// outside any pod) and its kubelet pod log directory (all four pods).
 fn node(dir: &Path) -> ProcessMapper {
-    let proc_root = dir.join("proc");
     let in_pod = |uid: &str| format!("0::/kubepods/burstable/pod{uid}/c\n");
     let cgroups = [
         (201, in_pod(PODS[1].3)),
@@ -99,37 +100,11 @@ fn node(dir: &Path) -> ProcessMapper {
         (301, in_pod(PODS[3].3)),
         (401, "0::/user.slice/user-1000.slice\n".to_owned()),
     ];
-    for (pid, text) in cgroups {
-        std::fs::create_dir_all(proc_root.join(pid.to_string())).unwrap();
-        std::fs::write(proc_root.join(format!("{pid}/cgroup")), text).unwrap();
-    }
-    let logs = dir.join("pods");
-    for (ns, pod, _, uid, _) in PODS {
-        std::fs::create_dir_all(logs.join(format!("{ns}_{pod}_{uid}"))).unwrap();
-    }
-    ProcessMapper {
-        proc_root,
-        pod_logs_dir: logs,
-    }
+    fake_node(dir, &cgroups, &PODS)
 }
 
 fn render(inv: &dyn GpuInventory, mapper: Option<&ProcessMapper>, csv: &str) -> String {
-    let (snap, errors) = collect(inv, &Snapshot::default(), mapper);
-    assert_eq!(errors, 0);
-    let attribution = attribute(&allocations(), &inv.devices().unwrap(), &[]);
-    let opts = RenderOptions {
-        hostname: Some("node-a".into()),
-        per_pod: true,
-        ..Default::default()
-    };
-    let mut out = String::new();
-    encode(
-        &mut out,
-        Format::Text,
-        render_gpus(&Catalogue::parse(csv).unwrap(), &snap, &attribution, &opts),
-    )
-    .unwrap();
-    out
+    render_virtual(inv, mapper, csv, &allocations())
 }
 
 #[test]
@@ -278,13 +253,7 @@ fn per_process_values_per_instance_from_one_read_per_poll() {
     };
     let cat = Catalogue::parse(CSV).unwrap();
     for _ in 0..3 {
-        let mut out = String::new();
-        encode(
-            &mut out,
-            Format::Text,
-            render_gpus(&cat, &snap, &attribution, &opts),
-        )
-        .unwrap();
+        let out = text(&cat, &snap, &attribution, &opts);
         // Instance 1: idle reads 0, train-a 1024 + 512 MiB (1537 if its processes' bytes were
         // summed before rounding), train-b 256; instance 6 has no pod: device-level only.
         assert_eq!(
@@ -310,13 +279,7 @@ fn per_process_values_per_instance_from_one_read_per_poll() {
     let inv = scripted(false);
     let (snap, _) = collect(&inv, &Snapshot::default(), None);
     assert_eq!(inv.mig_process_reads.load(Ordering::Relaxed), 0);
-    let mut out = String::new();
-    encode(
-        &mut out,
-        Format::Text,
-        render_gpus(&cat, &snap, &attribution, &opts),
-    )
-    .unwrap();
+    let out = text(&cat, &snap, &attribution, &opts);
     let used = rows(&out, "DCGM_FI_DEV_FB_USED");
     assert_eq!(used.len(), 7);
     assert!(

@@ -14,7 +14,7 @@ use std::{
 };
 
 use kiln_exporter::{
-    attribution::{Allocation, attribute},
+    attribution::{Allocation, Attribution, attribute},
     catalogue::Catalogue,
     exposition::{Format, encode},
     poller::collect,
@@ -87,7 +87,6 @@ fn allocations() -> Vec<Allocation> {
 /// A node's `/proc` (pids 101 and 102 in trainer-a and trainer-b, 103 outside any pod) and its
 /// kubelet pod log directory (all four pods).
 fn node(dir: &Path) -> ProcessMapper {
-    let proc_root = dir.join("proc");
     let cgroups = [
         (101, format!("0::/kubepods/burstable/pod{}/c1\n", PODS[0].3)),
         (
@@ -99,12 +98,23 @@ fn node(dir: &Path) -> ProcessMapper {
         ),
         (103, "0::/system.slice/sshd.service\n".to_owned()),
     ];
+    fake_node(dir, &cgroups, &PODS)
+}
+
+/// A fake node under `dir`: a `/proc` with one `cgroup` file per `(pid, text)` and a kubelet pod
+/// log directory `<namespace>_<pod>_<uid>` per entry of `pods` (namespace, pod, _, uid, _).
+pub fn fake_node(
+    dir: &Path,
+    cgroups: &[(u32, String)],
+    pods: &[(&str, &str, &str, &str, &str)],
+) -> ProcessMapper {
+    let proc_root = dir.join("proc");
     for (pid, text) in cgroups {
         std::fs::create_dir_all(proc_root.join(pid.to_string())).unwrap();
         std::fs::write(proc_root.join(format!("{pid}/cgroup")), text).unwrap();
     }
     let logs = dir.join("pods");
-    for (ns, pod, _, uid, _) in PODS {
+    for (ns, pod, _, uid, _) in pods {
         std::fs::create_dir_all(logs.join(format!("{ns}_{pod}_{uid}"))).unwrap();
     }
     ProcessMapper {
@@ -114,20 +124,40 @@ fn node(dir: &Path) -> ProcessMapper {
 }
 
 fn render(inv: &dyn GpuInventory, mapper: Option<&ProcessMapper>) -> String {
+    render_virtual(inv, mapper, CSV, &allocations())
+}
+
+/// One poll of `inv` (with process lists through `mapper`) rendered in virtual-GPU mode as
+/// text, for the metrics `csv`, the GPUs attributed from `allocations`, host `node-a`.
+pub fn render_virtual(
+    inv: &dyn GpuInventory,
+    mapper: Option<&ProcessMapper>,
+    csv: &str,
+    allocations: &[Allocation],
+) -> String {
     let (snap, errors) = collect(inv, &Snapshot::default(), mapper);
     assert_eq!(errors, 0);
-    let attribution = attribute(&allocations(), &inv.devices().unwrap(), &[]);
+    let attribution = attribute(allocations, &inv.devices().unwrap(), &[]);
     let opts = RenderOptions {
         hostname: Some("node-a".into()),
         per_pod: true,
         ..Default::default()
     };
-    let cat = Catalogue::parse(CSV).unwrap();
+    text(&Catalogue::parse(csv).unwrap(), &snap, &attribution, &opts)
+}
+
+/// `snap` rendered with `cat`, `attribution` and `opts`, as text exposition.
+pub fn text(
+    cat: &Catalogue,
+    snap: &Snapshot,
+    attribution: &Attribution,
+    opts: &RenderOptions,
+) -> String {
     let mut out = String::new();
     encode(
         &mut out,
         Format::Text,
-        render_gpus(&cat, &snap, &attribution, &opts),
+        render_gpus(cat, snap, attribution, opts),
     )
     .unwrap();
     out
@@ -291,13 +321,7 @@ fn one_process_list_read_per_gpu_per_poll_whatever_the_number_of_series() {
     };
     let cat = Catalogue::parse(CSV).unwrap();
     for _ in 0..3 {
-        let mut out = String::new();
-        encode(
-            &mut out,
-            Format::Text,
-            render_gpus(&cat, &snap, &attribution, &opts),
-        )
-        .unwrap();
+        let out = text(&cat, &snap, &attribution, &opts);
         let scrape = parse(&out);
         let fb: Vec<_> = scrape
             .samples
